@@ -1,0 +1,156 @@
+"""The ``sinklab`` command line: argument parsing only; each subcommand calls the library.
+
+    sinklab train model.attention=relu model.n_layers=2 model.n_heads=2 --out runs/relu-2x2
+    sinklab reproduce --out results/reproduce
+    sinklab rules
+
+``main(argv)`` returns the exit status, so tests call it in-process. Input errors print one
+sentence (``sinklab: error: ...``) and return 2; a diverged training run returns 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import shlex
+import sys
+from pathlib import Path
+
+from sinklab import __version__
+from sinklab.config import SECTIONS, SinklabError
+
+EXIT_INPUT, EXIT_DIVERGED, EXIT_INTERRUPTED = 2, 1, 130
+
+
+def _defaults_text() -> str:
+    lines = ["override keys (section.field=value) and their defaults:"]
+    for section, cls in SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            shown = "seq_len - 1" if f.name == "train_trigger_max" else f.default
+            lines.append(f"  {section}.{f.name}={'auto' if shown is None else shown}")
+    lines += ["", "auto: train.lr is 1e-3 for 1 layer x 1 head and 1e-4 otherwise (the paper's);",
+              "task.target is plain for 1 layer and residual for deeper stacks.",
+              "Precedence: defaults < --config FILE (TOML tables [task] [model] [train] [eval])",
+              "< key=value overrides."]
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sinklab",
+        description="Study attention sinks: train models on the trigger-conditional task, "
+                    "measure their sinks, and reproduce Ran-Milo (2026).")
+    parser.add_argument("--version", action="version", version=f"sinklab {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    train = sub.add_parser(
+        "train", help="train one model and write its run folder",
+        description="Train one model with the paper's protocol and write config.json, "
+                    "metrics.jsonl, summary.json, attention.npz and attention.png into --out.",
+        epilog=_defaults_text(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    train.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                       help="config overrides such as model.attention=relu")
+    train.add_argument("--config", metavar="FILE", help="a TOML config file")
+    train.add_argument("--out", default="runs/train", metavar="DIR",
+                       help="run folder to write (default: runs/train)")
+    train.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                       help="show a progress bar (default: only on a terminal)")
+
+    rep = sub.add_parser(
+        "reproduce", help="reproduce the paper: 1x1, 2x2, 4x4, softmax and ReLU, several seeds",
+        description="Train 1x1, 2x2 and 4x4 models with softmax and ReLU attention under the "
+                    "paper's protocol and write runs, figures, summary.json and REPORT.md. "
+                    "Rerunning with the same --out resumes: finished runs are kept.")
+    rep.add_argument("--out", default="results/reproduce", metavar="DIR",
+                     help="results folder (default: results/reproduce)")
+    rep.add_argument("--seeds", type=int, default=None, metavar="N",
+                     help="seeds per configuration (default: 3; 1 with --quick)")
+    rep.add_argument("--quick", action="store_true",
+                     help="smoke test, about a minute: one seed, multi-layer runs capped at "
+                          "1500 steps")
+    rep.add_argument("--workers", type=int, default=None, metavar="N",
+                     help="parallel worker processes (default: one per CPU core)")
+    rep.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N "
+                                                      "(default: auto)")
+    rep.add_argument("--docs", default=None, metavar="FILE",
+                     help="also write the report to FILE (e.g. docs/reproduction.md), with its "
+                          "figures in a folder of the same name")
+
+    sub.add_parser("rules", help="list the attention rules",
+                   description="List the registered attention rules with their descriptions.")
+    return parser
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from sinklab.config import config_from_cli
+    from sinklab.plots import plot_run
+    from sinklab.results import ResultsError
+    from sinklab.train import train_runs
+
+    cfg = config_from_cli(args.overrides, args.config)
+    out = Path(args.out)
+    if (out / "summary.json").exists():
+        raise ResultsError(f"{out} already holds a finished run; choose another --out or "
+                           "delete it.")
+    if out.exists() and (not out.is_dir() or (any(out.iterdir())
+                                              and not (out / "config.json").exists())):
+        raise ResultsError(f"{out} exists and is not an empty folder or a sinklab run folder; "
+                           "choose another --out.")
+    (summary,) = train_runs([cfg], [out], progress=args.progress,
+                            description=f"{cfg.model.attention} "
+                                        f"{cfg.model.n_layers}x{cfg.model.n_heads}")
+    name = f"{summary['attention']} {summary['n_layers']}x{summary['n_heads']}, " \
+           f"seed {summary['seed']}"
+    if summary["status"] == "diverged":
+        print(f"sinklab: error: {name} diverged at step {summary['steps']} (the loss is not "
+              f"finite); its logs are kept in {out}.", file=sys.stderr)
+        return EXIT_DIVERGED
+    plot_run(out)
+    verb = "converged after" if summary["converged"] else "stopped without converging at"
+    bos = [[round(v, 4) for v in layer] for layer in summary["bos_mass_nontrigger"]]
+    n_heads = summary["n_layers"] * summary["n_heads"]
+    print(f"{name}: {verb} {summary['steps']} steps (last batch L∞ "
+          f"{summary['train_linf']:.2e})")
+    print(f"  test set: L∞ {summary['linf_error']:.2e}, MSE {summary['mse']:.2e}")
+    print(f"  non-trigger BOS mass [layer][head]: {bos}")
+    print(f"  sink heads: {summary['sink_heads']} of {n_heads}")
+    print(f"  wrote {out}/: config.json metrics.jsonl summary.json attention.npz attention.png")
+    return 0
+
+
+def cmd_reproduce(args: argparse.Namespace, argv: list[str]) -> int:
+    from sinklab.experiments.reproduce import ReproduceOptions, reproduce
+
+    opts = ReproduceOptions(seeds=args.seeds, quick=args.quick, workers=args.workers,
+                            device=args.device)
+    command = "sinklab " + " ".join(shlex.quote(a) for a in argv)
+    reproduce(Path(args.out), opts, docs=Path(args.docs) if args.docs else None,
+              command=command)
+    print(f"wrote {Path(args.out) / 'REPORT.md'}")
+    return 0
+
+
+def cmd_rules() -> int:
+    from sinklab.attention import RULES
+
+    for name, rule in sorted(RULES.items()):
+        doc = (rule.__doc__ or "").strip().splitlines()[0]
+        print(f"{name:10s} {doc}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "train":
+            return cmd_train(args)
+        if args.command == "reproduce":
+            return cmd_reproduce(args, argv)
+        return cmd_rules()
+    except SinklabError as exc:
+        print(f"sinklab: error: {exc}", file=sys.stderr)
+        return EXIT_INPUT
+    except KeyboardInterrupt:
+        print("sinklab: interrupted; finished runs are kept on disk.", file=sys.stderr)
+        return EXIT_INTERRUPTED

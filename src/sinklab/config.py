@@ -1,0 +1,295 @@
+"""Typed run configuration: task, model, training and evaluation settings, validated on creation.
+
+A run is configured in three layers, later ones winning:
+dataclass defaults < a TOML file (``--config FILE``) < ``section.field=value`` overrides.
+Every value is checked in ``__post_init__``; a bad one raises ``ConfigError`` with one sentence
+naming the field, the value and what is allowed. Unknown keys are errors, never ignored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sinklab.attention import RULES
+
+
+class SinklabError(Exception):
+    """An error caused by the user's input; the CLI prints its message as one sentence."""
+
+
+class ConfigError(SinklabError, ValueError):
+    """A configuration value, key or file that is not allowed."""
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+TARGETS = ("auto", "plain", "residual")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass
+class TaskConfig:
+    """The trigger-conditional averaging task (SPEC section 2). Positions are 0-indexed."""
+
+    seq_len: int = 16
+    d_model: int = 16
+    train_trigger_min: int = 2
+    train_trigger_max: int | None = None  # None means seq_len - 1
+    eval_trigger: int = 7
+    target: str = "auto"  # plain: y = 0 off the trigger; residual: y = x off the trigger
+
+    def __post_init__(self) -> None:
+        _check(_is_int(self.seq_len) and self.seq_len >= 4,
+               f"task.seq_len={self.seq_len!r} is not allowed: it must be an integer >= 4.")
+        _check(_is_int(self.d_model) and self.d_model >= 4,
+               f"task.d_model={self.d_model!r} is not allowed: it must be an integer >= 4 "
+               "(BOS flag, trigger flag, at least one content coordinate, bias flag).")
+        last = self.seq_len - 1
+        if self.train_trigger_max is None:
+            self.train_trigger_max = last
+        for name in ("train_trigger_min", "train_trigger_max", "eval_trigger"):
+            value = getattr(self, name)
+            _check(_is_int(value) and 2 <= value <= last,
+                   f"task.{name}={value!r} is not allowed: trigger positions must be integers "
+                   f"in 2..{last} for seq_len={self.seq_len}.")
+        _check(self.train_trigger_min <= self.train_trigger_max,
+               f"task.train_trigger_min={self.train_trigger_min} is not allowed: it must be <= "
+               f"task.train_trigger_max={self.train_trigger_max}.")
+        _check(self.target in TARGETS,
+               f"task.target={self.target!r} is not allowed: choose one of {', '.join(TARGETS)}.")
+
+
+@dataclass
+class ModelConfig:
+    """Attention-only transformer (SPEC section 3): no MLP, LayerNorm, biases or 1/sqrt(d)."""
+
+    attention: str = "softmax"
+    n_layers: int = 1
+    n_heads: int = 1
+    init_std: float = 0.02
+
+    def __post_init__(self) -> None:
+        _check(self.attention in RULES,
+               f"model.attention={self.attention!r} is not a known attention rule: choose one of "
+               f"{', '.join(sorted(RULES))}.")
+        for name in ("n_layers", "n_heads"):
+            value = getattr(self, name)
+            _check(_is_int(value) and value >= 1,
+                   f"model.{name}={value!r} is not allowed: it must be an integer >= 1.")
+        _check(self.init_std > 0,
+               f"model.init_std={self.init_std!r} is not allowed: it must be > 0.")
+
+
+@dataclass
+class TrainConfig:
+    """The paper's protocol (SPEC section 4). ``lr=None`` picks the paper's rate for the shape."""
+
+    lr: float | None = None  # None: 1e-3 for 1 layer x 1 head, 1e-4 otherwise
+    batch_size: int = 128
+    max_steps: int = 50_000
+    tol: float = 5e-3  # stop when the batch L-infinity error is below this
+    beta1: float = 0.9
+    beta2: float = 0.95
+    adam_eps: float = 1e-8
+    seed: int = 0
+    log_every: int = 100
+    device: str = "auto"
+
+    def __post_init__(self) -> None:
+        _check(self.lr is None or self.lr > 0,
+               f"train.lr={self.lr!r} is not allowed: the learning rate must be > 0 (or auto).")
+        for name in ("batch_size", "max_steps", "log_every"):
+            value = getattr(self, name)
+            _check(_is_int(value) and value >= 1,
+                   f"train.{name}={value!r} is not allowed: it must be an integer >= 1.")
+        _check(self.tol > 0, f"train.tol={self.tol!r} is not allowed: it must be > 0.")
+        for name in ("beta1", "beta2"):
+            value = getattr(self, name)
+            _check(0 <= value < 1, f"train.{name}={value!r} is not allowed: it must be in [0, 1).")
+        _check(self.adam_eps > 0,
+               f"train.adam_eps={self.adam_eps!r} is not allowed: it must be > 0.")
+        _check(_is_int(self.seed) and self.seed >= 0,
+               f"train.seed={self.seed!r} is not allowed: it must be an integer >= 0.")
+        base = self.device.split(":")[0]
+        _check(base in DEVICES,
+               f"train.device={self.device!r} is not allowed: choose one of auto, cpu, cuda, cuda:N.")
+
+
+@dataclass
+class EvalConfig:
+    """The fixed evaluation set: sequences with the trigger at ``task.eval_trigger``."""
+
+    n_sequences: int = 1000
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _check(_is_int(self.n_sequences) and self.n_sequences >= 1,
+               f"eval.n_sequences={self.n_sequences!r} is not allowed: it must be an integer >= 1.")
+        _check(_is_int(self.seed) and self.seed >= 0,
+               f"eval.seed={self.seed!r} is not allowed: it must be an integer >= 0.")
+
+
+@dataclass
+class RunConfig:
+    """One training run. ``auto`` values are resolved here, so a saved config is explicit."""
+
+    task: TaskConfig = field(default_factory=TaskConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    def __post_init__(self) -> None:
+        if self.task.target == "auto":
+            self.task.target = "residual" if self.model.n_layers > 1 else "plain"
+        if self.train.lr is None:
+            single = self.model.n_layers == 1 and self.model.n_heads == 1
+            self.train.lr = 1e-3 if single else 1e-4
+
+    @property
+    def residual(self) -> bool:
+        """Whether the model adds its input back (and the targets include x)."""
+        return self.task.target == "residual"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+SECTIONS: dict[str, type] = {
+    "task": TaskConfig,
+    "model": ModelConfig,
+    "train": TrainConfig,
+    "eval": EvalConfig,
+}
+
+
+def allowed_keys() -> list[str]:
+    """Every ``section.field`` key that an override may set."""
+    return [f"{s}.{f.name}" for s, cls in SECTIONS.items() for f in dataclasses.fields(cls)]
+
+
+def _field_type(cls: type, name: str) -> Any:
+    return typing.get_type_hints(cls)[name]
+
+
+def _coerce(key: str, value: Any, annotation: Any) -> Any:
+    """Turn a TOML value or a command-line string into the field's type, or raise ConfigError."""
+    optional = False
+    if isinstance(annotation, types.UnionType):
+        args = [a for a in annotation.__args__ if a is not type(None)]
+        optional = len(args) < len(annotation.__args__)
+        annotation = args[0]
+    if isinstance(value, str):
+        text = value.strip()
+        if optional and text.lower() in ("none", "null", "auto"):
+            return None
+        if annotation is str:
+            return text
+        if annotation is bool:
+            if text.lower() in ("true", "1", "yes"):
+                return True
+            if text.lower() in ("false", "0", "no"):
+                return False
+            raise ConfigError(f"{key}={value!r} is not allowed: it must be true or false.")
+        try:
+            return int(text) if annotation is int else float(text)
+        except ValueError:
+            kind = "an integer" if annotation is int else "a number"
+            raise ConfigError(f"{key}={value!r} is not allowed: it must be {kind}.") from None
+    if value is None and optional:
+        return None
+    if annotation is float and _is_int(value):
+        return float(value)
+    if annotation is bool and isinstance(value, bool):
+        return value
+    if annotation is int and _is_int(value):
+        return value
+    if annotation is float and isinstance(value, float):
+        return value
+    if annotation is str and isinstance(value, str):
+        return value
+    raise ConfigError(f"{key}={value!r} is not allowed: it must be of type {annotation.__name__}.")
+
+
+def parse_overrides(items: list[str]) -> dict[str, dict[str, str]]:
+    """Parse ``section.field=value`` strings into a nested dict of raw strings."""
+    nested: dict[str, dict[str, str]] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(f"override {item!r} is not of the form section.field=value, "
+                              "for example model.attention=relu.")
+        section, dot, name = key.partition(".")
+        if not dot or key not in allowed_keys():
+            raise ConfigError(f"unknown override key {key!r}: allowed keys are "
+                              f"{', '.join(allowed_keys())}.")
+        nested.setdefault(section, {})[name] = value
+    return nested
+
+
+def load_toml(path: str | Path) -> dict[str, Any]:
+    """Read a TOML config file with [task], [model], [train] and [eval] tables."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist.")
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}.") from None
+
+
+def merge(*layers: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Merge nested dicts section by section; later layers win."""
+    merged: dict[str, dict[str, Any]] = {}
+    for layer in layers:
+        for section, values in layer.items():
+            if not isinstance(values, dict):
+                raise ConfigError(f"config key {section!r} must be a table of fields; "
+                                  f"sections are {', '.join(SECTIONS)}.")
+            merged.setdefault(section, {}).update(values)
+    return merged
+
+
+def build_run_config(values: dict[str, Any] | None = None) -> RunConfig:
+    """Build and validate a RunConfig from a nested dict (TOML, JSON or parsed overrides)."""
+    values = values or {}
+    parts: dict[str, Any] = {}
+    for section, fields_ in values.items():
+        if section not in SECTIONS:
+            raise ConfigError(f"unknown config section {section!r}: sections are "
+                              f"{', '.join(SECTIONS)}.")
+        cls = SECTIONS[section]
+        names = {f.name for f in dataclasses.fields(cls)}
+        kwargs = {}
+        for name, raw in fields_.items():
+            key = f"{section}.{name}"
+            if name not in names:
+                raise ConfigError(f"unknown config key {key!r}: allowed keys are "
+                                  f"{', '.join(allowed_keys())}.")
+            kwargs[name] = _coerce(key, raw, _field_type(cls, name))
+        parts[section] = cls(**kwargs)
+    return RunConfig(**parts)
+
+
+def config_from_cli(overrides: list[str], config_file: str | None = None,
+                    base: dict[str, Any] | None = None) -> RunConfig:
+    """defaults < ``base`` < config file < overrides, validated."""
+    layers = [base or {}]
+    if config_file:
+        layers.append(load_toml(config_file))
+    layers.append(parse_overrides(overrides))
+    return build_run_config(merge(*layers))

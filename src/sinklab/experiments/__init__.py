@@ -1,0 +1,1 @@
+"""Recipes that combine the library parts into the paper's experiments."""

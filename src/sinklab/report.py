@@ -1,0 +1,33 @@
+"""Markdown building blocks for reports: tables and mean-and-spread formatting over seeds."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """A GitHub-flavoured Markdown table."""
+    lines = ["| " + " | ".join(str(h) for h in headers) + " |",
+             "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def spread(values: Sequence[float], digits: int = 3) -> str:
+    """"mean ± sd" over seeds (sample sd), or the single value when there is one seed."""
+    arr = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=float)
+    if arr.size == 0:
+        return "n/a"
+    if arr.size == 1:
+        return f"{arr[0]:.{digits}f}"
+    return f"{arr.mean():.{digits}f} ± {arr.std(ddof=1):.{digits}f}"
+
+
+def sci(value: float | None) -> str:
+    """A number in short scientific notation (errors span many orders of magnitude)."""
+    if value is None or not math.isfinite(value):
+        return "n/a"
+    return f"{value:.2e}"

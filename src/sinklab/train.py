@@ -1,0 +1,285 @@
+"""Training: the paper's protocol for an ensemble of independent models run as one program.
+
+``train_runs(configs, run_dirs)`` trains one model per config. The configs may differ only in
+``train.seed`` and ``train.lr``; everything else is shared, so the members are stacked on a leading
+axis and one forward, backward and optimiser step serves them all. Each member:
+
+- starts from weights drawn with its own seed, and sees its own data stream, exactly the ones it
+  would get if trained alone;
+- is checked against the stop rule on every step: at step s (after s updates) a fresh batch is
+  drawn and, if its L-infinity error is below ``train.tol``, the member stops with ``steps = s``
+  and gets no further update of its weights or Adam moments;
+- stops as "diverged" when its loss is NaN or inf, and as "max_steps" after ``train.max_steps``.
+
+A member is finished, evaluated and written as soon as it stops, so an interrupted ensemble keeps
+every member that had already finished.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from sinklab import metrics
+from sinklab.config import ConfigError, RunConfig, build_run_config
+from sinklab.evaluate import derive_seed, eval_batch, evaluate
+from sinklab.model import AttentionStack
+from sinklab.results import (MetricsLog, ResultsError, read_json, replace_from, temporary_path,
+                             write_json, write_npz)
+from sinklab.task import sample_batch
+
+RUNNING, CONVERGED, MAX_STEPS, DIVERGED = 0, 1, 2, 3
+STATUS = {CONVERGED: "converged", MAX_STEPS: "max_steps", DIVERGED: "diverged"}
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` is CUDA when available, else the CPU; asking for absent CUDA is a ConfigError."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"train.device={name!r} is not available on this machine: "
+                          "use cpu or auto.")
+    return torch.device(name)
+
+
+def versions() -> dict[str, str]:
+    """Package versions recorded beside every result."""
+    import numpy
+
+    from sinklab import __version__
+
+    return {"sinklab": __version__, "torch": torch.__version__, "numpy": numpy.__version__,
+            "python": sys.version.split()[0]}
+
+
+class MemberAdam:
+    """Adam (Kingma & Ba, 2015) over parameters with a leading member axis.
+
+    Each member has its own learning rate and step count. ``step(active)`` updates only members
+    whose ``active`` flag is True: an inactive member's weights *and* moments stay exactly as they
+    are, so a stopped member ends where it would have ended alone. Without masking it computes the
+    same update as ``torch.optim.Adam`` (no weight decay, no amsgrad).
+    """
+
+    def __init__(self, params: Sequence[Tensor], lr: Tensor, betas: tuple[float, float],
+                 eps: float) -> None:
+        self.params = list(params)
+        self.lr = lr  # (E,)
+        self.beta1, self.beta2 = betas
+        self.eps = eps
+        self.t = torch.zeros_like(lr)  # per-member step counts
+        self.m = [torch.zeros_like(p) for p in self.params]
+        self.v = [torch.zeros_like(p) for p in self.params]
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self, active: Tensor) -> None:
+        self.t += active.to(self.t.dtype)
+        t = self.t.clamp(min=1)
+        step_size = self.lr / (1 - self.beta1 ** t)  # (E,)
+        bc2_sqrt = (1 - self.beta2 ** t).sqrt()
+        for p, m, v in zip(self.params, self.m, self.v):
+            g = p.grad
+            view = (-1,) + (1,) * (p.dim() - 1)
+            on = active.view(view)
+            m.copy_(torch.where(on, torch.lerp(m, g, 1 - self.beta1), m))
+            v.copy_(torch.where(on, v * self.beta2 + (1 - self.beta2) * g * g, v))
+            denom = v.sqrt() / bc2_sqrt.view(view) + self.eps
+            update = m / denom * step_size.view(view)
+            p.sub_(torch.where(on, update, 0.0))
+
+
+def _shared(cfg: RunConfig) -> dict[str, Any]:
+    """The part of a config that ensemble members must share (all but seed and lr)."""
+    d = cfg.to_dict()
+    d["train"] = {k: v for k, v in d["train"].items() if k not in ("seed", "lr")}
+    return d
+
+
+def check_compatible(cfgs: Sequence[RunConfig]) -> None:
+    """Raise ConfigError unless the configs differ only in ``train.seed`` and ``train.lr``."""
+    if not cfgs:
+        raise ConfigError("an ensemble needs at least one run config.")
+    first = _shared(cfgs[0])
+    for cfg in cfgs[1:]:
+        if _shared(cfg) != first:
+            raise ConfigError("ensemble members may differ only in train.seed and train.lr.")
+
+
+def build_ensemble(cfgs: Sequence[RunConfig], device: torch.device) -> AttentionStack:
+    """One AttentionStack with a member per config, each initialised from its own seed."""
+    cfg = cfgs[0]
+    model = AttentionStack(cfg.model, cfg.task.d_model, residual=cfg.residual,
+                           n_members=len(cfgs))
+    for e, c in enumerate(cfgs):
+        model.init_member(e, torch.Generator().manual_seed(derive_seed(c.train.seed, "init")))
+    return model.to(device)
+
+
+def _select(model: AttentionStack, members: list[int]) -> AttentionStack:
+    """A copy of ``model`` holding only the given members (for evaluation)."""
+    sub = AttentionStack(model.cfg, model.d_model, residual=model.residual,
+                         n_members=len(members))
+    index = torch.tensor(members, device=next(model.parameters()).device)
+    with torch.no_grad():
+        for p_sub, p in zip(sub.parameters(), model.parameters()):
+            p_sub.data = p.index_select(0, index).clone()
+    return sub
+
+
+def save_member(model: AttentionStack, member: int, path: Path) -> None:
+    """Save one member's weights (without the member axis) to ``path`` atomically."""
+    state = {name: p[member].detach().cpu().clone() for name, p in model.named_parameters()}
+    replace_from(temporary_path(path), path, lambda tmp: torch.save(state, tmp))
+
+
+def load_model(run_dir: Path, device: str = "cpu") -> tuple[RunConfig, AttentionStack]:
+    """The config and trained model (an ensemble of one) of a finished run folder."""
+    run_dir = Path(run_dir)
+    cfg = build_run_config(read_json(run_dir / "config.json"))
+    path = run_dir / "model.pt"
+    if not path.is_file():
+        raise ResultsError(f"{path} does not exist; the run in {run_dir} has not finished.")
+    try:
+        state = torch.load(path, map_location=device, weights_only=True)
+        model = AttentionStack(cfg.model, cfg.task.d_model, residual=cfg.residual)
+        model.load_state_dict({name: w.unsqueeze(0) for name, w in state.items()})
+    except Exception as exc:  # torch raises many types for a broken file; name the file instead
+        raise ResultsError(f"{path} is corrupted or does not match {run_dir / 'config.json'} "
+                           f"({type(exc).__name__}); delete that run folder to redo it.") from None
+    return cfg, model.to(device)
+
+
+def train_runs(
+    cfgs: Sequence[RunConfig],
+    run_dirs: Sequence[Path] | None = None,
+    *,
+    progress: bool | None = None,
+    description: str = "train",
+) -> list[dict[str, Any]]:
+    """Train one model per config as one ensemble; return each run's summary dict.
+
+    With ``run_dirs``, run e writes ``config.json`` at the start, a ``metrics.jsonl`` row every
+    ``train.log_every`` steps and at its stop step, and ``attention.npz``, ``model.pt`` and
+    ``summary.json`` (last) when it stops. ``progress=None`` shows a bar only when stderr is a terminal.
+    """
+    cfgs = list(cfgs)
+    check_compatible(cfgs)
+    cfg = cfgs[0]
+    n = len(cfgs)
+    device = resolve_device(cfg.train.device)
+    model = build_ensemble(cfgs, device)
+    test = eval_batch(cfg, device)
+
+    logs: list[MetricsLog | None] = [None] * n
+    if run_dirs is not None:
+        for e, run_dir in enumerate(run_dirs):
+            write_json(Path(run_dir) / "config.json", cfgs[e].to_dict())
+            logs[e] = MetricsLog(Path(run_dir) / "metrics.jsonl")
+
+    gens = [torch.Generator(device=device).manual_seed(derive_seed(c.train.seed, "data"))
+            for c in cfgs]
+    lr = torch.tensor([c.train.lr for c in cfgs], device=device)
+    opt = MemberAdam(list(model.parameters()), lr, (cfg.train.beta1, cfg.train.beta2),
+                     cfg.train.adam_eps)
+    active = torch.ones(n, dtype=torch.bool, device=device)
+    summaries: list[dict[str, Any] | None] = [None] * n
+    start = time.perf_counter()
+    tol, max_steps, log_every = cfg.train.tol, cfg.train.max_steps, cfg.train.log_every
+    show = sys.stderr.isatty() if progress is None else progress
+    bar = tqdm(total=max_steps, desc=description, unit="step", disable=not show, leave=False)
+
+    def log_rows(members: list[int], step: int, loss: Tensor, linf: Tensor, patterns: list[Tensor],
+                 trigger: Tensor, status: dict[int, int]) -> None:
+        bos = torch.stack([metrics.bos_mass_nontrigger(w, trigger) for w in patterns], dim=1)
+        for e in members:
+            if logs[e] is None:
+                continue
+            row = {"step": step,
+                   "loss": loss[e].item(), "linf": linf[e].item(),
+                   "bos_mass_nontrigger": bos[e].tolist()}
+            if e in status:
+                row["status"] = STATUS[status[e]]
+            logs[e].write(row)
+
+    def finish(members: list[int], step: int, status: dict[int, int], loss: Tensor,
+               linf: Tensor) -> None:
+        # A member that stops at step s has had exactly s updates (steps 0..s-1).
+        finished = _select(model, members)
+        evals, maps = evaluate(finished, test)
+        for i, e in enumerate(members):
+            summary = {
+                "attention": cfg.model.attention, "n_layers": cfg.model.n_layers,
+                "n_heads": cfg.model.n_heads, "seq_len": cfg.task.seq_len,
+                "d_model": cfg.task.d_model, "seed": cfgs[e].train.seed, "lr": cfgs[e].train.lr,
+                "steps": step, "status": STATUS[status[e]],
+                "converged": status[e] == CONVERGED,
+                "train_loss": loss[e].item(), "train_linf": linf[e].item(),
+                **evals[i],
+                "eval": {"n_sequences": cfg.eval.n_sequences, "trigger": cfg.task.eval_trigger,
+                         "seed": cfg.eval.seed},
+                "wall_time_s": time.perf_counter() - start, "device": str(device),
+                "versions": versions(),
+            }
+            summaries[e] = summary
+            if run_dirs is not None:
+                write_npz(Path(run_dirs[e]) / "attention.npz", mean=maps["mean"][i],
+                          std=maps["std"][i])
+                save_member(finished, i, Path(run_dirs[e]) / "model.pt")
+                write_json(Path(run_dirs[e]) / "summary.json", summary)
+                logs[e].close()
+
+    try:
+        for step in range(max_steps + 1):
+            batches = [sample_batch(cfg.task, cfg.train.batch_size, g, residual=cfg.residual)
+                       for g in gens]
+            x = torch.stack([b.x for b in batches])  # (E, B, L, d)
+            y = torch.stack([b.y for b in batches])
+            trigger = torch.stack([b.trigger for b in batches])  # (E, B)
+            out = model(x, return_weights=True)
+            err = out.out - y
+            loss = err.pow(2).mean(dim=(1, 2, 3))  # (E,): each member's own MSE
+            linf = err.abs().amax(dim=(1, 2, 3))
+            finite = torch.isfinite(loss)
+            converged = active & finite & (linf < tol)
+            diverged = active & ~finite
+            stopping = converged | diverged | (active & (step == max_steps))
+            # One host read per step; on the CPU it costs nothing, and the masks above already
+            # keep stopped members exact whatever the reading schedule.
+            was_active = active.nonzero().flatten().tolist()
+            active = active & ~stopping
+            if stopping.any():
+                codes = torch.where(converged, CONVERGED, torch.where(diverged, DIVERGED,
+                                                                        MAX_STEPS))
+                status = {e: int(codes[e]) for e in stopping.nonzero().flatten().tolist()}
+                log_rows(list(status), step, loss, linf, out.patterns, trigger, status)
+                finish(list(status), step, status, loss, linf)
+                was_active = [e for e in was_active if e not in status]
+            if step % log_every == 0:
+                log_rows(was_active, step, loss, linf, out.patterns, trigger, {})
+            if not was_active:
+                break
+            opt.zero_grad()
+            loss.sum().backward()  # members are independent: each gets its own gradient
+            opt.step(active)
+            bar.update(1)
+            if step % 50 == 0:
+                best = linf.masked_fill(~active, math.inf).min().item()
+                bar.set_postfix(active=len(was_active), linf=f"{best:.2e}")
+    finally:
+        bar.close()
+        for log in logs:
+            if log is not None:
+                log.close()
+    return [s for s in summaries if s is not None]

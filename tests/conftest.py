@@ -1,0 +1,45 @@
+"""Shared test helpers: small configs and a plainly written reference model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sinklab.attention import causal_mask, get_rule
+from sinklab.config import RunConfig, build_run_config
+
+
+@pytest.fixture(autouse=True)
+def _threads():
+    # Tests run on the CPU with one thread: deterministic and fair to CI's two cores.
+    torch.set_num_threads(1)
+
+
+def small_config(**sections) -> RunConfig:
+    """A RunConfig from nested dicts, e.g. small_config(model={"attention": "relu"})."""
+    return build_run_config(sections)
+
+
+def reference_forward(model, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The paper's equations written out per member, layer and head, with no batching tricks.
+
+    x (B, T, d) shared by all members -> out (E, B, T, d) and per-layer weights (E, B, H, T, T).
+    """
+    outs, layer_weights = [], [[] for _ in model.blocks]
+    mask = causal_mask(x.shape[1])
+    for e in range(model.n_members):
+        h = x
+        for li, block in enumerate(model.blocks):
+            a = block.attn
+            rule = get_rule(model.cfg.attention)
+            total = torch.zeros_like(h)
+            head_w = []
+            for hd in range(a.w_q.shape[1]):
+                q, k, v = h @ a.w_q[e, hd], h @ a.w_k[e, hd], h @ a.w_v[e, hd]
+                w = rule(q @ k.transpose(-1, -2), mask)  # (B, T, T)
+                head_w.append(w)
+                total = total + (w @ v) @ a.w_o[e, hd]
+            layer_weights[li].append(torch.stack(head_w, dim=1))
+            h = h + total if model.residual else total
+        outs.append(h)
+    return torch.stack(outs), [torch.stack(w) for w in layer_weights]

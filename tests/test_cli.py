@@ -1,0 +1,183 @@
+"""The command line, in-process: train writes a run folder, reproduce writes its report and
+resumes, and every bad input exits non-zero with one sentence and no traceback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from sinklab.cli import main
+from sinklab.experiments import reproduce as rep
+from sinklab.results import read_json, read_metrics
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_train_writes_the_run_folder(tmp_path, capsys):
+    out = tmp_path / "run"
+    code, stdout, err = run_cli(capsys, "train", "model.attention=relu", "train.max_steps=30",
+                                "train.log_every=10", "eval.n_sequences=64", "--out", str(out))
+    assert code == 0, err
+    for name in ("config.json", "metrics.jsonl", "summary.json", "attention.npz",
+                 "attention.png"):
+        assert (out / name).is_file(), name
+    summary = read_json(out / "summary.json")
+    for key in ("attention", "n_layers", "n_heads", "seq_len", "d_model", "seed", "steps",
+                "converged", "linf_error", "mse", "bos_mass_nontrigger", "bos_mass_trigger",
+                "sink_heads"):
+        assert key in summary, key
+    assert summary["attention"] == "relu" and summary["steps"] == 30
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [0, 10, 20, 30]
+    assert "relu 1x1, seed 0: stopped without converging at 30 steps" in stdout
+    # a finished run is never overwritten
+    code, _, err = run_cli(capsys, "train", "--out", str(out))
+    assert code == 2 and "already holds a finished run" in err
+
+
+BAD_INPUTS = [
+    (["train", "bogus.key=1"], "unknown override key 'bogus.key'"),
+    (["train", "model.attention=sigmoidish"], "model.attention='sigmoidish' is not a known"),
+    (["train", "task.seq_len=3"], "task.seq_len=3 is not allowed"),
+    (["train", "task.d_model=3"], "task.d_model=3 is not allowed"),
+    (["train", "task.eval_trigger=1"], "task.eval_trigger=1 is not allowed"),
+    (["train", "task.seq_len=8", "task.eval_trigger=8"], "task.eval_trigger=8 is not allowed"),
+    (["train", "train.lr=-1"], "train.lr=-1.0 is not allowed"),
+    (["train", "train.batch_size=0"], "train.batch_size=0 is not allowed"),
+    (["train", "train.max_steps=0"], "train.max_steps=0 is not allowed"),
+    (["train", "--config", "/nonexistent/run.toml"], "config file '/nonexistent/run.toml' does "
+                                                     "not exist."),
+    (["reproduce", "--seeds", "0"], "--seeds=0 is not allowed"),
+    (["reproduce", "--workers", "0"], "--workers=0 is not allowed"),
+    (["reproduce", "--device", "tpu"], "train.device='tpu' is not allowed"),
+]
+
+
+@pytest.mark.parametrize("argv, message", BAD_INPUTS, ids=[" ".join(a) for a, _ in BAD_INPUTS])
+def test_bad_input_is_one_sentence(tmp_path, capsys, argv, message):
+    code, out, err = run_cli(capsys, *argv, *(["--out", str(tmp_path / "o")]))
+    assert code == 2
+    assert err.startswith("sinklab: error: ") and message in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert not (tmp_path / "o" / "summary.json").exists()
+
+
+def test_train_diverged_exits_1_and_keeps_logs(tmp_path, capsys):
+    out = tmp_path / "div"
+    code, _, err = run_cli(capsys, "train", "model.attention=relu", "model.init_std=1e4",
+                           "eval.n_sequences=16", "--out", str(out))
+    assert code == 1
+    assert "diverged at step 0" in err and err.count("\n") == 1
+    assert (out / "metrics.jsonl").is_file() and (out / "summary.json").is_file()
+
+
+def test_train_refuses_a_foreign_folder(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("mine")
+    code, _, err = run_cli(capsys, "train", "--out", str(tmp_path))
+    assert code == 2 and "is not an empty folder or a sinklab run folder" in err
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+@pytest.fixture
+def tiny_reproduce(monkeypatch):
+    """--quick with multi-layer runs capped at 20 steps, so the whole thing takes seconds."""
+    monkeypatch.setattr(rep, "QUICK_MAX_STEPS", 20)
+
+
+@pytest.mark.slow
+def test_reproduce_quick_report_resume_and_errors(tmp_path, capsys, tiny_reproduce):
+    out = tmp_path / "rep"
+    docs = tmp_path / "docs" / "reproduction.md"
+    code, stdout, err = run_cli(capsys, "reproduce", "--quick", "--workers", "1", "--out",
+                                str(out), "--docs", str(docs))
+    assert code == 0, err
+    summary = read_json(out / "summary.json")
+    runs = summary["runs"]
+    assert [(r["experiment"], r["attention"]) for r in runs] == [
+        (e, rule) for e in ("1x1", "2x2", "4x4") for rule in ("softmax", "relu")]
+    for r in runs:
+        layers, heads = rep.EXPERIMENTS[r["experiment"]]
+        assert (r["n_layers"], r["n_heads"]) == (layers, heads)
+        assert len(r["bos_mass_nontrigger"]) == layers
+        assert all(len(row) == heads for row in r["bos_mass_trigger"])
+        assert isinstance(r["sink_heads"], int) and isinstance(r["steps"], int)
+    soft = runs[0]
+    assert soft["converged"] and soft["bos_mass_nontrigger"][0][0] >= 0.95
+    report = (out / "REPORT.md").read_text()
+    assert "| 1x1 softmax sinks, every seed | >= 0.95 |" in report
+    assert "| 2x2 softmax reaches the stop rule | every seed | 0/1 seeds | FAIL |" in report
+    assert "quick mode" in report
+    for fig in ("fig_1x1", "fig_2x2_softmax", "fig_4x4_relu", "fig_bos_mass"):
+        assert (out / "figures" / f"{fig}.png").is_file()
+        assert (docs.parent / "reproduction" / f"{fig}.png").is_file()
+    assert "(reproduction/fig_1x1.png)" in docs.read_text()
+
+    # Resume: nothing is retrained, the report is rebuilt from the finished runs.
+    code, _, err = run_cli(capsys, "reproduce", "--quick", "--workers", "1", "--out", str(out))
+    assert code == 0 and "0 runs to train in 0 jobs" in err and "6 already finished" in err
+
+    # Other settings in the same folder are refused, not mixed in.
+    code, _, err = run_cli(capsys, "reproduce", "--seeds", "1", "--out", str(out))
+    assert code == 2 and "holds a run with different settings" in err
+
+    # A corrupted result is named, not overwritten.
+    bad = out / "runs" / "1x1_relu_seed0" / "summary.json"
+    bad.write_text('{"attention": ')
+    code, _, err = run_cli(capsys, "reproduce", "--quick", "--out", str(out))
+    assert code == 2 and "1x1_relu_seed0/summary.json is corrupted" in err
+    assert bad.read_text() == '{"attention": '
+
+
+def test_reproduce_refuses_a_foreign_folder(tmp_path, capsys):
+    (tmp_path / "data.csv").write_text("a,b\n")
+    code, _, err = run_cli(capsys, "reproduce", "--quick", "--out", str(tmp_path))
+    assert code == 2 and "is not an empty folder or a sinklab reproduce folder" in err
+
+
+@pytest.mark.slow
+def test_worker_processes_write_the_same_results(tmp_path):
+    from sinklab.config import build_run_config
+
+    def jobs(root):
+        out = []
+        for rule in ("softmax", "relu"):
+            cfg = build_run_config({"model": {"attention": rule, "n_layers": 2, "n_heads": 2},
+                                    "train": {"max_steps": 15}, "eval": {"n_sequences": 32}})
+            out.append(rep.Job("2x2", rule, [cfg], [root / rule]))
+        return out
+
+    rep.run_all(jobs(tmp_path / "pool"), workers=2, log=lambda line: None)
+    rep.run_all(jobs(tmp_path / "serial"), workers=1, log=lambda line: None)
+    for rule in ("softmax", "relu"):
+        a = read_json(tmp_path / "pool" / rule / "summary.json")
+        b = read_json(tmp_path / "serial" / rule / "summary.json")
+        assert a["steps"] == b["steps"] == 15
+        assert a["mse"] == pytest.approx(b["mse"], rel=1e-5)
+
+
+def test_python_dash_m_and_help():
+    result = subprocess.run([sys.executable, "-m", "sinklab", "--help"], capture_output=True,
+                            text=True, check=True)
+    assert "reproduce" in result.stdout and "train" in result.stdout
+    result = subprocess.run([sys.executable, "-m", "sinklab", "train", "--help"],
+                            capture_output=True, text=True, check=True)
+    assert "model.attention=softmax" in result.stdout
+
+
+def test_rules_lists_the_registry(capsys):
+    code, out, _ = run_cli(capsys, "rules")
+    assert code == 0 and out.splitlines()[0].startswith("relu") and "softmax" in out
+
+
+def test_import_has_no_side_effects(tmp_path):
+    code = ("import os, sys; os.chdir(sys.argv[1]); import sinklab, sinklab.cli, "
+            "sinklab.experiments.reproduce; print(sorted(os.listdir('.')))")
+    result = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True,
+                            text=True, check=True)
+    assert result.stdout.strip() == "[]" and result.stderr == ""

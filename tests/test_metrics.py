@@ -1,0 +1,106 @@
+"""Metrics as pure functions: each checked on hand-built weights against its definition."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sinklab import metrics
+from sinklab.attention import causal_mask, relu, softmax
+
+
+def sink_weights(seq_len=8, trigger=4):
+    """One head that sinks everywhere except at the trigger row, which averages keys 1..j."""
+    w = torch.zeros(seq_len, seq_len)
+    w[:, 0] = 1.0
+    w[trigger] = 0
+    w[trigger, 1:trigger + 1] = 1.0 / trigger
+    return w
+
+
+def test_bos_mass_nontrigger_excludes_bos_and_trigger_rows():
+    w = sink_weights()
+    w[0, 0] = 0.0  # the BOS query row must not count
+    w[3, 0], w[3, 1] = 0.5, 0.5  # one non-trigger row only half sinks
+    weights = w.expand(2, 1, 8, 8)  # (B, H, L, L)
+    trigger = torch.tensor([4, 4])
+    got = metrics.bos_mass_nontrigger(weights, trigger)
+    assert got.shape == (1,)
+    assert got.item() == pytest.approx((5 + 0.5) / 6)  # rows 1..7 except 4
+
+
+def test_bos_mass_per_sample_triggers_and_leading_axes():
+    a, b = sink_weights(trigger=2), sink_weights(trigger=5)
+    b[2, 0], b[2, 1] = 0.5, 0.5
+    weights = torch.stack([a, b])[:, None]  # (B=2, H=1, L, L)
+    trigger = torch.tensor([2, 5])
+    expected = (12 - 0.5) / 12  # 6 non-trigger rows per sample, one of them half a sink
+    assert metrics.bos_mass_nontrigger(weights, trigger).item() == pytest.approx(expected)
+    stacked = torch.stack([weights, weights * 0.5])  # a leading (members) axis
+    torch.testing.assert_close(metrics.bos_mass_nontrigger(stacked, trigger),
+                               torch.tensor([[expected], [expected / 2]]))
+    rows = metrics.bos_mass_nontrigger_rows(weights, trigger)
+    assert torch.isnan(rows[0, 0])  # the BOS row is never a non-trigger row
+    assert rows[0, 2].item() == pytest.approx(0.5)  # row 2 is the trigger of sample a: only b
+    assert rows[0, 5].item() == pytest.approx(1.0)  # row 5 is the trigger of sample b: only a
+
+
+def test_trigger_stats_of_an_exact_average():
+    weights = sink_weights(trigger=4)[None, None]
+    stats = metrics.trigger_stats(weights, torch.tensor([4]))
+    assert stats["bos"].item() == 0
+    assert stats["content"].item() == pytest.approx(1.0)
+    assert stats["key_mean"].item() == pytest.approx(0.25)
+    assert stats["key_std"].item() == pytest.approx(0.0, abs=1e-7)
+    uneven = sink_weights(trigger=4)
+    uneven[4, 1:5] = torch.tensor([0.1, 0.2, 0.3, 0.4])
+    stats = metrics.trigger_stats(uneven[None, None], torch.tensor([4]))
+    assert stats["key_std"].item() == pytest.approx(torch.tensor([0.1, 0.2, 0.3, 0.4]).std(
+        correction=0).item())
+
+
+def test_row_sums_split_by_row_type():
+    s = torch.randn(3, 2, 8, 8, generator=torch.Generator().manual_seed(0))
+    trigger = torch.tensor([2, 3, 7])
+    soft = metrics.row_sums(softmax(s, causal_mask(8)), trigger)
+    torch.testing.assert_close(soft["nontrigger"], torch.ones(2))
+    zero = metrics.row_sums(relu(-s.abs(), causal_mask(8)), trigger)
+    assert torch.all(zero["nontrigger"] == 0) and torch.all(zero["trigger"] == 0)
+
+
+def test_key_importance_and_sink_rate_match_gu_definition():
+    s = torch.randn(5, 3, 8, 8, generator=torch.Generator().manual_seed(1)) * 2
+    w = softmax(s, causal_mask(8))
+    a = metrics.key_importance(w)
+    for k in range(8):
+        torch.testing.assert_close(a[..., k], w[..., k:, k].sum(-1) / (8 - k))
+    rate = metrics.sink_rate(w, eps=0.3)
+    torch.testing.assert_close(rate, (a[..., 0] > 0.3).float().mean(0))
+
+
+def test_relative_sink_rate_normalises_rows():
+    w = sink_weights()[None, None] * 0.1  # a ReLU-like head: rows sum to 0.1
+    assert metrics.sink_rate(w).item() == 0.0  # absolute weights never exceed 0.3
+    assert metrics.sink_rate(w, relative=True).item() == 1.0
+    zero = torch.zeros(1, 1, 8, 8)
+    assert metrics.sink_rate(zero, relative=True).item() == 0.0  # all-zero rows stay zero
+
+
+def test_error_split():
+    target = torch.zeros(2, 6, 4)
+    pred = torch.zeros(2, 6, 4)
+    trigger = torch.tensor([3, 5])
+    pred[0, 3, 0] = 0.5  # error on a trigger row
+    pred[1, 1, 2] = -0.2  # error on a non-trigger row
+    e = metrics.error_split(pred, target, trigger)
+    assert e["linf"].item() == pytest.approx(0.5)
+    assert e["linf_trigger"].item() == pytest.approx(0.5)
+    assert e["linf_nontrigger"].item() == pytest.approx(0.2)
+    assert e["mse"].item() == pytest.approx((0.25 + 0.04) / 48)
+    assert e["mse_trigger"].item() == pytest.approx(0.25 / 8)
+    assert e["mse_nontrigger"].item() == pytest.approx(0.04 / 40)
+
+
+def test_sink_heads_threshold():
+    bos = torch.tensor([[0.95, 0.5], [0.9, 0.89]])
+    assert metrics.sink_heads(bos).item() == 2

@@ -1,0 +1,89 @@
+"""The trigger-conditional task: exact encoding and targets (SPEC section 2)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sinklab.config import TaskConfig
+from sinklab.task import encode, sample_batch, targets
+
+
+def batch(cfg=None, n=64, seed=0, residual=False, trigger=None):
+    cfg = cfg or TaskConfig()
+    return sample_batch(cfg, n, torch.Generator().manual_seed(seed), residual=residual,
+                        trigger=trigger)
+
+
+def test_bos_is_e0():
+    b = batch()
+    e0 = torch.zeros(16)
+    e0[0] = 1
+    assert torch.equal(b.x[:, 0], e0.expand(64, 16))
+    assert torch.all(b.x[:, 1:, 0] == 0)
+
+
+def test_trigger_and_bias_flags():
+    b = batch(n=256)
+    rows = torch.arange(256)
+    assert torch.all(b.x[rows, b.trigger, 1] == 1)
+    assert torch.all(b.x[..., 1].sum(dim=1) == 1)  # exactly one trigger per sequence
+    bias = b.x[..., -1]
+    assert torch.all(bias[:, 0] == 0)  # BOS
+    assert torch.all(bias[rows, b.trigger] == 0)  # trigger
+    assert torch.all(bias.sum(dim=1) == 16 - 2)  # every other token
+
+
+def test_content_is_uniform_and_absent_at_bos():
+    b = batch(n=512)
+    content = b.x[:, :, 2:-1]
+    assert torch.all(content[:, 0] == 0)
+    assert content[:, 1:].min() >= -1 and content[:, 1:].max() <= 1
+    assert abs(content[:, 1:].mean().item()) < 0.02
+    assert content[:, 1:].std().item() == pytest.approx((1 / 3) ** 0.5, abs=0.02)
+    rows = torch.arange(512)
+    assert torch.any(content[rows, b.trigger] != 0)  # the trigger carries content too
+
+
+def test_training_triggers_cover_2_to_L_minus_1():
+    b = batch(n=4000)
+    assert set(b.trigger.tolist()) == set(range(2, 16))
+
+
+def test_trigger_range_option_and_fixed_trigger():
+    cfg = TaskConfig(train_trigger_min=5, train_trigger_max=6)
+    assert set(batch(cfg, n=500).trigger.tolist()) == {5, 6}
+    assert set(batch(trigger=7).trigger.tolist()) == {7}
+
+
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+def test_targets_match_the_definition(residual):
+    b = batch(n=32, residual=residual)
+    for i in range(32):
+        j = int(b.trigger[i])
+        expected = b.x[i].clone() if residual else torch.zeros_like(b.x[i])
+        expected[j] += b.x[i, 1:j + 1].mean(dim=0)
+        torch.testing.assert_close(b.y[i], expected)
+
+
+def test_worked_example_from_the_docstring():
+    content = torch.tensor([[[0.0], [0.3], [-0.5], [0.9]]])
+    x = encode(content, torch.tensor([2]))
+    expected = torch.tensor([[[1, 0, 0, 0], [0, 0, 0.3, 1], [0, 1, -0.5, 0], [0, 0, 0.9, 1.0]]])
+    torch.testing.assert_close(x, expected)
+    y = targets(x, torch.tensor([2]), residual=False)
+    torch.testing.assert_close(y[0, 2], torch.tensor([0, 0.5, -0.1, 0.5]))
+    assert torch.all(y[0, [0, 1, 3]] == 0)
+
+
+def test_same_generator_seed_same_batch_and_different_seed_differs():
+    a, b, c = batch(seed=3), batch(seed=3), batch(seed=4)
+    assert torch.equal(a.x, b.x) and torch.equal(a.trigger, b.trigger)
+    assert not torch.equal(a.x, c.x)
+
+
+def test_minimum_sizes():
+    cfg = TaskConfig(seq_len=4, d_model=4, eval_trigger=3)
+    b = batch(cfg, n=8)
+    assert b.x.shape == (8, 4, 4)
+    assert set(b.trigger.tolist()) <= {2, 3}
