@@ -257,7 +257,7 @@ def train_runs(
             stopping = converged | diverged | (active & (step == max_steps))
             # One host read per step; on the CPU it costs nothing, and the masks above already
             # keep stopped members exact whatever the reading schedule.
-            was_active = active.nonzero().flatten().tolist()
+            running = active.nonzero().flatten().tolist()
             active = active & ~stopping
             if stopping.any():
                 codes = torch.where(converged, CONVERGED, torch.where(diverged, DIVERGED,
@@ -265,10 +265,10 @@ def train_runs(
                 status = {e: int(codes[e]) for e in stopping.nonzero().flatten().tolist()}
                 log_rows(list(status), step, loss, linf, out.patterns, trigger, status)
                 finish(list(status), step, status, loss, linf)
-                was_active = [e for e in was_active if e not in status]
+                running = [e for e in running if e not in status]
             if step % log_every == 0:
-                log_rows(was_active, step, loss, linf, out.patterns, trigger, {})
-            if not was_active:
+                log_rows(running, step, loss, linf, out.patterns, trigger, {})
+            if not running:
                 break
             opt.zero_grad()
             loss.sum().backward()  # members are independent: each gets its own gradient
@@ -276,7 +276,7 @@ def train_runs(
             bar.update(1)
             if step % 50 == 0:
                 best = linf.masked_fill(~active, math.inf).min().item()
-                bar.set_postfix(active=len(was_active), linf=f"{best:.2e}")
+                bar.set_postfix(active=len(running), linf=f"{best:.2e}")
     finally:
         bar.close()
         for log in logs:

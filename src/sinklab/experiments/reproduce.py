@@ -324,7 +324,8 @@ def _verdict(ok: bool) -> str:
 
 
 def _checks(runs: list[dict[str, Any]]) -> list[tuple[str, str, str, str]]:
-    """The reproduction's acceptance checks: (check, required, measured, PASS/FAIL)."""
+    """The reproduction's checks: (check, required, measured, PASS/FAIL); the last rows
+    compare with the paper's one-model figures and say "agrees" or "differs"."""
     rows = []
     soft = _per_head(_group(runs, "1x1", "softmax"), "bos_mass_nontrigger")
     rows.append(("1x1 softmax sinks, every seed", f">= {SINK_MIN_1X1}",
@@ -344,6 +345,18 @@ def _checks(runs: list[dict[str, Any]]) -> list[tuple[str, str, str, str]]:
             rows.append((f"{experiment} {rule} reaches the stop rule", "every seed",
                          f"{n_conv}/{len(group)} seeds",
                          "PASS" if n_conv == len(group) else "FAIL"))
+    for experiment in ("2x2", "4x4"):
+        conv = [r for r in _group(runs, experiment, "softmax") if r["converged"]]
+        with_sink = sum(r["sink_heads"] >= 1 for r in conv)
+        rows.append((f"{experiment} softmax: some head sinks (the theorem, existential)",
+                     "every converged seed", f"{with_sink}/{len(conv)} converged seeds",
+                     "PASS" if conv and with_sink == len(conv) else "FAIL"))
+        every = sum(all(n >= 1 for n in r["sink_heads_per_layer"]) for r in conv)
+        paper = all(n >= 1 for n in PAPER[(experiment, "softmax")].sink_heads_per_layer)
+        rows.append((f"{experiment} softmax: a sink head in every layer (the paper's figure)",
+                     f"paper: {'yes' if paper else 'no'} (one model)",
+                     f"{every}/{len(conv)} converged seeds",
+                     _verdict((every == len(conv)) == paper and bool(conv))))
     return rows
 
 
@@ -513,7 +526,7 @@ def render(runs: list[dict[str, Any]], meta: dict[str, Any], prefix: str) -> str
         "(the paper's \"trigger at 8\"); off-trigger rows include the BOS row. \"Paper\" "
         "columns are read off the paper's figures (one model each, +-0.01).",
         "",
-        "## Acceptance checks",
+        "## Checks and comparisons",
         "",
         report.table(["check", "required", "measured", "result"], _checks(runs)),
         "",
