@@ -3,7 +3,6 @@ resumes, and every bad input exits non-zero with one sentence and no traceback."
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import reference_forward
 
-from sinklab.config import ModelConfig
+from sinklab.config import ModelConfig, TaskConfig
 from sinklab.model import AttentionStack
 from sinklab.task import sample_batch
-from sinklab.config import TaskConfig
-
-from conftest import reference_forward
 
 
 def make(rule="softmax", layers=2, heads=3, members=2, residual=True, std=0.3):

@@ -8,11 +8,10 @@ import json
 
 import pytest
 import torch
+from conftest import small_config
 
 from sinklab.results import read_json, read_metrics
 from sinklab.train import MemberAdam, build_ensemble, train_runs
-
-from conftest import small_config
 
 
 def test_member_adam_matches_torch_adam_per_member():
@@ -24,7 +23,7 @@ def test_member_adam_matches_torch_adam_per_member():
     theirs = [[p[e].clone().requires_grad_() for p in params] for e in range(3)]
     torch_opts = [torch.optim.Adam(theirs[e], lr=lrs[e], betas=(0.9, 0.95), eps=1e-8)
                   for e in range(3)]
-    for step in range(20):
+    for _ in range(20):
         grads = [torch.randn(p.shape, generator=gen) for p in params]
         for p, g in zip(ours, grads):
             p.grad = g.clone()

@@ -42,7 +42,7 @@ DEVICES = ("auto", "cpu", "cuda")
 
 @dataclass
 class TaskConfig:
-    """The trigger-conditional averaging task (SPEC section 2). Positions are 0-indexed."""
+    """The trigger-conditional averaging task of the paper. Positions are 0-indexed."""
 
     seq_len: int = 16
     d_model: int = 16
@@ -74,7 +74,7 @@ class TaskConfig:
 
 @dataclass
 class ModelConfig:
-    """Attention-only transformer (SPEC section 3): no MLP, LayerNorm, biases or 1/sqrt(d)."""
+    """The paper's attention-only transformer: no MLP, LayerNorm, biases or 1/sqrt(d)."""
 
     attention: str = "softmax"
     n_layers: int = 1
@@ -95,7 +95,7 @@ class ModelConfig:
 
 @dataclass
 class TrainConfig:
-    """The paper's protocol (SPEC section 4). ``lr=None`` picks the paper's rate for the shape."""
+    """The paper's training protocol. ``lr=None`` picks the paper's rate for the model shape."""
 
     lr: float | None = None  # None: 1e-3 for 1 layer x 1 head, 1e-4 otherwise
     batch_size: int = 128
@@ -125,7 +125,8 @@ class TrainConfig:
                f"train.seed={self.seed!r} is not allowed: it must be an integer >= 0.")
         base = self.device.split(":")[0]
         _check(base in DEVICES,
-               f"train.device={self.device!r} is not allowed: choose one of auto, cpu, cuda, cuda:N.")
+               f"train.device={self.device!r} is not allowed: choose one of auto, cpu, cuda, "
+               "cuda:N.")
 
 
 @dataclass

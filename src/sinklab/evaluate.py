@@ -41,7 +41,8 @@ def _nested(t: torch.Tensor) -> list:
 
 
 @torch.no_grad()
-def evaluate(model: AttentionStack, batch: Batch) -> tuple[list[dict[str, Any]], dict[str, np.ndarray]]:
+def evaluate(model: AttentionStack,
+             batch: Batch) -> tuple[list[dict[str, Any]], dict[str, np.ndarray]]:
     """Metrics for every member of ``model`` on ``batch``, and the attention maps.
 
     Returns one dict per member (lists indexed [layer][head]) and arrays ``mean`` and ``std``

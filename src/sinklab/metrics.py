@@ -115,7 +115,9 @@ def sink_rate(weights: Tensor, eps: float = GU_EPS, relative: bool = False) -> T
 
 
 def error_split(pred: Tensor, target: Tensor, trigger: Tensor) -> dict[str, Tensor]:
-    """MSE and L-infinity error, overall and at trigger vs off-trigger rows: (..., B, L, d) -> (...).
+    """MSE and L-infinity error, overall and at trigger vs off-trigger rows.
+
+    pred and target (..., B, L, d) -> each value (...).
 
     Off-trigger rows are every row but the trigger, the BOS row included, as in the loss.
     """

@@ -1,6 +1,6 @@
 """Attention-only transformers with a leading member axis, so one module is an ensemble.
 
-The paper's models (SPEC section 3): attention only, no MLP, no LayerNorm, no biases, no 1/sqrt(d)
+The paper's models: attention only, no MLP, no LayerNorm, no biases, no 1/sqrt(d)
 scaling, no positional encoding, weights initialised N(0, 0.02^2). Every head has the full width
 d_model; the output projection maps the H concatenated heads back to d_model. Multi-layer stacks
 add each layer's output to the residual stream.

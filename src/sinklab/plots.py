@@ -68,7 +68,7 @@ def mean_std_row(fig: Figure, panels: Sequence[tuple[str, np.ndarray, np.ndarray
 def bos_mass_strip(ax: Axes, groups: Sequence[tuple[str, np.ndarray]]) -> None:
     """Per-head non-trigger BOS mass for several groups: one column per group, one dot per
     (seed, layer, head), with the sink-head threshold as a dashed line."""
-    for i, (name, values) in enumerate(groups):
+    for i, (_, values) in enumerate(groups):
         values = np.asarray(values, dtype=float).ravel()
         offsets = np.linspace(-0.25, 0.25, len(values)) if len(values) > 1 else np.zeros(1)
         ax.scatter(i + offsets, values, s=14, alpha=0.7)

@@ -1,4 +1,4 @@
-"""The trigger-conditional averaging task (SPEC section 2), generated as whole batches of tensors.
+"""The paper's trigger-conditional averaging task, generated as whole batches of tensors.
 
 Each token x_i in R^d has four kinds of coordinate (positions 0-indexed, BOS at 0):
 

@@ -32,8 +32,15 @@ from sinklab import metrics
 from sinklab.config import ConfigError, RunConfig, build_run_config
 from sinklab.evaluate import derive_seed, eval_batch, evaluate
 from sinklab.model import AttentionStack
-from sinklab.results import (MetricsLog, ResultsError, read_json, replace_from, temporary_path,
-                             write_json, write_npz)
+from sinklab.results import (
+    MetricsLog,
+    ResultsError,
+    read_json,
+    replace_from,
+    temporary_path,
+    write_json,
+    write_npz,
+)
 from sinklab.task import sample_batch
 
 RUNNING, CONVERGED, MAX_STEPS, DIVERGED = 0, 1, 2, 3
@@ -172,7 +179,8 @@ def train_runs(
 
     With ``run_dirs``, run e writes ``config.json`` at the start, a ``metrics.jsonl`` row every
     ``train.log_every`` steps and at its stop step, and ``attention.npz``, ``model.pt`` and
-    ``summary.json`` (last) when it stops. ``progress=None`` shows a bar only when stderr is a terminal.
+    ``summary.json`` (last) when it stops. ``progress=None`` shows a bar only when stderr is a
+    terminal.
     """
     cfgs = list(cfgs)
     check_compatible(cfgs)

@@ -1,10 +1,10 @@
-"""The paper's reference numbers (SPEC sections 5 and 9), for side-by-side comparison.
+"""The paper's reference numbers, for side-by-side comparison.
 
 The paper reports heat maps only. These values were read off its figures by colour (precision
-about +-0.01; ``shared/reference/figure-readout.txt``): for each head, the mean BOS weight over the
-non-trigger rows 1..15 except 7 (0-indexed) and the BOS weight and mean per-key weight at the
-trigger row. Each multi-layer figure is one example model, so its head order is arbitrary.
-Step counts are from the authors' reference code, seed 0 (ranges over 5 seeds where known).
+about +-0.01): for each head, the mean BOS weight over the non-trigger rows 1..15 except 7
+(0-indexed) and the BOS weight and mean per-key weight at the trigger row. Each multi-layer
+figure is one example model, so its head order is arbitrary. Step counts are from the authors'
+reference code, seed 0 (ranges over 5 seeds where known).
 """
 
 from __future__ import annotations
