@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import reference_forward
 
+from conftest import reference_forward
 from sinklab.config import ModelConfig, TaskConfig
 from sinklab.model import AttentionStack
 from sinklab.task import sample_batch

@@ -8,8 +8,8 @@ import json
 
 import pytest
 import torch
-from conftest import small_config
 
+from conftest import small_config
 from sinklab.results import read_json, read_metrics
 from sinklab.train import MemberAdam, build_ensemble, train_runs
 

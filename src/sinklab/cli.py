@@ -84,18 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_train(args: argparse.Namespace) -> int:
     from sinklab.config import config_from_cli
     from sinklab.plots import plot_run
-    from sinklab.results import ResultsError
+    from sinklab.results import prepare_run_dir
     from sinklab.train import train_runs
 
     cfg = config_from_cli(args.overrides, args.config)
     out = Path(args.out)
-    if (out / "summary.json").exists():
-        raise ResultsError(f"{out} already holds a finished run; choose another --out or "
-                           "delete it.")
-    if out.exists() and (not out.is_dir() or (any(out.iterdir())
-                                              and not (out / "config.json").exists())):
-        raise ResultsError(f"{out} exists and is not an empty folder or a sinklab run folder; "
-                           "choose another --out.")
+    prepare_run_dir(out)
     (summary,) = train_runs([cfg], [out], progress=args.progress,
                             description=f"{cfg.model.attention} "
                                         f"{cfg.model.n_layers}x{cfg.model.n_heads}")

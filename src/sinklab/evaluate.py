@@ -7,26 +7,15 @@ The test set is ``eval.n_sequences`` sequences (default 1000) with the trigger a
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 import numpy as np
 import torch
 
 from sinklab import metrics
-from sinklab.config import RunConfig
+from sinklab.config import RunConfig, derive_seed
 from sinklab.model import AttentionStack
 from sinklab.task import Batch, sample_batch
-
-
-def derive_seed(seed: int, stream: str) -> int:
-    """A 63-bit seed for one named random stream ("init", "data", "eval") of a base seed.
-
-    Hashing keeps the streams of different seeds and purposes apart: seed 1's data never equals
-    seed 0's initialisation, as it could with seed + offset schemes.
-    """
-    digest = hashlib.blake2b(f"sinklab:{stream}:{seed}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
 
 
 def eval_batch(cfg: RunConfig, device: torch.device) -> Batch:

@@ -102,6 +102,21 @@ def read_npz(path: Path) -> dict[str, np.ndarray]:
         raise ResultsError(f"{path} is corrupted ({exc}); delete it to redo that result.") from None
 
 
+def prepare_run_dir(path: Path) -> None:
+    """Check that ``path`` may receive a new run: absent, empty, or an unfinished run folder.
+
+    A finished run (one with ``summary.json``) and a folder that is not sinklab's are refused,
+    never overwritten.
+    """
+    if (path / "summary.json").exists():
+        raise ResultsError(f"{path} already holds a finished run; choose another --out or "
+                           "delete it.")
+    if path.exists() and (not path.is_dir() or (any(path.iterdir())
+                                                and not (path / "config.json").exists())):
+        raise ResultsError(f"{path} exists and is not an empty folder or a sinklab run folder; "
+                           "choose another --out.")
+
+
 class MetricsLog:
     """Appends one JSON object per line to ``metrics.jsonl`` and flushes each line."""
 

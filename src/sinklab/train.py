@@ -29,8 +29,8 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from sinklab import metrics
-from sinklab.config import ConfigError, RunConfig, build_run_config
-from sinklab.evaluate import derive_seed, eval_batch, evaluate
+from sinklab.config import ConfigError, RunConfig, build_run_config, derive_seed
+from sinklab.evaluate import eval_batch, evaluate
 from sinklab.model import AttentionStack
 from sinklab.results import (
     MetricsLog,
