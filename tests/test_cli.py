@@ -121,6 +121,14 @@ def test_reproduce_quick_report_resume_and_errors(tmp_path, capsys, tiny_reprodu
     code, _, err = run_cli(capsys, "reproduce", "--quick", "--workers", "1", "--out", str(out))
     assert code == 0 and "0 runs to train in 0 jobs" in err and "6 already finished" in err
 
+    # An interrupted run (config and log written, no summary yet) is trained again.
+    (out / "runs" / "2x2_relu_seed0" / "summary.json").unlink()
+    code, _, err = run_cli(capsys, "reproduce", "--quick", "--workers", "1", "--out", str(out))
+    assert code == 0 and "1 runs to train in 1 jobs" in err and "5 already finished" in err
+    assert read_json(out / "runs" / "2x2_relu_seed0" / "summary.json")["steps"] == 20
+    history = read_json(out / "sinklab.json")["invocations"]
+    assert [h["runs_trained"] for h in history] == [6, 0, 1]
+
     # Other settings in the same folder are refused, not mixed in.
     code, _, err = run_cli(capsys, "reproduce", "--seeds", "1", "--out", str(out))
     assert code == 2 and "holds a run with different settings" in err
