@@ -32,7 +32,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests
+	$(BIN)/ruff check src tests benchmarks
 
 # Regenerate docs/reproduction.md and its figures from a fresh default reproduction.
 docs: $(STAMP)

@@ -188,3 +188,21 @@ def test_import_has_no_side_effects(tmp_path):
     result = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True,
                             text=True, check=True)
     assert result.stdout.strip() == "[]" and result.stderr == ""
+
+
+def test_train_seeds_runs_an_ensemble_equal_to_single_runs(tmp_path, capsys):
+    common = ["model.attention=relu", "train.max_steps=25", "eval.n_sequences=32"]
+    code, out, err = run_cli(capsys, "train", *common, "train.seed=4", "--seeds", "3",
+                             "--out", str(tmp_path / "ens"))
+    assert code == 0, err
+    assert [line.split(":")[0] for line in out.splitlines() if not line.startswith(" ")] == [
+        f"relu 1x1, seed {s}" for s in (4, 5, 6)]
+    code, _, err = run_cli(capsys, "train", *common, "train.seed=5", "--out",
+                           str(tmp_path / "alone"))
+    assert code == 0, err
+    together = read_json(tmp_path / "ens" / "seed5" / "summary.json")
+    alone = read_json(tmp_path / "alone" / "summary.json")
+    assert together["seed"] == alone["seed"] == 5
+    assert together["mse"] == pytest.approx(alone["mse"], rel=1e-5)
+    code, _, err = run_cli(capsys, "train", "--seeds", "0", "--out", str(tmp_path / "x"))
+    assert code == 2 and "--seeds=0 is not allowed" in err

@@ -87,3 +87,34 @@ def test_minimum_sizes():
     b = batch(cfg, n=8)
     assert b.x.shape == (8, 4, 4)
     assert set(b.trigger.tolist()) <= {2, 3}
+
+
+def test_train_stream_member_data_is_its_own_generators_alone():
+    from sinklab.task import TrainStream
+
+    cfg = TaskConfig()
+
+    def stream(seeds):
+        gens = [torch.Generator().manual_seed(s) for s in seeds]
+        return TrainStream(cfg, 16, gens, residual=True)
+
+    together, alone = stream([1, 2, 3]), stream([2])
+    for _ in range(2 * TrainStream.BLOCK + 3):  # across block refills
+        a, b = together.next(), alone.next()
+        assert a.x.shape == (3, 16, 16, 16) and a.trigger.shape == (3, 16)
+        assert torch.equal(a.x[1], b.x[0]) and torch.equal(a.y[1], b.y[0])
+        assert torch.equal(a.trigger[1], b.trigger[0])
+        assert not torch.equal(a.x[0], a.x[1])
+
+
+def test_train_stream_batches_follow_the_task():
+    from sinklab.task import TrainStream
+
+    cfg = TaskConfig(train_trigger_min=3, train_trigger_max=9)
+    s = TrainStream(cfg, 64, [torch.Generator().manual_seed(0)] * 1, residual=False)
+    b = s.next()
+    x, trig = b.x[0], b.trigger[0]
+    assert set(trig.tolist()) <= set(range(3, 10))
+    torch.testing.assert_close(x, encode(x[:, :, 2:-1], trig))  # flags match the triggers
+    torch.testing.assert_close(b.y[0], targets(x, trig, residual=False))
+    assert x[:, 1:, 2:-1].abs().max() <= 1 and torch.all(x[:, 0] == torch.eye(16)[0])

@@ -11,7 +11,7 @@ import torch
 
 from conftest import small_config
 from sinklab.results import read_json, read_metrics
-from sinklab.train import MemberAdam, build_ensemble, train_runs
+from sinklab.train import MemberAdam, build_ensemble, train_ensemble, train_runs
 
 
 def test_member_adam_matches_torch_adam_per_member():
@@ -42,11 +42,13 @@ def test_member_adam_leaves_inactive_members_untouched():
     opt = MemberAdam([p], torch.tensor([0.1, 0.1]), (0.9, 0.95), 1e-8)
     p.grad = torch.ones(2, 3)
     opt.step(torch.tensor([True, True]))
-    frozen_p, frozen_m, frozen_v = p[1].clone(), opt.m[0][1].clone(), opt.v[0][1].clone()
+    frozen_p = p[1].clone()
+    frozen_m, frozen_v = opt.m.view(2, 3)[1].clone(), opt.v.view(2, 3)[1].clone()
     p.grad = torch.full((2, 3), float("nan"))  # even a NaN gradient must not leak in
     opt.step(torch.tensor([True, False]))
     assert torch.equal(p[1], frozen_p)
-    assert torch.equal(opt.m[0][1], frozen_m) and torch.equal(opt.v[0][1], frozen_v)
+    assert torch.equal(opt.m.view(2, 3)[1], frozen_m)
+    assert torch.equal(opt.v.view(2, 3)[1], frozen_v)
     assert opt.t.tolist() == [2, 1]
 
 
@@ -71,7 +73,7 @@ def test_same_seed_gives_the_same_numbers():
     cfg = small_config(model={"n_layers": 2, "n_heads": 2}, train={"max_steps": 60},
                        eval={"n_sequences": 50})
     a, b = train_runs([cfg], progress=False)[0], train_runs([cfg], progress=False)[0]
-    drop = ("wall_time_s",)
+    drop = ("wall_time_s", "train_time_s")
     assert {k: v for k, v in a.items() if k not in drop} == \
            {k: v for k, v in b.items() if k not in drop}
     other = small_config(model={"n_layers": 2, "n_heads": 2},
@@ -79,16 +81,30 @@ def test_same_seed_gives_the_same_numbers():
     assert train_runs([other], progress=False)[0]["mse"] != a["mse"]
 
 
-def test_ensemble_members_equal_runs_trained_alone():
+def test_ensemble_members_equal_runs_trained_alone(tmp_path):
+    """Exact per-member early stopping: each member ends with the step count, metrics and
+    weights it has when trained alone, although the ensemble runs on after it stops."""
+    from sinklab.train import load_model
+
     cfgs = [small_config(model={"attention": "relu"}, train={"seed": s, "lr": lr})
             for s, lr in ((0, 1e-3), (1, 2e-3))]
-    together = train_runs(cfgs, progress=False)
-    alone = [train_runs([c], progress=False)[0] for c in cfgs]
+    together, ensemble = train_ensemble(cfgs, [tmp_path / "together0", tmp_path / "together1"],
+                                        progress=False)
+    alone = [train_runs([c], [tmp_path / f"alone{i}"], progress=False)[0]
+             for i, c in enumerate(cfgs)]
     assert together[0]["steps"] != together[1]["steps"]  # they stop at different steps
-    for t, a in zip(together, alone):
+    for i, (t, a) in enumerate(zip(together, alone)):
         assert t["steps"] == a["steps"] and t["status"] == a["status"] == "converged"
         for key in ("linf_error", "mse", "train_linf"):
             assert t[key] == pytest.approx(a[key], rel=1e-4, abs=1e-7)
+        _, m_t = load_model(tmp_path / f"together{i}")
+        _, m_a = load_model(tmp_path / f"alone{i}")
+        for p_t, p_a, p_end in zip(m_t.parameters(), m_a.parameters(), ensemble.parameters()):
+            torch.testing.assert_close(p_t, p_a, rtol=1e-5, atol=1e-6)
+            # frozen after its stop: the ensemble's final weights are still the stop weights
+            torch.testing.assert_close(p_end[i:i + 1], p_t, rtol=0, atol=0)
+        assert (read_metrics(tmp_path / f"together{i}" / "metrics.jsonl")[-1]["step"]
+                == read_metrics(tmp_path / f"alone{i}" / "metrics.jsonl")[-1]["step"])
 
 
 def test_ensemble_initialisation_is_per_seed():

@@ -44,15 +44,18 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     train = sub.add_parser(
-        "train", help="train one model and write its run folder",
-        description="Train one model with the paper's protocol and write config.json, "
-                    "metrics.jsonl, summary.json, attention.npz and attention.png into --out.",
+        "train", help="train one model (or --seeds N of them) and write run folders",
+        description="Train with the paper's protocol and write config.json, metrics.jsonl, "
+                    "summary.json, attention.npz, model.pt and attention.png into --out.",
         epilog=_defaults_text(), formatter_class=argparse.RawDescriptionHelpFormatter)
     train.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                        help="config overrides such as model.attention=relu")
     train.add_argument("--config", metavar="FILE", help="a TOML config file")
     train.add_argument("--out", default="runs/train", metavar="DIR",
                        help="run folder to write (default: runs/train)")
+    train.add_argument("--seeds", type=int, default=1, metavar="N",
+                       help="train N seeds (train.seed, train.seed+1, ...) as one batched "
+                            "ensemble, each into DIR/seed{s} (default: 1, into DIR)")
     train.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                        help="show a progress bar (default: only on a terminal)")
 
@@ -82,34 +85,48 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from sinklab.config import config_from_cli
+    import dataclasses
+
+    from sinklab.config import ConfigError, config_from_cli
     from sinklab.plots import plot_run
     from sinklab.results import prepare_run_dir
     from sinklab.train import train_runs
 
     cfg = config_from_cli(args.overrides, args.config)
+    if args.seeds < 1:
+        raise ConfigError(f"--seeds={args.seeds} is not allowed: it must be an integer >= 1.")
     out = Path(args.out)
-    prepare_run_dir(out)
-    (summary,) = train_runs([cfg], [out], progress=args.progress,
-                            description=f"{cfg.model.attention} "
-                                        f"{cfg.model.n_layers}x{cfg.model.n_heads}")
-    name = f"{summary['attention']} {summary['n_layers']}x{summary['n_heads']}, " \
-           f"seed {summary['seed']}"
-    if summary["status"] == "diverged":
-        print(f"sinklab: error: {name} diverged at step {summary['steps']} (the loss is not "
-              f"finite); its logs are kept in {out}.", file=sys.stderr)
-        return EXIT_DIVERGED
-    plot_run(out)
-    verb = "converged after" if summary["converged"] else "stopped without converging at"
-    bos = [[round(v, 4) for v in layer] for layer in summary["bos_mass_nontrigger"]]
-    n_heads = summary["n_layers"] * summary["n_heads"]
-    print(f"{name}: {verb} {summary['steps']} steps (last batch L∞ "
-          f"{summary['train_linf']:.2e})")
-    print(f"  test set: L∞ {summary['linf_error']:.2e}, MSE {summary['mse']:.2e}")
-    print(f"  non-trigger BOS mass [layer][head]: {bos}")
-    print(f"  sink heads: {summary['sink_heads']} of {n_heads}")
-    print(f"  wrote {out}/: config.json metrics.jsonl summary.json attention.npz attention.png")
-    return 0
+    # One seed writes DIR itself; several seeds train as one ensemble into DIR/seed{s}.
+    seeds = [cfg.train.seed + i for i in range(args.seeds)]
+    cfgs = [dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, seed=s))
+            for s in seeds]
+    dirs = [out] if len(seeds) == 1 else [out / f"seed{s}" for s in seeds]
+    for d in dirs:
+        prepare_run_dir(d)
+    summaries = train_runs(cfgs, dirs, progress=args.progress,
+                           description=f"{cfg.model.attention} "
+                                       f"{cfg.model.n_layers}x{cfg.model.n_heads}")
+    code = 0
+    for summary, run_dir in zip(summaries, dirs):
+        name = f"{summary['attention']} {summary['n_layers']}x{summary['n_heads']}, " \
+               f"seed {summary['seed']}"
+        if summary["status"] == "diverged":
+            print(f"sinklab: error: {name} diverged at step {summary['steps']} (the loss is not "
+                  f"finite); its logs are kept in {run_dir}.", file=sys.stderr)
+            code = EXIT_DIVERGED
+            continue
+        plot_run(run_dir)
+        verb = "converged after" if summary["converged"] else "stopped without converging at"
+        bos = [[round(v, 4) for v in layer] for layer in summary["bos_mass_nontrigger"]]
+        n_heads = summary["n_layers"] * summary["n_heads"]
+        print(f"{name}: {verb} {summary['steps']} steps (last batch L∞ "
+              f"{summary['train_linf']:.2e})")
+        print(f"  test set: L∞ {summary['linf_error']:.2e}, MSE {summary['mse']:.2e}")
+        print(f"  non-trigger BOS mass [layer][head]: {bos}")
+        print(f"  sink heads: {summary['sink_heads']} of {n_heads}")
+        print(f"  wrote {run_dir}/: config.json metrics.jsonl summary.json attention.npz "
+              "model.pt attention.png")
+    return code
 
 
 def cmd_reproduce(args: argparse.Namespace, argv: list[str]) -> int:

@@ -51,19 +51,18 @@ class Attention(nn.Module):
         """x (E, B, T, d) -> output (E, B, T, d), scores and weights (E, B, H, T, T)."""
         n_members, batch, seq, d = x.shape
         n_heads = self.w_q.shape[1]
-        # One GEMM for every head's Q, K and V: x (E, B*T, d) @ (E, d, 3*H*d).
-        w_qkv = torch.cat([self.w_q, self.w_k, self.w_v], dim=1)  # (E, 3H, d, d)
-        w_qkv = w_qkv.permute(0, 2, 1, 3).reshape(n_members, d, 3 * n_heads * d)
-        qkv = x.reshape(n_members, batch * seq, d) @ w_qkv  # (E, B*T, 3H*d)
-        # Heads ahead of the batch so that each (member, head, sequence) block is contiguous.
-        qkv = qkv.view(n_members, batch, seq, 3 * n_heads, d).permute(0, 3, 1, 2, 4)
-        q, k, v = qkv.contiguous().view(n_members, 3, n_heads, batch, seq, d).unbind(1)
+        # Heads ahead of the batch, so each (member, head, sequence) block is contiguous and the
+        # projections are plain batched GEMMs over (member, head). Separate Q, K, V products beat
+        # one fused QKV product here: fusing needs a transposing copy (benchmarks/, profile).
+        xs = x.reshape(n_members, 1, batch * seq, d)
+        q = (xs @ self.w_q).view(n_members, n_heads, batch, seq, d)
+        k = (xs @ self.w_k).view(n_members, n_heads, batch, seq, d)
+        v = (xs @ self.w_v).view(n_members, n_heads, batch, seq, d)
         scores = q @ k.transpose(-1, -2)  # (E, H, B, T, T); no 1/sqrt(d), as in the paper
         weights = self.rule(scores, mask)
-        heads = weights @ v  # (E, H, B, T, d)
-        # Concatenate the heads and apply W_O: (E, B*T, H*d) @ (E, H*d, d).
-        heads = heads.permute(0, 2, 3, 1, 4).reshape(n_members, batch * seq, n_heads * d)
-        out = heads @ self.w_o.reshape(n_members, n_heads * d, d)
+        heads = (weights @ v).view(n_members, n_heads, batch * seq, d)
+        # Concatenating the heads and applying W_O is the sum of each head's block of W_O.
+        out = (heads @ self.w_o).sum(dim=1)  # (E, B*T, d)
         return (out.view(n_members, batch, seq, d), scores.transpose(1, 2),
                 weights.transpose(1, 2))
 

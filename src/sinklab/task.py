@@ -94,3 +94,42 @@ def sample_batch(
                          device=device, dtype=dtype) * 2 - 1
     x = encode(content, j)
     return Batch(x=x, y=targets(x, j, residual), trigger=j)
+
+
+class TrainStream:
+    """Training batches for an ensemble: member e's batches come from ``generators[e]`` alone.
+
+    Each member's generator is read in blocks of ``block`` steps (all triggers of the block, then
+    all content), so a member's data stream depends only on its own generator, never on the other
+    members, and the per-step Python work does not grow with the number of members.
+    ``next()`` returns x, y (members, batch, L, d) and triggers (members, batch).
+    """
+
+    BLOCK = 8  # part of the stream's definition: changing it changes every member's data
+
+    def __init__(self, cfg: TaskConfig, batch_size: int, generators: list[torch.Generator], *,
+                 residual: bool, dtype: torch.dtype = torch.float32) -> None:
+        self.cfg, self.generators, self.residual = cfg, generators, residual
+        n, k, device = len(generators), self.BLOCK, generators[0].device
+        self._trigger = torch.empty(n, k, batch_size, dtype=torch.long, device=device)
+        self._content = torch.empty(n, k, batch_size, cfg.seq_len, cfg.d_model - 3, dtype=dtype,
+                                    device=device)
+        self._next = k  # index of the next step within the block; k means "refill first"
+
+    def _refill(self) -> None:
+        lo, hi = self.cfg.train_trigger_min, self.cfg.train_trigger_max
+        for e, g in enumerate(self.generators):
+            torch.randint(lo, hi + 1, self._trigger.shape[1:], generator=g, out=self._trigger[e])
+            torch.rand(self._content.shape[1:], generator=g, out=self._content[e])
+        self._next = 0
+
+    def next(self) -> Batch:
+        if self._next == self.BLOCK:
+            self._refill()
+        trigger = self._trigger[:, self._next]  # (E, B)
+        content = self._content[:, self._next] * 2 - 1  # (E, B, L, d - 3)
+        self._next += 1
+        n, b = trigger.shape
+        x = encode(content.flatten(0, 1), trigger.flatten())
+        y = targets(x, trigger.flatten(), self.residual)
+        return Batch(x=x.unflatten(0, (n, b)), y=y.unflatten(0, (n, b)), trigger=trigger)
