@@ -12,7 +12,7 @@ TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup reproduce quick test lint docs clean
+.PHONY: setup reproduce quick test lint bench docs clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,10 @@ quick: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
+
+# Training speed against a reference-style loop (docs/performance.md).
+bench: $(STAMP)
+	$(BIN)/python benchmarks/train_speed.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
