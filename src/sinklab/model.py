@@ -53,7 +53,7 @@ class Attention(nn.Module):
         n_heads = self.w_q.shape[1]
         # Heads ahead of the batch, so each (member, head, sequence) block is contiguous and the
         # projections are plain batched GEMMs over (member, head). Separate Q, K, V products beat
-        # one fused QKV product here: fusing needs a transposing copy (benchmarks/, profile).
+        # one fused QKV product here: fusing needs a transposing copy (benchmarks/fast_paths.py).
         xs = x.reshape(n_members, 1, batch * seq, d)
         q = (xs @ self.w_q).view(n_members, n_heads, batch, seq, d)
         k = (xs @ self.w_k).view(n_members, n_heads, batch, seq, d)

@@ -99,7 +99,7 @@ def sample_batch(
 class TrainStream:
     """Training batches for an ensemble: member e's batches come from ``generators[e]`` alone.
 
-    Each member's generator is read in blocks of ``block`` steps (all triggers of the block, then
+    Each member's generator is read in blocks of ``BLOCK`` steps (all triggers of the block, then
     all content), so a member's data stream depends only on its own generator, never on the other
     members, and the per-step Python work does not grow with the number of members.
     ``next()`` returns x, y (members, batch, L, d) and triggers (members, batch).

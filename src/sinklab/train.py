@@ -43,7 +43,7 @@ from sinklab.results import (
 )
 from sinklab.task import TrainStream
 
-RUNNING, CONVERGED, MAX_STEPS, DIVERGED = 0, 1, 2, 3
+CONVERGED, MAX_STEPS, DIVERGED = 1, 2, 3
 STATUS = {CONVERGED: "converged", MAX_STEPS: "max_steps", DIVERGED: "diverged"}
 
 
