@@ -206,3 +206,8 @@ def test_train_seeds_runs_an_ensemble_equal_to_single_runs(tmp_path, capsys):
     assert together["mse"] == pytest.approx(alone["mse"], rel=1e-5)
     code, _, err = run_cli(capsys, "train", "--seeds", "0", "--out", str(tmp_path / "x"))
     assert code == 2 and "--seeds=0 is not allowed" in err
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep")
+    code, _, err = run_cli(capsys, "train", "--seeds", "2", "--out", str(tmp_path / "mine"))
+    assert code == 2 and "holds other things than the seed folders seed0, seed1" in err
+    assert sorted(p.name for p in (tmp_path / "mine").iterdir()) == ["notes.txt"]

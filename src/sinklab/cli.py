@@ -87,20 +87,21 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_train(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from sinklab.config import ConfigError, config_from_cli
+    from sinklab.config import check_count, config_from_cli
     from sinklab.plots import plot_run
     from sinklab.results import prepare_run_dir
     from sinklab.train import train_runs
 
     cfg = config_from_cli(args.overrides, args.config)
-    if args.seeds < 1:
-        raise ConfigError(f"--seeds={args.seeds} is not allowed: it must be an integer >= 1.")
+    check_count("--seeds", args.seeds)
     out = Path(args.out)
     # One seed writes DIR itself; several seeds train as one ensemble into DIR/seed{s}.
     seeds = [cfg.train.seed + i for i in range(args.seeds)]
     cfgs = [dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, seed=s))
             for s in seeds]
     dirs = [out] if len(seeds) == 1 else [out / f"seed{s}" for s in seeds]
+    if len(seeds) > 1:
+        prepare_run_dir(out, allowed={d.name for d in dirs})
     for d in dirs:
         prepare_run_dir(d)
     summaries = train_runs(cfgs, dirs, progress=args.progress,

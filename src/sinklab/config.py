@@ -37,6 +37,12 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def check_count(name: str, value: Any) -> None:
+    """Raise ConfigError unless ``value`` (given as ``name``, e.g. ``--seeds``) is an int >= 1."""
+    _check(_is_int(value) and value >= 1,
+           f"{name}={value!r} is not allowed: it must be an integer >= 1.")
+
+
 def derive_seed(seed: int, stream: str) -> int:
     """A 63-bit seed for one named random stream ("init", "data", "eval") of a base seed.
 

@@ -102,15 +102,22 @@ def read_npz(path: Path) -> dict[str, np.ndarray]:
         raise ResultsError(f"{path} is corrupted ({exc}); delete it to redo that result.") from None
 
 
-def prepare_run_dir(path: Path) -> None:
+def prepare_run_dir(path: Path, allowed: set[str] | None = None) -> None:
     """Check that ``path`` may receive a new run: absent, empty, or an unfinished run folder.
 
     A finished run (one with ``summary.json``) and a folder that is not sinklab's are refused,
-    never overwritten.
+    never overwritten. With ``allowed`` (the per-seed subfolders of ``train --seeds``), ``path``
+    is a parent folder and may hold only entries of those names.
     """
     if (path / "summary.json").exists():
         raise ResultsError(f"{path} already holds a finished run; choose another --out or "
                            "delete it.")
+    if allowed is not None:
+        foreign = path.is_dir() and any(p.name not in allowed for p in path.iterdir())
+        if foreign or (path.exists() and not path.is_dir()):
+            raise ResultsError(f"{path} exists and holds other things than the seed folders "
+                               f"{', '.join(sorted(allowed))}; choose another --out.")
+        return
     if path.exists() and (not path.is_dir() or (any(path.iterdir())
                                                 and not (path / "config.json").exists())):
         raise ResultsError(f"{path} exists and is not an empty folder or a sinklab run folder; "

@@ -30,7 +30,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from sinklab import plots, report
-from sinklab.config import ConfigError, RunConfig, build_run_config
+from sinklab.config import RunConfig, build_run_config, check_count
 from sinklab.experiments.reference import PAPER
 from sinklab.metrics import SINK_HEAD_THRESHOLD
 from sinklab.results import ResultsError, read_json, read_npz, write_atomic, write_json
@@ -57,12 +57,9 @@ class ReproduceOptions:
     def __post_init__(self) -> None:
         if self.seeds is None:
             self.seeds = 1 if self.quick else 3
-        if not (isinstance(self.seeds, int) and self.seeds >= 1):
-            raise ConfigError(f"--seeds={self.seeds!r} is not allowed: it must be an integer "
-                              ">= 1.")
-        if self.workers is not None and not (isinstance(self.workers, int) and self.workers >= 1):
-            raise ConfigError(f"--workers={self.workers!r} is not allowed: it must be an integer "
-                              ">= 1.")
+        check_count("--seeds", self.seeds)
+        if self.workers is not None:
+            check_count("--workers", self.workers)
         build_run_config({"train": {"device": self.device}})  # validates the device name
 
 
