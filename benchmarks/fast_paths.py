@@ -2,8 +2,10 @@
 
     python benchmarks/fast_paths.py
 
-1. Q, K, V as three batched products (sinklab's choice) versus one fused QKV product followed
-   by the transposing copy that puts heads ahead of the batch. Outputs are checked to agree.
+1. The attention products: sinklab's folded form (W_Q W_K^T and W_V W_O multiplied first, three
+   large products per layer, heads summed inside the last one) against the plain per-head form
+   (Q, K, V as three batched products, heads ahead of the batch, W_O per head, then a sum) and
+   a fused QKV product. Outputs are checked to agree.
 2. ``torch.compile`` of the forward and loss: step time and compile time, from an empty cache.
 3. One versus two threads, per configuration.
 4. The cost of reading the stop flag to the host every step.
@@ -27,14 +29,20 @@ from sinklab.task import TrainStream  # noqa: E402
 from sinklab.train import build_ensemble  # noqa: E402
 
 
-def fused_forward(attn: Attention, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """One (E, B*T, d) @ (E, d, 3*H*d) product, then a copy to (E, 3, H, B, T, d)."""
+def per_head_forward(attn: Attention, x: torch.Tensor, mask: torch.Tensor,
+                     fused: bool = False) -> torch.Tensor:
+    """The plain form: per-head Q, K, V (three products, or one fused QKV product and a copy)."""
     n, batch, seq, d = x.shape
     heads = attn.w_q.shape[1]
-    w = torch.cat([attn.w_q, attn.w_k, attn.w_v], dim=1).permute(0, 2, 1, 3)
-    qkv = x.reshape(n, batch * seq, d) @ w.reshape(n, d, 3 * heads * d)
-    qkv = qkv.view(n, batch, seq, 3 * heads, d).permute(0, 3, 1, 2, 4).contiguous()
-    q, k, v = qkv.view(n, 3, heads, batch, seq, d).unbind(1)
+    if fused:
+        w = torch.cat([attn.w_q, attn.w_k, attn.w_v], dim=1).permute(0, 2, 1, 3)
+        qkv = x.reshape(n, batch * seq, d) @ w.reshape(n, d, 3 * heads * d)
+        qkv = qkv.view(n, batch, seq, 3 * heads, d).permute(0, 3, 1, 2, 4).contiguous()
+        q, k, v = qkv.view(n, 3, heads, batch, seq, d).unbind(1)
+    else:
+        xs = x.reshape(n, 1, batch * seq, d)
+        q, k, v = ((xs @ w).view(n, heads, batch, seq, d)
+                   for w in (attn.w_q, attn.w_k, attn.w_v))
     weights = attn.rule(q @ k.transpose(-1, -2), mask)
     out = (weights @ v).view(n, heads, batch * seq, d) @ attn.w_o
     return out.sum(dim=1).view(n, batch, seq, d)
@@ -62,25 +70,30 @@ def setup(layers: int, heads: int, members: int):
     return model, stream.next()
 
 
-def qkv_paths() -> None:
-    print("1. Q/K/V products: forward + backward, ms (1 thread)")
+def product_forms() -> None:
+    print("1. attention products: forward + backward, ms (1 thread)")
     torch.set_num_threads(1)
     for layers, heads, members in ((1, 1, 1), (2, 2, 1), (4, 4, 1), (2, 2, 8), (1, 1, 32)):
         model, batch = setup(layers, heads, members)
         mask = causal_mask(16)
 
-        def run(fused: bool) -> torch.Tensor:
+        def run(form: str) -> torch.Tensor:
             h = batch.x
             for block in model.blocks:
-                y = fused_forward(block.attn, h, mask) if fused else block.attn(h, mask)[0]
+                if form == "folded":
+                    y = block.attn(h, mask)[0]
+                else:
+                    y = per_head_forward(block.attn, h, mask, fused=form == "fused")
                 h = h + y if model.residual else y
             return h
 
-        torch.testing.assert_close(run(True), run(False), rtol=1e-4, atol=1e-5)
-        separate = timed(lambda: run(False).pow(2).mean().backward())
-        fused = timed(lambda: run(True).pow(2).mean().backward())
-        print(f"   {layers}x{heads} x {members:<3} separate {separate:7.2f}   fused {fused:7.2f}"
-              f"   fused/separate {fused / separate:.2f}")
+        for form in ("per-head", "fused"):
+            torch.testing.assert_close(run(form), run("folded"), rtol=1e-4, atol=1e-5)
+        t = {form: timed(lambda: run(form).pow(2).mean().backward())
+             for form in ("folded", "per-head", "fused")}
+        print(f"   {layers}x{heads} x {members:<3} folded {t['folded']:7.2f}   per-head "
+              f"{t['per-head']:7.2f}   fused QKV {t['fused']:7.2f}   per-head/folded "
+              f"{t['per-head'] / t['folded']:.2f}")
 
 
 def compile_path() -> None:
@@ -125,7 +138,7 @@ def host_read() -> None:
 
 def main() -> None:
     print(f"torch {torch.__version__}")
-    qkv_paths()
+    product_forms()
     compile_path()
     thread_counts()
     host_read()

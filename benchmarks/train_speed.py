@@ -25,10 +25,17 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
-def step_flops(n_layers: int, n_heads: int, batch: int = 128, seq_len: int = 16,
+def step_flops(n_layers: int, n_heads: int, *, folded: bool, batch: int = 128, seq_len: int = 16,
                d: int = 16) -> float:
-    """Multiply-adds x 2 of one training step (forward and a backward of twice the forward)."""
-    projections = 4 * 2 * batch * seq_len * d * d  # Q, K, V and this head's share of W_O
+    """Multiply-adds x 2 of one training step (forward and a backward of twice the forward).
+
+    The reference computes four d x d projections per head (Q, K, V and its block of W_O);
+    sinklab's folded form computes two (x A_h and x M_h) after two d x d x d weight products.
+    """
+    if folded:
+        projections = 2 * 2 * batch * seq_len * d * d + 2 * 2 * d**3
+    else:
+        projections = 4 * 2 * batch * seq_len * d * d
     attention = 2 * 2 * batch * seq_len * seq_len * d  # scores and weights @ V
     return 3 * n_layers * n_heads * (projections + attention)
 
@@ -133,9 +140,8 @@ def main() -> None:
                 rate, mem = in_process(kind, *job_args)
                 best[name] = (max(best[name][0], rate), max(best[name][1], mem))
         ref = best[jobs[0][0]][0]
-        flops = step_flops(layers, heads)
         for name, (rate, mem) in best.items():
-            gflops = rate * flops / 1e9
+            gflops = rate * step_flops(layers, heads, folded="reference" not in name) / 1e9
             print(f"{layers}x{heads:<4} {name:22} {rate:14.1f} {rate / ref:7.2f} {gflops:8.2f} "
                   f"{100 * gflops / peak:6.1f}% {mem:9.0f}", flush=True)
 

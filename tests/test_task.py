@@ -89,9 +89,13 @@ def test_minimum_sizes():
     assert set(b.trigger.tolist()) <= {2, 3}
 
 
-def test_train_stream_member_data_is_its_own_generators_alone():
+@pytest.mark.parametrize("encode_sequences", [2048, 40], ids=["whole-block", "small-chunks"])
+def test_train_stream_member_data_is_its_own_generators_alone(monkeypatch, encode_sequences):
+    # With 40, the ensemble encodes one step per call and the lone member two: the data must
+    # not depend on how many steps are encoded together.
     from sinklab.task import TrainStream
 
+    monkeypatch.setattr(TrainStream, "ENCODE_SEQUENCES", encode_sequences)
     cfg = TaskConfig()
 
     def stream(seeds):

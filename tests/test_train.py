@@ -14,42 +14,53 @@ from sinklab.results import read_json, read_metrics
 from sinklab.train import MemberAdam, build_ensemble, train_ensemble, train_runs
 
 
-def test_member_adam_matches_torch_adam_per_member():
+@pytest.mark.parametrize("lrs", [[1e-3, 3e-2, 1e-1], [1e-2, 1e-2, 1e-2]],
+                         ids=["own-lr", "shared-lr"])
+def test_member_adam_matches_torch_adam_per_member(lrs):
+    # Member 2 freezes after 5 steps and then sees NaN gradients; the others train on, through
+    # the unmasked path first and the masked one after the freeze.
     gen = torch.Generator().manual_seed(0)
     params = [torch.randn(3, 4, 5, generator=gen), torch.randn(3, 7, generator=gen)]
-    lrs = [1e-3, 3e-2, 1e-1]
     ours = [p.clone().requires_grad_() for p in params]
     opt = MemberAdam(ours, torch.tensor(lrs), (0.9, 0.95), 1e-8)
     theirs = [[p[e].clone().requires_grad_() for p in params] for e in range(3)]
     torch_opts = [torch.optim.Adam(theirs[e], lr=lrs[e], betas=(0.9, 0.95), eps=1e-8)
                   for e in range(3)]
-    for _ in range(20):
+    for step in range(20):
+        if step == 5:
+            opt.freeze([2])
+            frozen = opt.m.clone(), opt.v.clone()
         grads = [torch.randn(p.shape, generator=gen) for p in params]
         for p, g in zip(ours, grads):
             p.grad = g.clone()
-        opt.step(torch.ones(3, dtype=torch.bool))
-        for e in range(3):
+            if step >= 5:
+                p.grad[2] = float("nan")  # a frozen member's gradient must not leak in
+        opt.step()
+        for e in range(3 if step < 5 else 2):
             for p, g in zip(theirs[e], grads):
                 p.grad = g[e].clone()
             torch_opts[e].step()
     for e in range(3):
         for p_ours, p_theirs in zip(ours, theirs[e]):
             torch.testing.assert_close(p_ours[e], p_theirs, rtol=1e-5, atol=1e-6)
+    member = opt.member == 2
+    assert torch.equal(opt.m[member], frozen[0][member])
+    assert torch.equal(opt.v[member], frozen[1][member])
+    assert opt.t == 20
 
 
-def test_member_adam_leaves_inactive_members_untouched():
-    p = torch.zeros(2, 3, requires_grad=True)
-    opt = MemberAdam([p], torch.tensor([0.1, 0.1]), (0.9, 0.95), 1e-8)
-    p.grad = torch.ones(2, 3)
-    opt.step(torch.tensor([True, True]))
-    frozen_p = p[1].clone()
-    frozen_m, frozen_v = opt.m.view(2, 3)[1].clone(), opt.v.view(2, 3)[1].clone()
-    p.grad = torch.full((2, 3), float("nan"))  # even a NaN gradient must not leak in
-    opt.step(torch.tensor([True, False]))
-    assert torch.equal(p[1], frozen_p)
-    assert torch.equal(opt.m.view(2, 3)[1], frozen_m)
-    assert torch.equal(opt.v.view(2, 3)[1], frozen_v)
-    assert opt.t.tolist() == [2, 1]
+def test_member_adam_unfrozen_is_torch_adam_bit_for_bit():
+    gen = torch.Generator().manual_seed(1)
+    p_ours = torch.randn(2, 6, generator=gen).requires_grad_()
+    p_theirs = p_ours.detach().clone().requires_grad_()
+    opt = MemberAdam([p_ours], torch.tensor([3e-3, 3e-3]), (0.9, 0.95), 1e-8)
+    torch_opt = torch.optim.Adam([p_theirs], lr=3e-3, betas=(0.9, 0.95), eps=1e-8)
+    for _ in range(10):
+        g = torch.randn(2, 6, generator=gen)
+        p_ours.grad, p_theirs.grad = g.clone(), g.clone()
+        opt.step()
+        torch_opt.step()
+    assert torch.equal(p_ours, p_theirs)
 
 
 def test_1x1_softmax_reaches_the_stop_rule_with_a_sink(tmp_path):
@@ -142,3 +153,20 @@ def test_saved_model_reloads_to_the_same_metrics(tmp_path):
 
     with pytest.raises(ResultsError, match="model.pt is corrupted"):
         load_model(tmp_path)
+
+
+def test_thread_choice_keeps_the_numbers_and_restores_the_caller_setting(monkeypatch):
+    from sinklab import train
+
+    cfg = small_config(model={"n_layers": 2, "n_heads": 2}, train={"max_steps": 30},
+                       eval={"n_sequences": 50})
+    assert train.step_threads(small_config(), 1, torch.device("cpu")) == 1  # a tiny step
+    torch.set_num_threads(2)
+    assert train.step_threads(cfg, 64, torch.device("cpu")) == 2  # a large one keeps both
+    one = train_runs([cfg], progress=False)[0]  # a tiny step: trained with one thread
+    assert torch.get_num_threads() == 2
+    monkeypatch.setattr(train, "SMALL_STEP", 0)  # now every step uses the caller's two threads
+    two = train_runs([cfg], progress=False)[0]
+    assert torch.get_num_threads() == 2
+    for key in ("mse", "linf_error", "train_loss"):
+        assert one[key] == pytest.approx(two[key], rel=1e-4)

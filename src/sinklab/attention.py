@@ -1,8 +1,11 @@
 """Attention rules: functions from raw scores plus a causal mask to attention weights.
 
-Each rule takes ``scores`` of shape (..., q, k) and a boolean ``mask`` of shape (q, k) that is True
-where query q may see key k, and returns weights of the same shape as ``scores`` with exactly 0 on
-every masked (future) key. A model looks its rule up once, when it is built::
+Each rule takes ``scores`` of shape (..., q, k) and a boolean ``mask`` that broadcasts against them,
+True where query q may see key k, and returns weights of the same shape as ``scores`` with exactly
+0 on every masked (future) key. The key axis is always last. The model passes scores laid out
+(members * batch, query * head, key), rows ordered (query, head), with the matching
+(query * head, key) mask: a rule must not assume that a row's index is its query position.
+A model looks its rule up once, when it is built::
 
     rule = get_rule("relu")
     weights = rule(scores, causal_mask(16, device))
@@ -56,7 +59,10 @@ def softmax(scores: Tensor, mask: Tensor) -> Tensor:
     Rows lie on the probability simplex, so a row cannot be all zero: this is what forces a sink
     in the trigger-conditional task (Ran-Milo, 2026, Theorem 1).
     """
-    return scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+    # Adding a 0 / -inf bias the size of the mask, rather than filling the scores, leaves the
+    # backward pass nothing to do for the mask: softmax already gives masked keys zero gradient.
+    bias = torch.zeros(mask.shape, dtype=scores.dtype, device=scores.device)
+    return (scores + bias.masked_fill_(~mask, float("-inf"))).softmax(dim=-1)
 
 
 @register("relu")
@@ -67,6 +73,6 @@ def relu(scores: Tensor, mask: Tensor) -> Tensor:
     a causal mask), floored at 1 (Ran-Milo, 2026, Section 3 and its reference code). Rows need not
     sum to 1 and may be all zero, which is how ReLU outputs "zero" without a sink.
     """
-    visible = mask.sum(dim=-1, keepdim=True)  # (q, 1): keys each query sees, BOS included
-    divisor = (visible - 1).clamp(min=1).to(scores.dtype)
-    return torch.relu(scores).masked_fill(~mask, 0.0) / divisor
+    visible = mask.sum(dim=-1, keepdim=True)  # keys each row's query sees, BOS included
+    scale = mask.to(scores.dtype) / (visible - 1).clamp(min=1)  # 0 on future keys
+    return torch.relu(scores) * scale

@@ -48,23 +48,39 @@ class Attention(nn.Module):
         self.rule = get_rule(rule)
 
     def forward(self, x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """x (E, B, T, d) -> output (E, B, T, d), scores and weights (E, B, H, T, T)."""
+        """x (E, B, T, d) -> output (E, B, T, d), scores and weights (E, B, H, T, T).
+
+        The products are regrouped, not changed: head h's scores (x W_Q^h)(x W_K^h)^T equal
+        (x A_h) x^T with A_h = W_Q^h W_K^h^T, and its output weights @ (x W_V^h) @ W_O^h equals
+        weights @ (x M_h) with M_h = W_V^h W_O^h. Folding the d x d weight products first leaves
+        three large products per layer instead of six small ones, and laying the scores out as
+        (query, head, key) makes the sum over heads part of the last product: the heads of a
+        query row are concatenated along the key axis. ``benchmarks/fast_paths.py`` measures the
+        gain against the plain per-head products, and the tests compare both with the paper's
+        per-head equations.
+        """
         n_members, batch, seq, d = x.shape
         n_heads = self.w_q.shape[1]
-        # Heads ahead of the batch, so each (member, head, sequence) block is contiguous and the
-        # projections are plain batched GEMMs over (member, head). Separate Q, K, V products beat
-        # one fused QKV product here: fusing needs a transposing copy (benchmarks/fast_paths.py).
-        xs = x.reshape(n_members, 1, batch * seq, d)
-        q = (xs @ self.w_q).view(n_members, n_heads, batch, seq, d)
-        k = (xs @ self.w_k).view(n_members, n_heads, batch, seq, d)
-        v = (xs @ self.w_v).view(n_members, n_heads, batch, seq, d)
-        scores = q @ k.transpose(-1, -2)  # (E, H, B, T, T); no 1/sqrt(d), as in the paper
-        weights = self.rule(scores, mask)
-        heads = (weights @ v).view(n_members, n_heads, batch * seq, d)
-        # Concatenating the heads and applying W_O is the sum of each head's block of W_O.
-        out = (heads @ self.w_o).sum(dim=1)  # (E, B*T, d)
-        return (out.view(n_members, batch, seq, d), scores.transpose(1, 2),
-                weights.transpose(1, 2))
+        a = self.w_q @ self.w_k.transpose(-1, -2)  # (E, H, d, d)
+        m = self.w_v @ self.w_o
+        # (E, d, H*d): column block h is A_h (M_h), so one product serves every head.
+        a_cat = a.transpose(1, 2).reshape(n_members, d, n_heads * d)
+        m_cat = m.transpose(1, 2).reshape(n_members, d, n_heads * d)
+        flat = x.reshape(n_members, batch * seq, d)
+        q = (flat @ a_cat).view(n_members * batch, seq * n_heads, d)  # rows (query, head)
+        keys = x.reshape(n_members * batch, seq, d)
+        # (E*B, T*H, T), rows (query, head); no 1/sqrt(d), as in the paper. The rule sees this
+        # 3-d layout with a (T*H, T) mask: a 2-d mask broadcasts far faster than a (T, 1, T) one.
+        scores = q @ keys.transpose(1, 2)
+        weights = self.rule(scores, mask.repeat_interleave(n_heads, dim=0))
+        v = (flat @ m_cat).view(n_members, batch, seq, n_heads, d)
+        if n_heads > 1:  # rows (head, key) to match the weights' (head, key) columns
+            v = v.transpose(2, 3)
+        v = v.reshape(n_members * batch, n_heads * seq, d)
+        out = weights.view(n_members * batch, seq, n_heads * seq) @ v  # summed over heads
+        per_head = (n_members, batch, seq, n_heads, seq)
+        return (out.view(n_members, batch, seq, d), scores.view(per_head).transpose(2, 3),
+                weights.view(per_head).transpose(2, 3))
 
 
 class Block(nn.Module):

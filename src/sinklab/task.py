@@ -47,23 +47,25 @@ def encode(content: Tensor, trigger: Tensor) -> Tensor:
     """
     batch, seq_len, n_content = content.shape
     d_model = n_content + 3
-    pos = torch.arange(seq_len, device=content.device)
-    is_trigger = pos[None, :] == trigger[:, None]  # (batch, L)
-    is_bos = (pos == 0).expand(batch, seq_len)
-    x = torch.zeros(batch, seq_len, d_model, dtype=content.dtype, device=content.device)
-    x[:, 1:, CONTENT_START:d_model - 1] = content[:, 1:]
-    x[..., BOS] = is_bos.to(content.dtype)
-    x[..., TRIGGER] = is_trigger.to(content.dtype)
-    x[..., d_model - 1] = (~is_bos & ~is_trigger).to(content.dtype)
+    is_trigger = torch.arange(seq_len, device=content.device)[None, :] == trigger[:, None]
+    x = torch.empty(batch, seq_len, d_model, dtype=content.dtype, device=content.device)
+    x[..., CONTENT_START:d_model - 1] = content
+    x[..., TRIGGER] = is_trigger
+    x[..., d_model - 1] = ~is_trigger
+    x[..., BOS] = 0.0
+    x[:, 0] = 0.0  # BOS is exactly e_0
+    x[:, 0, BOS] = 1.0
     return x
 
 
 def targets(x: Tensor, trigger: Tensor, residual: bool) -> Tensor:
     """Targets (batch, L, d): the mean of x_1..x_j at the trigger row j, zero (or x) elsewhere."""
     batch, seq_len, _ = x.shape
-    prefix = x[:, 1:].cumsum(dim=1)  # prefix[:, i - 1] = x_1 + ... + x_i
+    pos = torch.arange(seq_len, device=x.device)
+    # (batch, L) averaging weights: 1/j on positions 1..j, 0 elsewhere
+    weights = ((pos > 0) & (pos <= trigger[:, None])).to(x.dtype) / trigger.to(x.dtype)[:, None]
+    mean = (weights[..., None] * x).sum(dim=1)  # (batch, d)
     rows = torch.arange(batch, device=x.device)
-    mean = prefix[rows, trigger - 1] / trigger.to(x.dtype)[:, None]  # (batch, d)
     y = x.clone() if residual else torch.zeros_like(x)
     y[rows, trigger] += mean
     return y
@@ -101,11 +103,13 @@ class TrainStream:
 
     Each member's generator is read in blocks of ``BLOCK`` steps (all triggers of the block, then
     all content), so a member's data stream depends only on its own generator, never on the other
-    members, and the per-step Python work does not grow with the number of members.
+    members. Several steps are encoded per call (up to ``ENCODE_SEQUENCES`` sequences), so the
+    per-step Python work grows neither with the number of members nor with the block.
     ``next()`` returns x, y (members, batch, L, d) and triggers (members, batch).
     """
 
     BLOCK = 8  # part of the stream's definition: changing it changes every member's data
+    ENCODE_SEQUENCES = 2048  # sequences encoded per call: speed only, the data are the same
 
     def __init__(self, cfg: TaskConfig, batch_size: int, generators: list[torch.Generator], *,
                  residual: bool, dtype: torch.dtype = torch.float32) -> None:
@@ -114,6 +118,7 @@ class TrainStream:
         self._trigger = torch.empty(n, k, batch_size, dtype=torch.long, device=device)
         self._content = torch.empty(n, k, batch_size, cfg.seq_len, cfg.d_model - 3, dtype=dtype,
                                     device=device)
+        self._block: list[Batch] = []
         self._next = k  # index of the next step within the block; k means "refill first"
 
     def _refill(self) -> None:
@@ -121,15 +126,23 @@ class TrainStream:
         for e, g in enumerate(self.generators):
             torch.randint(lo, hi + 1, self._trigger.shape[1:], generator=g, out=self._trigger[e])
             torch.rand(self._content.shape[1:], generator=g, out=self._content[e])
+            self._content[e].mul_(2).sub_(1)
+        n, k, b = self._trigger.shape
+        # Encode several steps at once while that stays small enough to sit in cache.
+        chunk = max(1, min(k, self.ENCODE_SEQUENCES // (n * b)))
+        self._block = []
+        for start in range(0, k, chunk):
+            # step-major (steps, members, batch, ...), so each step's tensors are contiguous
+            trigger = self._trigger[:, start:start + chunk].transpose(0, 1)
+            content = self._content[:, start:start + chunk].transpose(0, 1)
+            x = encode(content.flatten(0, 2), trigger.flatten())
+            y = targets(x, trigger.flatten(), self.residual)
+            x, y = x.unflatten(0, trigger.shape), y.unflatten(0, trigger.shape)
+            self._block += [Batch(x=x[i], y=y[i], trigger=trigger[i]) for i in range(len(x))]
         self._next = 0
 
     def next(self) -> Batch:
         if self._next == self.BLOCK:
             self._refill()
-        trigger = self._trigger[:, self._next]  # (E, B)
-        content = self._content[:, self._next] * 2 - 1  # (E, B, L, d - 3)
         self._next += 1
-        n, b = trigger.shape
-        x = encode(content.flatten(0, 1), trigger.flatten())
-        y = targets(x, trigger.flatten(), self.residual)
-        return Batch(x=x.unflatten(0, (n, b)), y=y.unflatten(0, (n, b)), trigger=trigger)
+        return self._block[self._next - 1]

@@ -57,6 +57,19 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+# Attention weights per training step (members x batch x layers x heads x L^2) below which one
+# thread beats two on a CPU: the hand-off costs more than the second core gains
+# (benchmarks/fast_paths.py, section 3).
+SMALL_STEP = 2**17
+
+
+def step_threads(cfg: RunConfig, n_members: int, device: torch.device) -> int:
+    """The torch threads to train with: one for a tiny CPU step, else the current setting."""
+    size = (n_members * cfg.train.batch_size * cfg.model.n_layers * cfg.model.n_heads
+            * cfg.task.seq_len**2)
+    return 1 if device.type == "cpu" and size < SMALL_STEP else torch.get_num_threads()
+
+
 def versions() -> dict[str, str]:
     """Package versions recorded beside every result."""
     import numpy
@@ -70,23 +83,23 @@ def versions() -> dict[str, str]:
 class MemberAdam:
     """Adam (Kingma & Ba, 2015) over parameters with a leading member axis.
 
-    Each member has its own learning rate and step count. ``step(active)`` updates only members
-    whose ``active`` flag is True: an inactive member's weights *and* moments stay exactly as they
-    are, so a stopped member ends where it would have ended alone. Without masking it computes the
-    same update as ``torch.optim.Adam`` (no weight decay, no amsgrad).
+    Each member has its own learning rate. ``freeze(members)`` stops members for good: from then
+    on their weights *and* moments stay exactly as they are, so a stopped member ends where it
+    would have ended alone. Members that are still training have all had the same number of
+    updates, so the bias corrections are shared scalars. Unfrozen, it computes the same update as
+    ``torch.optim.Adam`` (no weight decay, no amsgrad) with the same operations.
 
     For speed the parameters are moved into one flat buffer (each parameter a contiguous chunk of
     it, so the modules keep their own ``nn.Parameter`` objects) and their gradients into another,
-    so a step is a dozen tensor operations whatever the number of parameters.
+    so a step is a handful of tensor operations whatever the number of parameters.
     """
 
     def __init__(self, params: Sequence[Tensor], lr: Tensor, betas: tuple[float, float],
                  eps: float) -> None:
         self.params = list(params)
-        self.lr = lr  # (E,)
         self.beta1, self.beta2 = betas
         self.eps = eps
-        self.t = torch.zeros_like(lr)  # per-member step counts
+        self.t = 0  # updates so far of every member still training
         total = sum(p.numel() for p in self.params)
         ref = self.params[0]
         self.flat = torch.empty(total, dtype=ref.dtype, device=ref.device)
@@ -106,28 +119,52 @@ class MemberAdam:
                                .repeat_interleave(n // p.shape[0]))
                 offset += n
         self.member = torch.cat(members)  # (total,): which member each element belongs to
+        # Learning rates stay in float64 so that lr / (1 - beta1^t) rounds as torch.optim.Adam's
+        # Python scalar does; one rate for all is kept as a Python float.
+        lr = lr.to(device=self.flat.device, dtype=torch.float64)
+        self.lr: float | Tensor = lr[0].item() if bool((lr == lr[0]).all()) else lr
+        self.frozen = torch.zeros(len(lr), dtype=torch.bool, device=self.flat.device)
+        self._on: Tensor | None = None  # per-element "still training", once any member froze
         self.m = torch.zeros_like(self.flat)
         self.v = torch.zeros_like(self.flat)
 
     def zero_grad(self) -> None:
         self.grad.zero_()
 
+    def freeze(self, members: Sequence[int]) -> None:
+        """Give these members no further updates (their weights and moments stay as they are)."""
+        self.frozen[list(members)] = True
+        self._on = ~self.frozen[self.member]
+
     @torch.no_grad()
-    def step(self, active: Tensor) -> None:
+    def step(self) -> None:
         for p, g in zip(self.params, self._grads):
             if p.grad is not g:  # a caller replaced .grad instead of accumulating into it
                 g.copy_(p.grad)
                 p.grad = g
-        self.t += active.to(self.t.dtype)
-        t = self.t.clamp(min=1)
-        step_size = (self.lr / (1 - self.beta1 ** t))[self.member]  # per element
-        bc2_sqrt = (1 - self.beta2 ** t).sqrt()[self.member]
-        on = active[self.member]
-        g, m, v = self.grad, self.m, self.v
-        m.copy_(torch.where(on, torch.lerp(m, g, 1 - self.beta1), m))
-        v.copy_(torch.where(on, v * self.beta2 + (1 - self.beta2) * g * g, v))
-        update = m / (v.sqrt() / bc2_sqrt + self.eps) * step_size
-        self.flat.sub_(torch.where(on, update, 0.0))
+        self.t += 1
+        bc1 = 1 - self.beta1 ** self.t
+        bc2_sqrt = math.sqrt(1 - self.beta2 ** self.t)
+        g, m, v, on = self.grad, self.m, self.v, self._on
+        if isinstance(self.lr, float):
+            step_size: float | Tensor = -self.lr / bc1
+        else:  # per element; the same float32 values the scalar path would use
+            step_size = (-self.lr / bc1).to(self.flat.dtype)[self.member]
+        if on is None:  # every member trains: torch.optim.Adam's own operations, in place
+            m.lerp_(g, 1 - self.beta1)
+            v.mul_(self.beta2).addcmul_(g, g, value=1 - self.beta2)
+            denom = (v.sqrt() / bc2_sqrt).add_(self.eps)
+            if isinstance(step_size, float):
+                self.flat.addcdiv_(m, denom, value=step_size)
+            else:  # addcdiv_'s arithmetic, in its order, with a tensor for the scalar
+                self.flat.add_(step_size * m / denom)
+            return
+        new_m = torch.lerp(m, g, 1 - self.beta1)
+        new_v = (v * self.beta2).addcmul_(g, g, value=1 - self.beta2)
+        denom = (new_v.sqrt() / bc2_sqrt).add_(self.eps)
+        self.flat.add_(torch.where(on, step_size * new_m / denom, 0.0))
+        m.copy_(torch.where(on, new_m, m))
+        v.copy_(torch.where(on, new_v, v))
 
 
 def _shared(cfg: RunConfig) -> dict[str, Any]:
@@ -217,7 +254,8 @@ def train_ensemble(
     With ``run_dirs``, run e writes ``config.json`` at the start, a ``metrics.jsonl`` row every
     ``train.log_every`` steps and at its stop step, and ``attention.npz``, ``model.pt`` and
     ``summary.json`` (last) when it stops. ``progress=None`` shows a bar only when stderr is a
-    terminal.
+    terminal. A tiny step trains with one thread (``step_threads``); the caller's thread setting
+    is restored afterwards.
     """
     cfgs = list(cfgs)
     check_compatible(cfgs)
@@ -245,6 +283,8 @@ def train_ensemble(
     tol, max_steps, log_every = cfg.train.tol, cfg.train.max_steps, cfg.train.log_every
     show = sys.stderr.isatty() if progress is None else progress
     bar = tqdm(total=max_steps, desc=description, unit="step", disable=not show, leave=False)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(step_threads(cfg, n, device))
 
     def log_rows(members: list[int], step: int, loss: Tensor, linf: Tensor, patterns: list[Tensor],
                  trigger: Tensor, status: dict[int, int]) -> None:
@@ -295,7 +335,7 @@ def train_ensemble(
             out = model(x, return_weights=True)
             err = out.out - y
             loss = err.pow(2).mean(dim=(1, 2, 3))  # (E,): each member's own MSE
-            linf = err.abs().amax(dim=(1, 2, 3))
+            linf = err.detach().abs().amax(dim=(1, 2, 3))  # not part of the graph
             # Stop rule, on the device: converged, diverged (NaN or inf), or out of steps.
             done = (linf < tol) | ~torch.isfinite(loss)
             stopping = active & done if step < max_steps else active
@@ -305,6 +345,7 @@ def train_ensemble(
                 status = {e: int(codes[e]) for e in stopping.nonzero().flatten().tolist()}
                 log_rows(list(status), step, loss, linf, out.patterns, trigger, status)
                 finish(list(status), step, status, loss, linf)
+                opt.freeze(list(status))
                 active = active & ~stopping
                 if not active.any():
                     break
@@ -313,12 +354,13 @@ def train_ensemble(
                 log_rows(running, step, loss, linf, out.patterns, trigger, {})
             opt.zero_grad()
             loss.sum().backward()  # members are independent: each gets its own gradient
-            opt.step(active)
+            opt.step()
             bar.update(1)
             if show and step % 50 == 0:
                 best = linf.masked_fill(~active, math.inf).min().item()
                 bar.set_postfix(active=int(active.sum()), linf=f"{best:.2e}")
     finally:
+        torch.set_num_threads(threads)
         bar.close()
         for log in logs:
             if log is not None:
