@@ -5,9 +5,11 @@
 
 Each measurement runs in a fresh process (so peak memory is its own) and reports:
 (a) the reference-style loop of ``reference_loop.py``: one sequence at a time, DataLoader
-collation, one model, ``.item()`` every step; (b) one sinklab model; (c) sinklab ensembles of
-8, 32 and 128 members. Printed per row: model-steps per second, the ratio to (a), achieved
-GFLOP/s (analytic count of the training step) as a fraction of a float32 matmul peak measured
+collation, one model, ``.item()`` every step, with torch's default threads as such code runs
+(and, for comparison only, with one thread); (b) one sinklab model, which picks its own
+threads; (c) sinklab ensembles of 8, 32 and 128 members. Printed per row: model-steps per
+second, the ratio to (a), achieved GFLOP/s (analytic count of each path's own training step,
+``step_flops``) as a fraction of a float32 matmul peak measured
 in the same run, and the process's peak resident memory. Every row is measured ``--rounds``
 times, interleaved with the others, and the best is kept. The ratios are the result; absolute
 speeds on shared machines vary between runs.
@@ -129,6 +131,7 @@ def main() -> None:
     for layers, heads in ((1, 1), (2, 2)):
         base = 150 if args.quick else 600
         jobs = [("(a) reference loop", "reference", (layers, heads, base, threads)),
+                ("(a) same, 1 thread", "reference", (layers, heads, base, 1)),
                 ("(b) sinklab, 1 model", "sinklab", (layers, heads, 1, base, threads))]
         for members in ensembles:
             steps = max(20, base * 8 // members) if layers == 1 else max(10, base * 2 // members)

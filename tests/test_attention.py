@@ -64,3 +64,20 @@ def test_relu_rows_can_be_all_zero():
 def test_unknown_rule_names_the_known_ones():
     with pytest.raises(ValueError, match="unknown attention rule 'bogus': choose one of"):
         get_rule("bogus")
+
+
+def test_softmax_is_softmax_over_the_visible_keys():
+    s = scores(scale=10.0)
+    w = softmax(s, causal_mask(16))
+    for i in range(16):
+        torch.testing.assert_close(w[..., i, :i + 1], torch.softmax(s[..., i, :i + 1], dim=-1))
+
+
+@pytest.mark.parametrize("name", ALL_RULES)
+def test_rows_ordered_query_then_head_give_each_head_its_own_weights(name):
+    # The model's layout: (batch, query * head, key) rows with the mask repeated per head.
+    s = scores()  # (4, 3 heads, 16, 16)
+    per_head = get_rule(name)(s, causal_mask(16))
+    rows = s.transpose(1, 2).reshape(4, 16 * 3, 16)
+    w = get_rule(name)(rows, causal_mask(16).repeat_interleave(3, dim=0))
+    torch.testing.assert_close(w.view(4, 16, 3, 16).transpose(1, 2), per_head)
