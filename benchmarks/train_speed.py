@@ -124,14 +124,14 @@ def main() -> None:
     peak = max(matmul_peak(threads) for _ in range(rounds))
     print(f"float32 matmul peak (2048^3, {threads} threads, best of {rounds}): "
           f"{peak:.1f} GFLOP/s")
-    header = (f"{'config':6} {'path':22} {'model-steps/s':>14} {'x ref':>7} {'GFLOP/s':>8} "
+    header = (f"{'config':6} {'path':24} {'model-steps/s':>14} {'x ref':>7} {'GFLOP/s':>8} "
               f"{'% peak':>7} {'peak MiB':>9}")
     print(header)
     print("-" * len(header))
     for layers, heads in ((1, 1), (2, 2)):
         base = 150 if args.quick else 600
         jobs = [("(a) reference loop", "reference", (layers, heads, base, threads)),
-                ("(a) same, 1 thread", "reference", (layers, heads, base, 1)),
+                ("(a) reference, 1 thread", "reference", (layers, heads, base, 1)),
                 ("(b) sinklab, 1 model", "sinklab", (layers, heads, 1, base, threads))]
         for members in ensembles:
             steps = max(20, base * 8 // members) if layers == 1 else max(10, base * 2 // members)
@@ -145,7 +145,7 @@ def main() -> None:
         ref = best[jobs[0][0]][0]
         for name, (rate, mem) in best.items():
             gflops = rate * step_flops(layers, heads, folded="reference" not in name) / 1e9
-            print(f"{layers}x{heads:<4} {name:22} {rate:14.1f} {rate / ref:7.2f} {gflops:8.2f} "
+            print(f"{layers}x{heads:<4} {name:24} {rate:14.1f} {rate / ref:7.2f} {gflops:8.2f} "
                   f"{100 * gflops / peak:6.1f}% {mem:9.0f}", flush=True)
 
 
