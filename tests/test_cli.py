@@ -211,3 +211,44 @@ def test_train_seeds_runs_an_ensemble_equal_to_single_runs(tmp_path, capsys):
     code, _, err = run_cli(capsys, "train", "--seeds", "2", "--out", str(tmp_path / "mine"))
     assert code == 2 and "holds other things than the seed folders seed0, seed1" in err
     assert sorted(p.name for p in (tmp_path / "mine").iterdir()) == ["notes.txt"]
+
+
+@pytest.mark.slow
+def test_theory_quick_end_to_end_links_and_resumes(tmp_path, capsys, tiny_reproduce):
+    out = tmp_path / "theory"
+    docs = tmp_path / "docs" / "theory.md"
+    args = ["theory", "--quick", "--workers", "1", "--steps", "40", "--seeds", "1", "--eps",
+            "0.1,0.5", "--out", str(out)]
+    code, _, err = run_cli(capsys, *args, "--docs", str(docs))
+    assert code == 0, err
+    result = read_json(out / "theory.json")
+    assert result["softmax_family"]["slope_linf"] == pytest.approx(1.0, abs=0.1)
+    assert max(r["linf"] for r in result["relu_construction"] if r["dtype"] == "float64") < 1e-12
+    assert {(r["rule"], r["setting"]) for r in result["denied"]} == {
+        (rule, s) for rule in ("softmax", "relu") for s in ("removed", "capped-0.1", "capped-0.5")}
+    assert set(result["frontier"]) == {f"{e} {r}" for e in ("1x1", "2x2", "4x4")
+                                       for r in ("softmax", "relu")}
+    assert len(result["heads_4x4_softmax"]) == 1
+    assert len(result["heads_4x4_softmax"][0]["layers"]) == 4
+    text = (out / "THEORY.md").read_text()
+    for fig in ("fig_family", "fig_denied", "fig_frontier", "fig_heads"):
+        assert (out / "figures" / f"{fig}.png").is_file()
+        assert f"(figures/{fig}.png)" in text
+        assert (docs.parent / "theory" / f"{fig}.png").is_file()
+    # the reproduction it trained links the section from its report
+    assert "(../THEORY.md)" in (out / "reproduce" / "REPORT.md").read_text()
+
+    code, _, err = run_cli(capsys, *args)  # resume: nothing retrained
+    assert code == 0 and "0 denied-sink runs to train" in err and "6 already finished" in err
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--eps", "0.1,1.5"], "--eps value 1.5 is not allowed: every eps must lie in (0, 1)"),
+    (["--eps", "0.1,big"], "give numbers in (0, 1) separated by commas"),
+    (["--steps", "0"], "--steps=0 is not allowed"),
+    (["--reproduce", "nowhere"], "is not a finished reproduce folder"),
+])
+def test_theory_bad_input_is_one_sentence(tmp_path, capsys, extra, message):
+    code, _, err = run_cli(capsys, "theory", "--out", str(tmp_path / "t"), *extra)
+    assert code == 2 and message in err and "Traceback" not in err
+    assert not (tmp_path / "t").exists()

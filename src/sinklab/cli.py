@@ -79,6 +79,36 @@ def build_parser() -> argparse.ArgumentParser:
                      help="also write the report to FILE (e.g. docs/reproduction.md), with its "
                           "figures in a folder of the same name")
 
+    th = sub.add_parser(
+        "theory", help="check the theorem numerically: constructions, sink family, denied sinks",
+        description="Build an exact ReLU solution without a sink and the softmax sink family, "
+                    "train 1x1 models whose sink is removed or capped, and measure the "
+                    "error-BOS frontier and per-head contributions of reproduced models. "
+                    "Writes theory.json, figures and THEORY.md; rerunning with the same --out "
+                    "resumes.")
+    th.add_argument("--out", default="results/theory", metavar="DIR",
+                    help="results folder (default: results/theory)")
+    th.add_argument("--reproduce", default=None, metavar="DIR",
+                    help="a finished `sinklab reproduce` folder to analyse (default: run a "
+                         "default reproduction into DIR/reproduce, or a quick one with --quick)")
+    th.add_argument("--seeds", type=int, default=None, metavar="N",
+                    help="seeds per denied-sink setting, and for the reproduction it runs "
+                         "(default: 3; 2 with --quick)")
+    th.add_argument("--steps", type=int, default=None, metavar="N",
+                    help="step budget of the denied-sink runs (default: 3000; 1200 with --quick)")
+    th.add_argument("--eps", default=None, metavar="E1,E2,...",
+                    help="BOS share caps 1 - eps to train with, each eps in (0, 1) "
+                         "(default: 0.01,0.03,0.1,0.3,0.5)")
+    th.add_argument("--quick", action="store_true",
+                    help="smoke test: short budgets, a quick reproduction, 2 seeds")
+    th.add_argument("--workers", type=int, default=None, metavar="N",
+                    help="parallel worker processes (default: one per CPU core)")
+    th.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N "
+                                                     "(default: auto)")
+    th.add_argument("--docs", default=None, metavar="FILE",
+                    help="also write the section to FILE (e.g. docs/theory.md), with its "
+                         "figures in a folder of the same name")
+
     sub.add_parser("rules", help="list the attention rules",
                    description="List the registered attention rules with their descriptions.")
     return parser
@@ -142,6 +172,20 @@ def cmd_reproduce(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
+def cmd_theory(args: argparse.Namespace, argv: list[str]) -> int:
+    from sinklab.experiments.theory import TheoryOptions, parse_eps, run_theory
+
+    extra = {"eps": parse_eps(args.eps)} if args.eps is not None else {}
+    opts = TheoryOptions(seeds=args.seeds, quick=args.quick, steps=args.steps,
+                         workers=args.workers, device=args.device,
+                         reproduce=Path(args.reproduce) if args.reproduce else None, **extra)
+    command = "sinklab " + " ".join(shlex.quote(a) for a in argv)
+    run_theory(Path(args.out), opts, docs=Path(args.docs) if args.docs else None,
+               command=command)
+    print(f"wrote {Path(args.out) / 'THEORY.md'}")
+    return 0
+
+
 def cmd_rules() -> int:
     from sinklab.attention import RULES
 
@@ -159,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_train(args)
         if args.command == "reproduce":
             return cmd_reproduce(args, argv)
+        if args.command == "theory":
+            return cmd_theory(args, argv)
         return cmd_rules()
     except SinklabError as exc:
         print(f"sinklab: error: {exc}", file=sys.stderr)

@@ -54,6 +54,7 @@ def derive_seed(seed: int, stream: str) -> int:
 
 
 TARGETS = ("auto", "plain", "residual")
+BOS_MODES = ("visible", "removed", "capped")
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -97,6 +98,11 @@ class ModelConfig:
     n_layers: int = 1
     n_heads: int = 1
     init_std: float = 0.02
+    # Denying the sink (sinklab theory): "removed" hides the BOS key from every query that is
+    # not the trigger (the BOS query keeps its only key); "capped" limits the BOS share of every
+    # such row to 1 - bos_cap_eps. The paper's model is "visible".
+    bos: str = "visible"
+    bos_cap_eps: float = 0.1
 
     def __post_init__(self) -> None:
         _check(self.attention in RULES,
@@ -108,6 +114,10 @@ class ModelConfig:
                    f"model.{name}={value!r} is not allowed: it must be an integer >= 1.")
         _check(self.init_std > 0,
                f"model.init_std={self.init_std!r} is not allowed: it must be > 0.")
+        _check(self.bos in BOS_MODES,
+               f"model.bos={self.bos!r} is not allowed: choose one of {', '.join(BOS_MODES)}.")
+        _check(0 < self.bos_cap_eps < 1,
+               f"model.bos_cap_eps={self.bos_cap_eps!r} is not allowed: it must lie in (0, 1).")
 
 
 @dataclass

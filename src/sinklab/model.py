@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from sinklab.attention import causal_mask, get_rule
 from sinklab.config import ModelConfig
+from sinklab.task import TRIGGER
 
 
 @dataclass
@@ -38,7 +39,8 @@ class ModelOutput:
 class Attention(nn.Module):
     """Multi-head attention with full-width heads, batched over ensemble members."""
 
-    def __init__(self, n_members: int, d_model: int, n_heads: int, rule: str) -> None:
+    def __init__(self, n_members: int, d_model: int, n_heads: int, rule: str,
+                 bos: str = "visible", bos_cap_eps: float = 0.1) -> None:
         super().__init__()
         shape = (n_members, n_heads, d_model, d_model)
         self.w_q = nn.Parameter(torch.zeros(shape))
@@ -46,9 +48,13 @@ class Attention(nn.Module):
         self.w_v = nn.Parameter(torch.zeros(shape))
         self.w_o = nn.Parameter(torch.zeros(shape))  # head h's block of rows of W_O
         self.rule = get_rule(rule)
+        self.bos, self.bos_cap_eps = bos, bos_cap_eps
 
-    def forward(self, x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def forward(self, x: Tensor, mask: Tensor,
+                denied: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """x (E, B, T, d) -> output (E, B, T, d), scores and weights (E, B, H, T, T).
+
+        ``denied`` (E, B, T), True at the rows whose BOS key is removed or capped (``bos``).
 
         The products are regrouped, not changed: head h's scores (x W_Q^h)(x W_K^h)^T equal
         (x A_h) x^T with A_h = W_Q^h W_K^h^T, and its output weights @ (x W_V^h) @ W_O^h equals
@@ -72,7 +78,16 @@ class Attention(nn.Module):
         # (E*B, T*H, T), rows (query, head); no 1/sqrt(d), as in the paper. The rule sees this
         # 3-d layout with a (T*H, T) mask: a 2-d mask broadcasts far faster than a (T, 1, T) one.
         scores = q @ keys.transpose(1, 2)
+        rows = None
+        if denied is not None:  # (E*B, T*H) rows whose sink is denied
+            rows = denied.reshape(n_members * batch, seq).repeat_interleave(n_heads, dim=1)
+            if self.bos == "removed":
+                hide = torch.zeros_like(scores)
+                hide[..., 0] = torch.where(rows, float("-inf"), 0.0)
+                scores = scores + hide
         weights = self.rule(scores, mask.repeat_interleave(n_heads, dim=0))
+        if rows is not None and self.bos == "capped":
+            weights = cap_bos(weights, rows, self.bos_cap_eps)
         v = (flat @ m_cat).view(n_members, batch, seq, n_heads, d)
         if n_heads > 1:  # rows (head, key) to match the weights' (head, key) columns
             v = v.transpose(2, 3)
@@ -83,12 +98,40 @@ class Attention(nn.Module):
                 weights.view(per_head).transpose(2, 3))
 
 
+def cap_bos(weights: Tensor, rows: Tensor, eps: float) -> Tensor:
+    """Limit the BOS share of the selected rows to 1 - eps, keeping each row's sum.
+
+    At a selected row with sum S whose BOS weight w_0 exceeds (1 - eps) S, BOS gets (1 - eps) S
+    and the other visible keys share eps S in proportion to their weights (equally, if they all
+    had weight 0). Rows with sum 0 (a ReLU row that outputs zero) are left alone.
+    ``weights`` (..., rows, keys), ``rows`` a boolean mask broadcasting to (..., rows).
+    """
+    bos = weights[..., 0]
+    rest = weights[..., 1:].sum(dim=-1)  # summed directly: 1 - w_0 would cancel
+    total = bos + rest
+    limit = (1 - eps) * total
+    over = rows & (bos > limit)
+    seq = weights.shape[-1]
+    # visible non-BOS keys of row r (rows are ordered (query, head)): query = r // heads
+    n_rows = weights.shape[-2]
+    query = torch.arange(n_rows, device=weights.device) // (n_rows // seq)
+    visible = (torch.arange(seq, device=weights.device)[None, :] <= query[:, None])
+    visible[:, 0] = False
+    share = torch.where(rest > 0, eps * total / rest.clamp(min=torch.finfo(weights.dtype).tiny),
+                        0.0)
+    even = torch.where(rest > 0, 0.0, eps * total / visible.sum(-1).clamp(min=1))
+    others = weights * share[..., None] + even[..., None] * visible
+    capped = torch.cat([limit[..., None], others[..., 1:]], dim=-1)
+    return torch.where(over[..., None], capped, weights)
+
+
 class Block(nn.Module):
     """One layer of the stack: attention only, as in the paper."""
 
-    def __init__(self, n_members: int, d_model: int, n_heads: int, rule: str) -> None:
+    def __init__(self, n_members: int, d_model: int, n_heads: int, rule: str,
+                 bos: str = "visible", bos_cap_eps: float = 0.1) -> None:
         super().__init__()
-        self.attn = Attention(n_members, d_model, n_heads, rule)
+        self.attn = Attention(n_members, d_model, n_heads, rule, bos, bos_cap_eps)
 
 
 class AttentionStack(nn.Module):
@@ -101,7 +144,8 @@ class AttentionStack(nn.Module):
         self.residual = residual
         self.n_members = n_members
         self.blocks = nn.ModuleList(
-            Block(n_members, d_model, cfg.n_heads, cfg.attention) for _ in range(cfg.n_layers)
+            Block(n_members, d_model, cfg.n_heads, cfg.attention, cfg.bos, cfg.bos_cap_eps)
+            for _ in range(cfg.n_layers)
         )
 
     @torch.no_grad()
@@ -121,10 +165,15 @@ class AttentionStack(nn.Module):
         if x.dim() == 3:
             x = x.expand(self.n_members, *x.shape)
         mask = causal_mask(x.shape[-2], x.device)
+        denied = None
+        if self.cfg.bos != "visible":
+            # every query but BOS itself and the trigger, as flagged in the input
+            denied = x[..., TRIGGER] == 0
+            denied[..., 0] = False
         result = ModelOutput(out=x)
         h = x
         for block in self.blocks:
-            y, scores, weights = block.attn(h, mask)
+            y, scores, weights = block.attn(h, mask, denied)
             h = h + y if self.residual else y
             if return_weights:
                 result.scores.append(scores)

@@ -31,3 +31,10 @@ def sci(value: float | None) -> str:
     if value is None or not math.isfinite(value):
         return "n/a"
     return f"{value:.2e}"
+
+
+def fixed(value: float | None, digits: int = 2) -> str:
+    """A number with ``digits`` decimals, or "n/a" when it is missing or not finite."""
+    if value is None or not math.isfinite(value):
+        return "n/a"
+    return f"{value:.{digits}f}"

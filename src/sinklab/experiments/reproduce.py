@@ -71,6 +71,7 @@ class Job:
     rule: str
     configs: list[RunConfig]
     run_dirs: list[Path]
+    tag: str = ""  # what else sets these runs apart, e.g. "capped-0.1"
 
     @property
     def cost(self) -> float:
@@ -82,7 +83,8 @@ class Job:
     def label(self) -> str:
         seeds = [c.train.seed for c in self.configs]
         seed_text = f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {seeds[0]}-{seeds[-1]}"
-        return f"{self.experiment} {self.rule} {seed_text}"
+        tag = f" {self.tag}" if self.tag else ""
+        return f"{self.experiment} {self.rule}{tag} {seed_text}"
 
 
 def run_config(experiment: str, rule: str, seed: int, opts: ReproduceOptions) -> RunConfig:
@@ -103,27 +105,27 @@ def is_finished(path: Path, cfg: RunConfig) -> bool:
     """True when ``path`` holds a finished run of ``cfg``; a foreign or broken run is an error."""
     if not (path / "summary.json").exists():
         return False
-    if read_json(path / "config.json") != cfg.to_dict():
+    if build_run_config(read_json(path / "config.json")) != cfg:
         raise ResultsError(f"{path} holds a run with different settings (for example --quick "
                            "versus the default); use another --out or delete that folder.")
     read_json(path / "summary.json")
     return True
 
 
-def prepare_out(out: Path) -> None:
-    """Claim ``out`` for reproduce results, refusing a non-empty folder that is not ours."""
+def prepare_out(out: Path, kind: str = "reproduce") -> None:
+    """Claim ``out`` for results of ``kind``, refusing a non-empty folder that is not one."""
     marker = out / MARKER
     if marker.exists():
-        kind = read_json(marker).get("kind") if marker.is_file() else None
-        if kind != "reproduce":
-            raise ResultsError(f"{out} is a sinklab folder of kind {kind!r}, not a reproduce "
+        found = read_json(marker).get("kind") if marker.is_file() else None
+        if found != kind:
+            raise ResultsError(f"{out} is a sinklab folder of kind {found!r}, not a {kind} "
                                "folder; choose another --out.")
         return
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ResultsError(f"{out} exists and is not an empty folder or a sinklab reproduce "
+        raise ResultsError(f"{out} exists and is not an empty folder or a sinklab {kind} "
                            "folder; choose another --out.")
     out.mkdir(parents=True, exist_ok=True)
-    write_json(marker, {"kind": "reproduce", "format": 1})
+    write_json(marker, {"kind": kind, "format": 1})
 
 
 def plan(out: Path, opts: ReproduceOptions) -> tuple[list[Job], int]:
@@ -244,14 +246,14 @@ def reproduce(out: Path, opts: ReproduceOptions, *, log: Callable[[str], None] |
     summary = {"runs": runs, **meta}
     write_json(out / "summary.json", summary)
     figures = write_figures(out, runs)
-    write_atomic(out / "REPORT.md", render(runs, meta, "figures").encode())
+    write_atomic(out / "REPORT.md", render(runs, meta, "figures", marker.get("theory")).encode())
     if docs is not None:
         docs = Path(docs)
         folder = docs.with_suffix("")
         folder.mkdir(parents=True, exist_ok=True)
         for fig in figures:
             shutil.copyfile(fig, folder / fig.name)
-        write_atomic(docs, render(runs, meta, folder.name).encode())
+        write_atomic(docs, render(runs, meta, folder.name, "theory.md").encode())
     log(f"reproduce: wrote {out / 'REPORT.md'} ({wall:.0f} s of training)")
     return summary
 
@@ -496,8 +498,23 @@ def _agreement(runs: list[dict[str, Any]], experiment: str, quick: bool) -> list
     return out
 
 
-def render(runs: list[dict[str, Any]], meta: dict[str, Any], prefix: str) -> str:
-    """The reproduction report as Markdown; figure links start with ``prefix``."""
+def link_theory(out: Path, theory_report: Path) -> None:
+    """Record where the theory section for the runs in ``out`` is, and rewrite REPORT.md."""
+    out = Path(out)
+    marker = read_json(out / MARKER)
+    marker["theory"] = os.path.relpath(theory_report, out)
+    write_json(out / MARKER, marker)
+    summary = read_json(out / "summary.json")
+    runs = summary.pop("runs")
+    write_atomic(out / "REPORT.md", render(runs, summary, "figures", marker["theory"]).encode())
+
+
+def render(runs: list[dict[str, Any]], meta: dict[str, Any], prefix: str,
+           theory: str | None = None) -> str:
+    """The reproduction report as Markdown; figure links start with ``prefix``.
+
+    ``theory`` is the path of the theory section for these runs, relative to the report.
+    """
     v = meta["versions"]
     lines = [
         "# sinklab reproduction report",
@@ -537,5 +554,17 @@ def render(runs: list[dict[str, Any]], meta: dict[str, Any], prefix: str) -> str
         "",
         f"Dots are heads; the dashed line is the sink-head threshold ({SINK_HEAD_THRESHOLD}).",
         "",
+        "## Theory",
+        "",
     ]
+    if theory:
+        lines.append(f"The theorem checked numerically, on these runs among others: [Theory]"
+                     f"({theory}) (an exact ReLU solution without a sink, the softmax sink "
+                     "family, denied sinks, the error-BOS frontier of these checkpoints, and "
+                     "per-head contributions of the 4x4 softmax models).")
+    else:
+        lines.append("`sinklab theory --reproduce <this folder> --out <dir>` checks the theorem "
+                     "numerically on these runs (see docs/theory.md); this report then links "
+                     "its section.")
+    lines.append("")
     return "\n".join(lines)

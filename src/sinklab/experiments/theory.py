@@ -1,0 +1,501 @@
+"""``sinklab theory``: the theorem checked numerically, with every number in ``theory.json``.
+
+Writes into the output folder::
+
+    denied/{rule}_{setting}_seed{s}/   training runs with the sink denied (config, metrics, summary)
+    reproduce/                         a default reproduction, unless --reproduce names one
+    figures/                           the family, denied-sink, frontier and head figures
+    theory.json                        every number behind the figures
+    THEORY.md                          the "Theory" section, linked from the reproduce report
+
+Rerunning with the same ``--out`` keeps every finished training run.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from matplotlib.figure import Figure
+
+from sinklab import plots, report, theory
+from sinklab.config import ConfigError, check_count
+from sinklab.experiments import reproduce as rep
+from sinklab.results import ResultsError, read_json, read_metrics, write_atomic, write_json
+from sinklab.train import load_model, resolve_device, versions
+
+RULES = ("softmax", "relu")
+GAPS = tuple(float(c) for c in range(0, 17))  # logit gaps of the softmax sink family
+RELU_SIZES = ((4, 4), (5, 7), (16, 16), (33, 12), (64, 32), (128, 64))  # (seq_len, d_model)
+DENIED_STEPS = 3000  # about 4x the steps a 1x1 model needs with its sink
+QUICK_DENIED_STEPS = 1200
+
+
+@dataclass
+class TheoryOptions:
+    """What ``sinklab theory`` runs; every value is checked on creation."""
+
+    seeds: int | None = None  # None: 3, or 2 with quick
+    quick: bool = False
+    steps: int | None = None  # denied-sink step budget; None: 3000, or 300 with quick
+    eps: tuple[float, ...] = field(default=theory.DENIED_EPS)
+    workers: int | None = None
+    device: str = "auto"
+    reproduce: Path | None = None  # a finished reproduce folder; None: train one in out
+
+    def __post_init__(self) -> None:
+        if self.seeds is None:
+            self.seeds = 2 if self.quick else 3
+        if self.steps is None:
+            self.steps = QUICK_DENIED_STEPS if self.quick else DENIED_STEPS
+        check_count("--seeds", self.seeds)
+        check_count("--steps", self.steps)
+        if self.workers is not None:
+            check_count("--workers", self.workers)
+        if not self.eps:
+            raise ConfigError("--eps needs at least one value in (0, 1).")
+        for eps in self.eps:
+            if not 0 < eps < 1:
+                raise ConfigError(f"--eps value {eps!r} is not allowed: every eps must lie in "
+                                  "(0, 1), the BOS share being capped at 1 - eps.")
+        rep.ReproduceOptions(device=self.device)  # validates the device name
+
+
+def parse_eps(text: str) -> tuple[float, ...]:
+    """``"0.01,0.1"`` -> (0.01, 0.1); a value that is not a number is a ConfigError."""
+    try:
+        return tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise ConfigError(f"--eps {text!r} is not allowed: give numbers in (0, 1) separated by "
+                          "commas, for example 0.01,0.1,0.5.") from None
+
+
+# ------------------------------------------------------------------------------ denied sinks
+
+
+def denied_dir(out: Path, rule: str, setting: str, seed: int) -> Path:
+    return out / "denied" / f"{rule}_{setting}_seed{seed}"
+
+
+def denied_jobs(out: Path, opts: TheoryOptions) -> tuple[list[rep.Job], int]:
+    """The denied-sink training jobs still to run (one ensemble of seeds per setting)."""
+    jobs, done = [], 0
+    for rule in RULES:
+        for setting, eps in theory.denied_settings(opts.eps):
+            todo = []
+            for seed in range(opts.seeds):
+                cfg = theory.denied_config(rule, setting, eps, seed, opts.steps, opts.device)
+                path = denied_dir(out, rule, setting, seed)
+                if rep.is_finished(path, cfg):
+                    done += 1
+                else:
+                    todo.append((cfg, path))
+            if todo:
+                jobs.append(rep.Job("1x1", rule, [c for c, _ in todo], [p for _, p in todo],
+                                    tag=setting))
+    return jobs, done
+
+
+def denied_results(out: Path, opts: TheoryOptions) -> list[dict[str, Any]]:
+    rows = []
+    for rule in RULES:
+        for setting, eps in theory.denied_settings(opts.eps):
+            for seed in range(opts.seeds):
+                path = denied_dir(out, rule, setting, seed)
+                summary = read_json(path / "summary.json")
+                rows.append({
+                    "rule": rule, "setting": setting, "eps": eps, "seed": seed,
+                    "converged": summary["converged"], "status": summary["status"],
+                    "steps": summary["steps"], "eval_linf": summary["linf_error"],
+                    "eval_mse": summary["mse"],
+                    "bos_mass_nontrigger": summary["bos_mass_nontrigger"][0][0],
+                    **theory.floor(read_metrics(path / "metrics.jsonl")),
+                })
+    return rows
+
+
+# --------------------------------------------------------------------- frontier and heads
+
+
+def reproduce_runs(rdir: Path) -> list[dict[str, Any]]:
+    path = rdir / "summary.json"
+    if not path.is_file():
+        raise ResultsError(f"{rdir} is not a finished reproduce folder ({path} is missing): run "
+                           f"`sinklab reproduce --out {rdir}` first, or leave out --reproduce.")
+    return read_json(path)["runs"]
+
+
+def frontier(rdir: Path, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Checkpoints of every reproduce run as (error, BOS mass), grouped by experiment and rule."""
+    groups: dict[str, Any] = {}
+    for run in runs:
+        path = rep.run_dir(rdir, run["experiment"], run["attention"], run["seed"])
+        points = theory.frontier_points(read_metrics(path / "metrics.jsonl"))
+        key = f"{run['experiment']} {run['attention']}"
+        group = groups.setdefault(key, {"experiment": run["experiment"],
+                                        "rule": run["attention"], "seeds": {}})
+        group["seeds"][str(run["seed"])] = points
+    for group in groups.values():
+        every = [p for pts in group["seeds"].values() for p in pts]
+        group["summary"] = theory.frontier_summary(every)
+    return groups
+
+
+def heads(rdir: Path, runs: list[dict[str, Any]], n_sequences: int) -> list[dict[str, Any]]:
+    """Per-head contributions at non-trigger rows of every 4x4 softmax reproduce model."""
+    found = []
+    for run in runs:
+        if run["experiment"] != "4x4" or run["attention"] != "softmax":
+            continue
+        cfg, model = load_model(rep.run_dir(rdir, "4x4", "softmax", run["seed"]))
+        batch = theory.all_triggers_batch(cfg, n_sequences, seed=0, dtype=torch.float32)
+        found.append({"seed": run["seed"], "converged": run["converged"],
+                      "layers": theory.head_contributions(model, batch)})
+    return found
+
+
+# ---------------------------------------------------------------------------------- run
+
+
+def run_theory(out: Path, opts: TheoryOptions, *, log: Callable[[str], None] | None = None,
+               docs: Path | None = None, command: str | None = None) -> dict[str, Any]:
+    """Run (or resume) every theory experiment in ``out``; write theory.json, figures, THEORY.md."""
+    log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+    out = Path(out)
+    if opts.reproduce is not None and not (Path(opts.reproduce) / "summary.json").is_file():
+        reproduce_runs(Path(opts.reproduce))  # fail before any work with the reason
+    rep.prepare_out(out, kind="theory")
+    start = time.perf_counter()
+
+    log("theory: ReLU construction and softmax sink family")
+    relu = theory.relu_exactness(list(RELU_SIZES))
+    family = theory.family_sweep(list(GAPS))
+
+    jobs, done = denied_jobs(out, opts)
+    device = resolve_device(opts.device)
+    workers = opts.workers or (1 if device.type == "cuda" else os.cpu_count() or 1)
+    workers = min(workers, max(len(jobs), 1))
+    n_runs = sum(len(j.configs) for j in jobs)
+    log(f"theory: {n_runs} denied-sink runs to train in {len(jobs)} jobs on {workers} "
+        f"worker(s); {done} already finished")
+    rep.run_all(jobs, workers, log)
+    denied = denied_results(out, opts)
+
+    if opts.reproduce is None:
+        rdir = out / "reproduce"
+        log(f"theory: the trained models come from a reproduction in {rdir}")
+        rep.reproduce(rdir, rep.ReproduceOptions(seeds=opts.seeds, quick=opts.quick,
+                                                 workers=opts.workers, device=opts.device),
+                      log=log)
+    else:
+        rdir = Path(opts.reproduce)
+    runs = reproduce_runs(rdir)
+    front = frontier(rdir, runs)
+    head_rows = heads(rdir, runs, n_sequences=200 if opts.quick else 1000)
+    wall = time.perf_counter() - start
+
+    result = {
+        "command": command or f"sinklab theory --out {out}",
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "wall_time_s": wall, "versions": versions(), "quick": opts.quick,
+        "seeds": opts.seeds, "denied_steps": opts.steps, "eps": list(opts.eps),
+        "reproduce": os.path.relpath(rdir, out),
+        "relu_construction": relu, "softmax_family": family, "denied": denied,
+        "frontier": front, "heads_4x4_softmax": head_rows,
+    }
+    write_json(out / "theory.json", result)
+    figures = write_figures(out, result)
+    write_atomic(out / "THEORY.md", render(result, "figures").encode())
+    rep.link_theory(rdir, out / "THEORY.md")
+    if docs is not None:
+        docs = Path(docs)
+        folder = docs.with_suffix("")
+        folder.mkdir(parents=True, exist_ok=True)
+        for fig in figures:
+            shutil.copyfile(fig, folder / fig.name)
+        write_atomic(docs, render(result, folder.name).encode())
+    log(f"theory: wrote {out / 'THEORY.md'} ({wall:.0f} s)")
+    return result
+
+
+# -------------------------------------------------------------------------------- figures
+
+COLORS = {"softmax": "tab:blue", "relu": "tab:orange"}
+
+
+def write_figures(out: Path, result: dict[str, Any]) -> list[Path]:
+    folder = out / "figures"
+    paths = [folder / name for name in ("fig_family.png", "fig_denied.png", "fig_frontier.png",
+                                         "fig_heads.png")]
+    plots.save_figure(family_figure(result["softmax_family"]), paths[0])
+    plots.save_figure(denied_figure(result["denied"]), paths[1])
+    plots.save_figure(frontier_figure(result["frontier"]), paths[2])
+    if result["heads_4x4_softmax"]:
+        plots.save_figure(heads_figure(result["heads_4x4_softmax"]), paths[3])
+    else:
+        paths.pop()
+    return paths
+
+
+def family_figure(family: dict[str, Any]) -> Figure:
+    pts = family["points"]
+    gap = np.array([p["one_minus_bos"] for p in pts])
+    fig = Figure(figsize=(6, 4.2))
+    ax = fig.add_subplot()
+    for key, label, slope in (("linf_nontrigger", "L∞ error, non-trigger rows",
+                               family["slope_linf"]),
+                              ("mse_nontrigger", "MSE, non-trigger rows", family["slope_mse"])):
+        ax.loglog(gap, [p[key] for p in pts], "o-", label=f"{label} (slope {slope:.2f})")
+    for p in pts[::4]:
+        ax.annotate(f"c={p['c']:g}", (p["one_minus_bos"], p["linf_nontrigger"]), fontsize=7,
+                    textcoords="offset points", xytext=(4, 4))
+    ax.set_xlabel("1 - non-trigger BOS mass")
+    ax.set_ylabel("error")
+    ax.set_title("Softmax sink family: error falls only as BOS mass -> 1")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def _by_setting(denied: list[dict[str, Any]], rule: str, key: str) -> dict[str, list[float]]:
+    groups: dict[str, list[float]] = {}
+    for row in denied:
+        if row["rule"] == rule:
+            groups.setdefault(row["setting"], []).append(row[key])
+    return groups
+
+
+def denied_figure(denied: list[dict[str, Any]]) -> Figure:
+    fig = Figure(figsize=(11, 4))
+    for i, (key, label) in enumerate((("best_linf", "best L∞ error (train batches)"),
+                                      ("best_mse", "best MSE (train batches)"))):
+        ax = fig.add_subplot(1, 2, i + 1)
+        for rule in RULES:
+            groups = _by_setting(denied, rule, key)
+            eps = sorted({r["eps"] for r in denied if r["eps"] is not None})
+            mean = [np.mean(groups[f"capped-{e:g}"]) for e in eps]
+            lo = [np.min(groups[f"capped-{e:g}"]) for e in eps]
+            hi = [np.max(groups[f"capped-{e:g}"]) for e in eps]
+            ax.errorbar(eps, mean, yerr=[np.subtract(mean, lo), np.subtract(hi, mean)],
+                        fmt="o-", color=COLORS[rule], capsize=3,
+                        label=f"{rule}, BOS share capped at 1 - eps")
+            removed = groups["removed"]
+            ax.axhline(float(np.mean(removed)), color=COLORS[rule], ls="--",
+                       label=f"{rule}, BOS key removed")
+        if key == "best_linf":
+            ax.axhline(5e-3, color="grey", ls=":", label="stop rule (5e-3)")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("eps")
+        ax.set_ylabel(label)
+        ax.legend(fontsize=7)
+    fig.suptitle("Denied sink, 1x1: mean and range over seeds")
+    fig.tight_layout()
+    return fig
+
+
+def frontier_figure(front: dict[str, Any]) -> Figure:
+    experiments = sorted({g["experiment"] for g in front.values()})
+    fig = Figure(figsize=(10, 3.2 * len(experiments)))
+    for row, experiment in enumerate(experiments):
+        for col, (key, what) in enumerate((("bos_min", "min"), ("bos_max", "max"))):
+            ax = fig.add_subplot(len(experiments), 2, 2 * row + col + 1)
+            for rule in RULES:
+                group = front.get(f"{experiment} {rule}")
+                if group is None:
+                    continue
+                pts = [p for seed in group["seeds"].values() for p in seed]
+                ax.scatter([p["linf"] for p in pts], [p[key] for p in pts], s=4, alpha=0.4,
+                           color=COLORS[rule], label=rule)
+            ax.set_xscale("log")
+            ax.set_ylim(-0.05, 1.05)
+            ax.set_xlabel("batch L∞ error at the checkpoint")
+            ax.set_ylabel(f"{what} BOS mass over heads")
+            ax.set_title(f"{experiment}: {what} over heads and layers", fontsize=9)
+            ax.legend(fontsize=7, markerscale=3)
+    fig.tight_layout()
+    return fig
+
+
+def heads_figure(head_rows: list[dict[str, Any]]) -> Figure:
+    fig = Figure(figsize=(4 * len(head_rows), 3.6))
+    for i, entry in enumerate(head_rows):
+        ax = fig.add_subplot(1, len(head_rows), i + 1)
+        layers = entry["layers"]
+        n_heads = len(layers[0]["heads"])
+        width = 0.8 / (n_heads + 1)
+        xs = np.arange(len(layers))
+        for h in range(n_heads):
+            ax.bar(xs + h * width, [lay["heads"][h]["post_norm"] for lay in layers], width,
+                   label=f"head {h + 1}")
+        ax.bar(xs + n_heads * width, [lay["sum_norm_nontrigger"] for lay in layers], width,
+               color="black", label="sum of heads")
+        ax.set_xticks(xs + 0.4 - width / 2, [f"L{i + 1}" for i in range(len(layers))])
+        ax.set_ylabel("mean norm at non-trigger rows")
+        ax.set_title(f"4x4 softmax, seed {entry['seed']}", fontsize=9)
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    return fig
+
+
+# --------------------------------------------------------------------------------- report
+
+
+def _denied_table(denied: list[dict[str, Any]]) -> str:
+    rows = []
+    for rule in RULES:
+        settings = list(dict.fromkeys(r["setting"] for r in denied if r["rule"] == rule))
+        for setting in settings:
+            sel = [r for r in denied if r["rule"] == rule and r["setting"] == setting]
+            rows.append([rule, setting, f"{sum(r['converged'] for r in sel)}/{len(sel)}",
+                         report.spread([r["best_linf"] for r in sel], 4),
+                         report.spread([r["best_mse"] for r in sel], 6),
+                         report.spread([r["eval_linf"] for r in sel], 4),
+                         report.spread([r["bos_mass_nontrigger"] for r in sel], 3)])
+    return report.table(["rule", "sink", "reached stop rule", "best train L∞", "best train MSE",
+                         "final test L∞", "non-trigger BOS mass"], rows)
+
+
+def _frontier_table(front: dict[str, Any]) -> str:
+    rows = []
+    for key, group in front.items():
+        summary = group["summary"]
+        cells = []
+        for band in summary["bands"]:
+            if band["n"]:
+                cells.append(f"{band['bos_min']:.2f} / {band['bos_max']:.2f} ({band['n']})")
+            else:
+                cells.append("-")
+        rows.append([key, summary["n_checkpoints"], *cells,
+                     report.fixed(summary["bos_max_overall"]),
+                     report.fixed(summary["spearman_error_vs_one_minus_max_bos"])])
+    bands = [f"L∞ {b[0]:g}-{b[1]:g}".replace("-inf", "+") for b in theory.ERROR_BINS]
+    return report.table(["runs", "checkpoints", *bands, "largest max BOS",
+                         "rank corr. (error, 1 - max BOS)"], rows)
+
+
+def _heads_table(head_rows: list[dict[str, Any]]) -> str:
+    rows = []
+    for entry in head_rows:
+        for li, layer in enumerate(entry["layers"]):
+            heads = layer["heads"]
+            rows.append([entry["seed"], f"L{li + 1}",
+                         " / ".join(f"{h['bos_mass_nontrigger']:.2f}" for h in heads),
+                         " / ".join(f"{h['pre_norm']:.3f}" for h in heads),
+                         " / ".join(f"{h['post_norm']:.3f}" for h in heads),
+                         f"{layer['sum_of_head_norms_nontrigger']:.3f}",
+                         f"{layer['sum_norm_nontrigger']:.3f}",
+                         f"{layer['sum_norm_trigger']:.3f}",
+                         f"{layer['cumulative_norm_nontrigger']:.3f}",
+                         f"{layer['cumulative_norm_trigger']:.3f}"])
+    return report.table(["seed", "layer", "BOS mass per head", "norm before W_O per head",
+                         "norm after W_O per head", "sum of head norms", "norm of the sum",
+                         "norm of the sum, trigger rows", "layers 1..l so far",
+                         "layers 1..l so far, trigger rows"], rows)
+
+
+def render(result: dict[str, Any], prefix: str) -> str:
+    """The Theory section as Markdown; figure links start with ``prefix``."""
+    fam = result["softmax_family"]
+    relu = result["relu_construction"]
+    f32 = [r for r in relu if r["dtype"] == "float32"]
+    f64 = [r for r in relu if r["dtype"] == "float64"]
+    pts = fam["points"]
+    v = result["versions"]
+    lines = [
+        "# Theory: the sink is necessary for softmax, and not for ReLU",
+        "",
+        f"- Written by: `{result['command']}` on {result['date']} in "
+        f"{result['wall_time_s']:.0f} s"
+        + (" (**quick mode**: short budgets, not the documented numbers)" if result["quick"]
+           else ""),
+        f"- Versions: sinklab {v['sinklab']}, torch {v['torch']}, Python {v['python']}",
+        f"- Trained models: the reproduction in `{result['reproduce']}` (relative to this "
+        "folder's `theory.json`)",
+        "",
+        "## 1. An exact ReLU solution with no sink",
+        "",
+        "Weights written down by hand (`sinklab.theory.relu_construction`): only the trigger "
+        "row has a non-zero query, every token but BOS has the same key, so ReLU(S) / j puts "
+        "1/j on x_1..x_j at the trigger row and nothing anywhere else; W_V = W_O = I. In the "
+        "2x2 residual version the construction sits in layer 1, head 1 and every other head "
+        "is zero.",
+        "",
+        f"Checked on random sequences with every trigger position, for (seq_len, d_model) in "
+        f"{', '.join(f'({r[0]}, {r[1]})' for r in RELU_SIZES)}, 1x1 and 2x2: largest error "
+        f"{max(r['linf'] for r in f32):.2e} in float32 and {max(r['linf'] for r in f64):.2e} "
+        f"in float64; largest BOS weight at any row: "
+        f"{max(r['bos_weight_max'] for r in relu):g}.",
+        "",
+        "## 2. The softmax sink family",
+        "",
+        "Softmax weights with a logit gap c (`sinklab.theory.softmax_sink`): non-trigger rows "
+        "score BOS c above the content, the trigger row scores the content c above BOS, and "
+        "BOS's value is 0. At a non-trigger row i the output is exactly (1 - BOS mass) times "
+        "the mean of x_1..x_i.",
+        "",
+        f"![error against 1 - BOS mass]({prefix}/fig_family.png)",
+        "",
+        report.table(["c", "non-trigger BOS mass", "L∞ error (non-trigger rows)",
+                      "MSE (non-trigger rows)", "L∞ error (trigger rows)"],
+                     [[f"{p['c']:g}", f"{1 - p['one_minus_bos']:.6f}",
+                       report.sci(p["linf_nontrigger"]), report.sci(p["mse_nontrigger"]),
+                       report.sci(p["linf_trigger"])] for p in pts[::2]]),
+        "",
+        f"Fitted log-log slopes against 1 - BOS mass over c = {pts[0]['c']:g}..{pts[-1]['c']:g}: "
+        f"L∞ error {fam['slope_linf']:.2f}, MSE {fam['slope_mse']:.2f}. The error falls in "
+        "proportion to the mass that is not on BOS, never faster.",
+        "",
+        "## 3. Denying the sink",
+        "",
+        f"1x1 models trained with the paper's protocol for at most {result['denied_steps']:,} "
+        f"steps, {result['seeds']} seeds each, with BOS removed from every non-trigger query's "
+        "keys, or with every non-trigger row's BOS share capped at 1 - eps "
+        f"(eps in {', '.join(f'{e:g}' for e in result['eps'])}); the cap moves the excess to "
+        "the row's other keys in proportion, so softmax rows still sum to 1. Best values "
+        "over the logged training batches (every 50 steps) and the final test error "
+        "(trigger at position 7), mean ± sd over seeds:",
+        "",
+        _denied_table(result["denied"]),
+        "",
+        f"![denied sink]({prefix}/fig_denied.png)",
+        "",
+        "## 4. The error-BOS frontier of trained models",
+        "",
+        "Every logged checkpoint of the reproduction's runs (every 100 steps and the last), as "
+        "(batch L∞ error, non-trigger BOS mass), with the minimum and the maximum over heads "
+        "and layers. Table cells: mean min / mean max BOS mass of the checkpoints in each "
+        "error band (their number). The theorem is existential: it needs *some* head to sink, "
+        "so the maximum over heads is the quantity it constrains.",
+        "",
+        _frontier_table(result["frontier"]),
+        "",
+        f"![frontier]({prefix}/fig_frontier.png)",
+        "",
+    ]
+    if result["heads_4x4_softmax"]:
+        lines += [
+            "## 5. Why the heads that do not sink are harmless (4x4 softmax)",
+            "",
+            "Per head, at non-trigger rows of random sequences: the non-trigger BOS mass, the "
+            "mean norm of A_h z W_V^h (before W_O) and of the head's contribution A_h z W_V^h "
+            "W_O^h (after), and per layer the norm of the sum of the heads' contributions (at "
+            "trigger rows too, for scale) and the norm of everything layers 1..l have added "
+            "to the residual stream so far. The target at a non-trigger row is x itself, so "
+            "the last layer's cumulative norm at non-trigger rows is the error there.",
+            "",
+            _heads_table(result["heads_4x4_softmax"]),
+            "",
+            f"![head contributions]({prefix}/fig_heads.png)",
+            "",
+        ]
+    return "\n".join(lines)
