@@ -12,7 +12,7 @@ TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup reproduce quick test lint bench docs clean
+.PHONY: setup reproduce quick theory test lint bench docs clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,11 @@ reproduce: $(STAMP)
 quick: $(STAMP)
 	$(BIN)/sinklab reproduce --quick --out results/quick
 
+# The theorem checked numerically (docs/theory.md); reuses results/reproduce when it is there.
+theory: $(STAMP)
+	$(BIN)/sinklab theory --out results/theory \
+		$(if $(wildcard results/reproduce/summary.json),--reproduce results/reproduce)
+
 test: $(STAMP)
 	$(BIN)/python -m pytest
 
@@ -38,10 +43,13 @@ bench: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 
-# Regenerate docs/reproduction.md and its figures from a fresh default reproduction.
+# Regenerate docs/reproduction.md and docs/theory.md, with their figures, from a fresh default
+# reproduction and the theory checks on its models.
 docs: $(STAMP)
-	rm -rf results/docs-reproduce
+	rm -rf results/docs-reproduce results/docs-theory
 	$(BIN)/sinklab reproduce --out results/docs-reproduce --docs docs/reproduction.md
+	$(BIN)/sinklab theory --reproduce results/docs-reproduce --out results/docs-theory \
+		--docs docs/theory.md
 
 clean:
 	rm -rf $(VENV) results runs

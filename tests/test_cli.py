@@ -247,6 +247,8 @@ def test_theory_quick_end_to_end_links_and_resumes(tmp_path, capsys, tiny_reprod
     (["--eps", "0.1,big"], "give numbers in (0, 1) separated by commas"),
     (["--steps", "0"], "--steps=0 is not allowed"),
     (["--reproduce", "nowhere"], "is not a finished reproduce folder"),
+    (["--d-model", "3"], "--d-model=3 is not allowed: the constructions need an integer >= 4"),
+    (["--seq-len", "2"], "--seq-len=2 is not allowed"),
 ])
 def test_theory_bad_input_is_one_sentence(tmp_path, capsys, extra, message):
     code, _, err = run_cli(capsys, "theory", "--out", str(tmp_path / "t"), *extra)

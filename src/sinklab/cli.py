@@ -99,6 +99,11 @@ def build_parser() -> argparse.ArgumentParser:
     th.add_argument("--eps", default=None, metavar="E1,E2,...",
                     help="BOS share caps 1 - eps to train with, each eps in (0, 1) "
                          "(default: 0.01,0.03,0.1,0.3,0.5)")
+    th.add_argument("--seq-len", type=int, default=16, metavar="N",
+                    help="sequence length of the softmax family, also checked for the ReLU "
+                         "construction (default: 16; at least 4)")
+    th.add_argument("--d-model", type=int, default=16, metavar="N",
+                    help="width of both constructions (default: 16; at least 4)")
     th.add_argument("--quick", action="store_true",
                     help="smoke test: short budgets, a quick reproduction, 2 seeds")
     th.add_argument("--workers", type=int, default=None, metavar="N",
@@ -178,7 +183,8 @@ def cmd_theory(args: argparse.Namespace, argv: list[str]) -> int:
     extra = {"eps": parse_eps(args.eps)} if args.eps is not None else {}
     opts = TheoryOptions(seeds=args.seeds, quick=args.quick, steps=args.steps,
                          workers=args.workers, device=args.device,
-                         reproduce=Path(args.reproduce) if args.reproduce else None, **extra)
+                         reproduce=Path(args.reproduce) if args.reproduce else None,
+                         seq_len=args.seq_len, d_model=args.d_model, **extra)
     command = "sinklab " + " ".join(shlex.quote(a) for a in argv)
     run_theory(Path(args.out), opts, docs=Path(args.docs) if args.docs else None,
                command=command)

@@ -51,8 +51,14 @@ class TheoryOptions:
     workers: int | None = None
     device: str = "auto"
     reproduce: Path | None = None  # a finished reproduce folder; None: train one in out
+    seq_len: int = 16  # size of the softmax family, and one more size for the ReLU check
+    d_model: int = 16
 
     def __post_init__(self) -> None:
+        for flag, value in (("--seq-len", self.seq_len), ("--d-model", self.d_model)):
+            if not (isinstance(value, int) and value >= 4):
+                raise ConfigError(f"{flag}={value!r} is not allowed: the constructions need "
+                                  "an integer >= 4 (BOS, trigger, content and bias flag).")
         if self.seeds is None:
             self.seeds = 2 if self.quick else 3
         if self.steps is None:
@@ -177,8 +183,9 @@ def run_theory(out: Path, opts: TheoryOptions, *, log: Callable[[str], None] | N
     start = time.perf_counter()
 
     log("theory: ReLU construction and softmax sink family")
-    relu = theory.relu_exactness(list(RELU_SIZES))
-    family = theory.family_sweep(list(GAPS))
+    sizes = list(dict.fromkeys([*RELU_SIZES, (opts.seq_len, opts.d_model)]))
+    relu = theory.relu_exactness(sizes)
+    family = theory.family_sweep(list(GAPS), seq_len=opts.seq_len, d_model=opts.d_model)
 
     jobs, done = denied_jobs(out, opts)
     device = resolve_device(opts.device)
@@ -208,9 +215,10 @@ def run_theory(out: Path, opts: TheoryOptions, *, log: Callable[[str], None] | N
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "wall_time_s": wall, "versions": versions(), "quick": opts.quick,
         "seeds": opts.seeds, "denied_steps": opts.steps, "eps": list(opts.eps),
-        "reproduce": os.path.relpath(rdir, out),
+        "reproduce": str(rdir),
         "relu_construction": relu, "softmax_family": family, "denied": denied,
         "frontier": front, "heads_4x4_softmax": head_rows,
+        "heads_summary": theory.head_summary(head_rows) if head_rows else None,
     }
     write_json(out / "theory.json", result)
     figures = write_figures(out, result)
@@ -230,6 +238,7 @@ def run_theory(out: Path, opts: TheoryOptions, *, log: Callable[[str], None] | N
 # -------------------------------------------------------------------------------- figures
 
 COLORS = {"softmax": "tab:blue", "relu": "tab:orange"}
+MARKERS = ("o", "s", "^", "v", "D")  # one per seed
 
 
 def write_figures(out: Path, result: dict[str, Any]) -> list[Path]:
@@ -313,15 +322,16 @@ def frontier_figure(front: dict[str, Any]) -> Figure:
                 group = front.get(f"{experiment} {rule}")
                 if group is None:
                     continue
-                pts = [p for seed in group["seeds"].values() for p in seed]
-                ax.scatter([p["linf"] for p in pts], [p[key] for p in pts], s=4, alpha=0.4,
-                           color=COLORS[rule], label=rule)
+                for i, (seed, pts) in enumerate(group["seeds"].items()):
+                    ax.scatter([p["linf"] for p in pts], [p[key] for p in pts], s=5, alpha=0.4,
+                               color=COLORS[rule], marker=MARKERS[i % len(MARKERS)],
+                               label=f"{rule}, seed {seed}")
             ax.set_xscale("log")
             ax.set_ylim(-0.05, 1.05)
             ax.set_xlabel("batch L∞ error at the checkpoint")
             ax.set_ylabel(f"{what} BOS mass over heads")
             ax.set_title(f"{experiment}: {what} over heads and layers", fontsize=9)
-            ax.legend(fontsize=7, markerscale=3)
+            ax.legend(fontsize=6, markerscale=2, ncol=2)
     fig.tight_layout()
     return fig
 
@@ -332,13 +342,15 @@ def heads_figure(head_rows: list[dict[str, Any]]) -> Figure:
         ax = fig.add_subplot(1, len(head_rows), i + 1)
         layers = entry["layers"]
         n_heads = len(layers[0]["heads"])
-        width = 0.8 / (n_heads + 1)
+        width = 0.8 / (n_heads + 2)
         xs = np.arange(len(layers))
         for h in range(n_heads):
             ax.bar(xs + h * width, [lay["heads"][h]["post_norm"] for lay in layers], width,
                    label=f"head {h + 1}")
         ax.bar(xs + n_heads * width, [lay["sum_norm_nontrigger"] for lay in layers], width,
                color="black", label="sum of heads")
+        ax.bar(xs + (n_heads + 1) * width, [lay["cumulative_norm_nontrigger"] for lay in layers],
+               width, color="grey", label="layers 1..l so far")
         ax.set_xticks(xs + 0.4 - width / 2, [f"L{i + 1}" for i in range(len(layers))])
         ax.set_ylabel("mean norm at non-trigger rows")
         ax.set_title(f"4x4 softmax, seed {entry['seed']}", fontsize=9)
@@ -403,6 +415,71 @@ def _heads_table(head_rows: list[dict[str, Any]]) -> str:
                          "layers 1..l so far, trigger rows"], rows)
 
 
+def _mean(values: list[float]) -> float:
+    return float(np.mean(values)) if values else float("nan")
+
+
+def _denied_text(denied: list[dict[str, Any]]) -> list[str]:
+    """What the denied-sink table shows, computed from it."""
+    lines = []
+    for rule in RULES:
+        sel = [r for r in denied if r["rule"] == rule]
+        reached = sum(r["converged"] for r in sel)
+        caps = sorted({r["eps"] for r in sel if r["eps"] is not None})
+        floors = [_mean([r["best_linf"] for r in sel if r["eps"] == e]) for e in caps]
+        removed = _mean([r["best_linf"] for r in sel if r["setting"] == "removed"])
+        rising = all(a < b for a, b in zip(floors, floors[1:]))
+        text = (f"- {rule}: {reached} of {len(sel)} runs reached the stop rule. Best L∞ with "
+                f"BOS removed {removed:.3g}; with the cap, "
+                + ", ".join(f"{f:.3g} at eps {e:g}" for e, f in zip(caps, floors)) + ".")
+        if reached < len(sel) and caps:
+            text += (" The floor " + ("rises" if rising else "does not rise monotonically")
+                     + " with eps; best L∞ / eps: "
+                     + ", ".join(f"{f / e:.2g}" for e, f in zip(caps, floors)) + ".")
+        lines.append(text)
+    return [*lines, ""]
+
+
+def _frontier_text(front: dict[str, Any]) -> list[str]:
+    lines = []
+    for key, group in front.items():
+        low = group["summary"]["bands"][-1]
+        if low["n"]:
+            lines.append(f"- {key}: at the {low['n']} checkpoints with L∞ below 0.01 the most "
+                         f"sinking head has BOS mass {low['bos_max']:.3f} on average (the "
+                         f"least sinking {low['bos_min']:.3f}); largest at any checkpoint "
+                         f"{report.fixed(group['summary']['bos_max_overall'], 3)}.")
+        else:
+            lines.append(f"- {key}: no checkpoint below L∞ 0.01; largest max BOS mass "
+                         f"{report.fixed(group['summary']['bos_max_overall'], 3)}.")
+    return [*lines, ""]
+
+
+def _heads_text(summary: dict[str, Any] | None) -> list[str]:
+    """The answer the head numbers give, stated with the numbers."""
+    if not summary or summary["w_o_ratio_not_sink"] is None:
+        return []
+    r_not, r_sink = summary["w_o_ratio_not_sink"], summary["w_o_ratio_sink"]
+    nulled = r_sink is not None and r_not < 0.5 * r_sink
+    within = summary["within_layer"]
+    final, per_layer = summary["final_cumulative"], summary["layer_sum_mean"]
+    return [
+        f"What the numbers show: W_O keeps {r_not:.2f} of the norm of the "
+        f"{summary['n_not_sink_heads']} heads whose BOS mass is below 0.5 and "
+        f"{report.fixed(r_sink)} of the {summary['n_sink_heads']} sink heads (BOS mass >= 0.9), "
+        + ("so it does damp the heads that do not sink more than the others. "
+           if nulled else "so it does not single out the heads that do not sink: it does not "
+           "null them. ")
+        + f"Within a layer the heads' sum has {within:.2f} of the summed norms of its heads "
+        + ("(partial cancellation between heads). " if within < 0.9 else "(little cancellation). ")
+        + f"A layer still adds {per_layer:.3f} on average at non-trigger rows, while all layers "
+        f"together leave {final:.3f} there (the error): "
+        + ("the layers' additions cancel each other along the residual stream."
+           if final < 0.5 * per_layer else "most of what the layers add is not cancelled."),
+        "",
+    ]
+
+
 def render(result: dict[str, Any], prefix: str) -> str:
     """The Theory section as Markdown; figure links start with ``prefix``."""
     fam = result["softmax_family"]
@@ -410,6 +487,8 @@ def render(result: dict[str, Any], prefix: str) -> str:
     f32 = [r for r in relu if r["dtype"] == "float32"]
     f64 = [r for r in relu if r["dtype"] == "float64"]
     pts = fam["points"]
+    sizes = ", ".join(f"({a}, {b})" for a, b in dict.fromkeys(
+        (r["seq_len"], r["d_model"]) for r in relu))
     v = result["versions"]
     lines = [
         "# Theory: the sink is necessary for softmax, and not for ReLU",
@@ -419,8 +498,10 @@ def render(result: dict[str, Any], prefix: str) -> str:
         + (" (**quick mode**: short budgets, not the documented numbers)" if result["quick"]
            else ""),
         f"- Versions: sinklab {v['sinklab']}, torch {v['torch']}, Python {v['python']}",
-        f"- Trained models: the reproduction in `{result['reproduce']}` (relative to this "
-        "folder's `theory.json`)",
+        f"- Trained models: the reproduction in `{result['reproduce']}`",
+        "- Rerun: the command above (`make docs` for the committed copy in docs/theory.md); "
+        "`sinklab theory --quick --out DIR` is a one-minute smoke version. Every number below "
+        "is in `theory.json`.",
         "",
         "## 1. An exact ReLU solution with no sink",
         "",
@@ -431,14 +512,15 @@ def render(result: dict[str, Any], prefix: str) -> str:
         "is zero.",
         "",
         f"Checked on random sequences with every trigger position, for (seq_len, d_model) in "
-        f"{', '.join(f'({r[0]}, {r[1]})' for r in RELU_SIZES)}, 1x1 and 2x2: largest error "
+        f"{sizes}, 1x1 and 2x2: largest error "
         f"{max(r['linf'] for r in f32):.2e} in float32 and {max(r['linf'] for r in f64):.2e} "
         f"in float64; largest BOS weight at any row: "
         f"{max(r['bos_weight_max'] for r in relu):g}.",
         "",
         "## 2. The softmax sink family",
         "",
-        "Softmax weights with a logit gap c (`sinklab.theory.softmax_sink`): non-trigger rows "
+        f"Softmax weights with a logit gap c (`sinklab.theory.softmax_sink`), seq_len "
+        f"{fam['seq_len']}, d_model {fam['d_model']}: non-trigger rows "
         "score BOS c above the content, the trigger row scores the content c above BOS, and "
         "BOS's value is 0. At a non-trigger row i the output is exactly (1 - BOS mass) times "
         "the mean of x_1..x_i.",
@@ -455,6 +537,22 @@ def render(result: dict[str, Any], prefix: str) -> str:
         f"L∞ error {fam['slope_linf']:.2f}, MSE {fam['slope_mse']:.2f}. The error falls in "
         "proportion to the mass that is not on BOS, never faster.",
         "",
+        "Why softmax cannot beat this trade-off. A softmax row is a probability distribution "
+        "over the keys it sees, so at a non-trigger row the output is a weighted average of "
+        "value vectors with weights summing to 1. To output zero for *every* input, the "
+        "average must not depend on the content, so the weight has to sit on keys whose value "
+        "does not depend on the content either. In this task the only such key is BOS: every "
+        "other token carries fresh random content. Whatever weight 1 - b is left off BOS "
+        "multiplies vectors that change from input to input, and the output moves with them "
+        "in proportion to 1 - b; weights that average random vectors can shrink the result "
+        "only so far, and the task's freely chosen inputs include ones where it does not "
+        "shrink at all. So the worst-case error at those rows is at least a constant times "
+        "1 - b, and reaching error 0 needs b = 1, which softmax attains only in the limit of "
+        "infinite logit gaps: the sink is not a training accident but the only way down. The "
+        "family above attains the bound with slope 1, so it is the best trade-off up to the "
+        "constant. ReLU escapes because its rows need not sum to 1: an all-zero row outputs "
+        "zero exactly (section 1).",
+        "",
         "## 3. Denying the sink",
         "",
         f"1x1 models trained with the paper's protocol for at most {result['denied_steps']:,} "
@@ -467,6 +565,7 @@ def render(result: dict[str, Any], prefix: str) -> str:
         "",
         _denied_table(result["denied"]),
         "",
+        *_denied_text(result["denied"]),
         f"![denied sink]({prefix}/fig_denied.png)",
         "",
         "## 4. The error-BOS frontier of trained models",
@@ -479,6 +578,7 @@ def render(result: dict[str, Any], prefix: str) -> str:
         "",
         _frontier_table(result["frontier"]),
         "",
+        *_frontier_text(result["frontier"]),
         f"![frontier]({prefix}/fig_frontier.png)",
         "",
     ]
@@ -495,6 +595,7 @@ def render(result: dict[str, Any], prefix: str) -> str:
             "",
             _heads_table(result["heads_4x4_softmax"]),
             "",
+            *_heads_text(result["heads_summary"]),
             f"![head contributions]({prefix}/fig_heads.png)",
             "",
         ]
