@@ -71,13 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--quick", action="store_true",
                      help="smoke test, about a minute: one seed, multi-layer runs capped at "
                           "1500 steps")
-    rep.add_argument("--workers", type=int, default=None, metavar="N",
-                     help="parallel worker processes (default: one per CPU core)")
-    rep.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N "
-                                                      "(default: auto)")
-    rep.add_argument("--docs", default=None, metavar="FILE",
-                     help="also write the report to FILE (e.g. docs/reproduction.md), with its "
-                          "figures in a folder of the same name")
+    _add_run_options(rep, "the report", "docs/reproduction.md")
 
     th = sub.add_parser(
         "theory", help="check the theorem numerically: constructions, sink family, denied sinks",
@@ -106,17 +100,22 @@ def build_parser() -> argparse.ArgumentParser:
                     help="width of both constructions (default: 16; at least 4)")
     th.add_argument("--quick", action="store_true",
                     help="smoke test: short budgets, a quick reproduction, 2 seeds")
-    th.add_argument("--workers", type=int, default=None, metavar="N",
-                    help="parallel worker processes (default: one per CPU core)")
-    th.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N "
-                                                     "(default: auto)")
-    th.add_argument("--docs", default=None, metavar="FILE",
-                    help="also write the section to FILE (e.g. docs/theory.md), with its "
-                         "figures in a folder of the same name")
+    _add_run_options(th, "the section", "docs/theory.md")
 
     sub.add_parser("rules", help="list the attention rules",
                    description="List the registered attention rules with their descriptions.")
     return parser
+
+
+def _add_run_options(parser: argparse.ArgumentParser, what: str, example: str) -> None:
+    """--workers, --device and --docs, shared by the commands that run many trainings."""
+    parser.add_argument("--workers", type=int, default=None, metavar="N",
+                        help="parallel worker processes (default: one per CPU core)")
+    parser.add_argument("--device", default="auto",
+                        help="auto, cpu, cuda or cuda:N (default: auto)")
+    parser.add_argument("--docs", default=None, metavar="FILE",
+                        help=f"also write {what} to FILE (e.g. {example}), with its figures in "
+                             "a folder of the same name")
 
 
 def cmd_train(args: argparse.Namespace) -> int:

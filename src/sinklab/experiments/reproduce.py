@@ -219,8 +219,7 @@ def reproduce(out: Path, opts: ReproduceOptions, *, log: Callable[[str], None] |
     prepare_out(out)
     jobs, done = plan(out, opts)
     device = resolve_device(opts.device)
-    workers = opts.workers or (1 if device.type == "cuda" else os.cpu_count() or 1)
-    workers = min(workers, max(len(jobs), 1))
+    workers = worker_count(opts.workers, device, len(jobs))
     n_runs = sum(len(j.configs) for j in jobs)
     log(f"reproduce: {n_runs} runs to train in {len(jobs)} jobs on {workers} worker(s); "
         f"{done} already finished in {out}")
@@ -248,14 +247,27 @@ def reproduce(out: Path, opts: ReproduceOptions, *, log: Callable[[str], None] |
     figures = write_figures(out, runs)
     write_atomic(out / "REPORT.md", render(runs, meta, "figures", marker.get("theory")).encode())
     if docs is not None:
-        docs = Path(docs)
-        folder = docs.with_suffix("")
-        folder.mkdir(parents=True, exist_ok=True)
-        for fig in figures:
-            shutil.copyfile(fig, folder / fig.name)
-        write_atomic(docs, render(runs, meta, folder.name, "theory.md").encode())
+        copy_to_docs(Path(docs), figures, lambda prefix: render(runs, meta, prefix, "theory.md"))
     log(f"reproduce: wrote {out / 'REPORT.md'} ({wall:.0f} s of training)")
     return summary
+
+
+def worker_count(requested: int | None, device: Any, n_jobs: int) -> int:
+    """Worker processes: as asked, else one per CPU core (one on a GPU); never more than jobs."""
+    workers = requested or (1 if device.type == "cuda" else os.cpu_count() or 1)
+    return min(workers, max(n_jobs, 1))
+
+
+def copy_to_docs(docs: Path, figures: list[Path], text: Callable[[str], str]) -> None:
+    """Write a report to ``docs`` with its figures copied into a folder of the same name.
+
+    ``text(prefix)`` renders the report with figure links starting with ``prefix``.
+    """
+    folder = docs.with_suffix("")
+    folder.mkdir(parents=True, exist_ok=True)
+    for fig in figures:
+        shutil.copyfile(fig, folder / fig.name)
+    write_atomic(docs, text(folder.name).encode())
 
 
 def _matplotlib_version() -> str:

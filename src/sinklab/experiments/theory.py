@@ -13,8 +13,6 @@ Rerunning with the same ``--out`` keeps every finished training run.
 
 from __future__ import annotations
 
-import os
-import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -188,9 +186,7 @@ def run_theory(out: Path, opts: TheoryOptions, *, log: Callable[[str], None] | N
     family = theory.family_sweep(list(GAPS), seq_len=opts.seq_len, d_model=opts.d_model)
 
     jobs, done = denied_jobs(out, opts)
-    device = resolve_device(opts.device)
-    workers = opts.workers or (1 if device.type == "cuda" else os.cpu_count() or 1)
-    workers = min(workers, max(len(jobs), 1))
+    workers = rep.worker_count(opts.workers, resolve_device(opts.device), len(jobs))
     n_runs = sum(len(j.configs) for j in jobs)
     log(f"theory: {n_runs} denied-sink runs to train in {len(jobs)} jobs on {workers} "
         f"worker(s); {done} already finished")
@@ -225,12 +221,7 @@ def run_theory(out: Path, opts: TheoryOptions, *, log: Callable[[str], None] | N
     write_atomic(out / "THEORY.md", render(result, "figures").encode())
     rep.link_theory(rdir, out / "THEORY.md")
     if docs is not None:
-        docs = Path(docs)
-        folder = docs.with_suffix("")
-        folder.mkdir(parents=True, exist_ok=True)
-        for fig in figures:
-            shutil.copyfile(fig, folder / fig.name)
-        write_atomic(docs, render(result, folder.name).encode())
+        rep.copy_to_docs(Path(docs), figures, lambda prefix: render(result, prefix))
     log(f"theory: wrote {out / 'THEORY.md'} ({wall:.0f} s)")
     return result
 
