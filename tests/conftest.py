@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sinklab.attention import causal_mask, get_rule
+from sinklab.attention import causal_mask
 from sinklab.config import RunConfig, build_run_config
 
 
@@ -31,12 +31,12 @@ def reference_forward(model, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.
         h = x
         for li, block in enumerate(model.blocks):
             a = block.attn
-            rule = get_rule(model.cfg.attention)
             total = torch.zeros_like(h)
             head_w = []
             for hd in range(a.w_q.shape[1]):
+                rule = a.rule.head(e, hd)  # the rule for this member and head alone
                 q, k, v = h @ a.w_q[e, hd], h @ a.w_k[e, hd], h @ a.w_v[e, hd]
-                w = rule(q @ k.transpose(-1, -2), mask)  # (B, T, T)
+                w = rule(q @ k.transpose(-1, -2), mask, h)  # (B, T, T)
                 head_w.append(w)
                 total = total + (w @ v) @ a.w_o[e, hd]
             layer_weights[li].append(torch.stack(head_w, dim=1))

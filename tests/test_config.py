@@ -38,7 +38,8 @@ def test_precedence_defaults_file_overrides(tmp_path):
 
 @pytest.mark.parametrize("override, message", [
     ("model.attention=bogus", "model.attention='bogus' is not a known attention rule: choose "
-                              "one of relu, softmax."),
+                              "one of gated, relu, relu_len, relu_raw, sigmoid, sink_logit, "
+                              "softmax, softmax1, softpick, uniform."),
     ("task.seq_len=3", "task.seq_len=3 is not allowed: it must be an integer >= 4."),
     ("model.bos=hidden", "model.bos='hidden' is not allowed: choose one of visible, removed, "
                          "capped."),

@@ -192,11 +192,13 @@ def cmd_theory(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def cmd_rules() -> int:
-    from sinklab.attention import RULES
+    from sinklab.attention import RULES, has_parameters
 
     for name, rule in sorted(RULES.items()):
-        doc = (rule.__doc__ or "").strip().splitlines()[0]
-        print(f"{name:10s} {doc}")
+        paragraph = (rule.__doc__ or "").strip().split("\n\n")[0]
+        text = " ".join(line.strip() for line in paragraph.splitlines())
+        learned = " [learned parameters]" if has_parameters(name) else ""
+        print(f"{name:10s} {text}{learned}")
     return 0
 
 

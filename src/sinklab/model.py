@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from sinklab.attention import causal_mask, get_rule
+from sinklab.attention import build_rule, causal_mask
 from sinklab.config import ModelConfig
 from sinklab.task import TRIGGER
 
@@ -47,7 +47,7 @@ class Attention(nn.Module):
         self.w_k = nn.Parameter(torch.zeros(shape))
         self.w_v = nn.Parameter(torch.zeros(shape))
         self.w_o = nn.Parameter(torch.zeros(shape))  # head h's block of rows of W_O
-        self.rule = get_rule(rule)
+        self.rule = build_rule(rule, n_members, n_heads, d_model)  # blocks.{l}.attn.rule.*
         self.bos, self.bos_cap_eps = bos, bos_cap_eps
 
     def forward(self, x: Tensor, mask: Tensor,
@@ -85,7 +85,7 @@ class Attention(nn.Module):
                 hide = torch.zeros_like(scores)
                 hide[..., 0] = torch.where(rows, float("-inf"), 0.0)
                 scores = scores + hide
-        weights = self.rule(scores, mask.repeat_interleave(n_heads, dim=0))
+        weights = self.rule(scores, mask.repeat_interleave(n_heads, dim=0), x)
         if rows is not None and self.bos == "capped":
             weights = cap_bos(weights, rows, self.bos_cap_eps)
         v = (flat @ m_cat).view(n_members, batch, seq, n_heads, d)
@@ -152,13 +152,15 @@ class AttentionStack(nn.Module):
     def init_member(self, member: int, generator: torch.Generator) -> None:
         """Draw member ``member``'s weights from N(0, init_std^2) with a CPU ``generator``.
 
-        The draw order (layer by layer: W_Q, W_K, W_V, W_O) is fixed, so a member initialised with
-        a given generator state is the same whatever ensemble it sits in, on any device.
+        The draw order (layer by layer: W_Q, W_K, W_V, W_O, then the rule's parameters) is fixed,
+        so a member initialised with a given generator state is the same whatever ensemble it
+        sits in, on any device.
         """
         for block in self.blocks:
             for p in (block.attn.w_q, block.attn.w_k, block.attn.w_v, block.attn.w_o):
                 draw = torch.randn(p.shape[1:], generator=generator) * self.cfg.init_std
                 p[member].copy_(draw)
+            block.attn.rule.init_member(member, generator, self.cfg.init_std)
 
     def forward(self, x: Tensor, *, return_weights: bool = False) -> ModelOutput:
         """x (E, B, T, d) or (B, T, d) shared by all members -> ModelOutput, out (E, B, T, d)."""
