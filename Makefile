@@ -12,7 +12,7 @@ TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup reproduce quick theory test lint bench docs clean
+.PHONY: setup reproduce quick theory zoo test lint bench docs clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,10 @@ theory: $(STAMP)
 	$(BIN)/sinklab theory --out results/theory \
 		$(if $(wildcard results/reproduce/summary.json),--reproduce results/reproduce)
 
+# Every attention rule on the task (docs/zoo.md).
+zoo: $(STAMP)
+	$(BIN)/sinklab zoo --out results/zoo
+
 test: $(STAMP)
 	$(BIN)/python -m pytest
 
@@ -43,13 +47,14 @@ bench: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 
-# Regenerate docs/reproduction.md and docs/theory.md, with their figures, from a fresh default
-# reproduction and the theory checks on its models.
+# Regenerate docs/reproduction.md, docs/theory.md and docs/zoo.md, with their figures, from a
+# fresh default reproduction, the theory checks on its models, and the zoo.
 docs: $(STAMP)
-	rm -rf results/docs-reproduce results/docs-theory
+	rm -rf results/docs-reproduce results/docs-theory results/docs-zoo
 	$(BIN)/sinklab reproduce --out results/docs-reproduce --docs docs/reproduction.md
 	$(BIN)/sinklab theory --reproduce results/docs-reproduce --out results/docs-theory \
 		--docs docs/theory.md
+	$(BIN)/sinklab zoo --out results/docs-zoo --docs docs/zoo.md
 
 clean:
 	rm -rf $(VENV) results runs

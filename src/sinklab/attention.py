@@ -294,3 +294,14 @@ def uniform(scores: Tensor, mask: Tensor) -> Tensor:
     weights = mask.to(scores.dtype) / _visible(mask, scores.dtype)
     return torch.zeros_like(scores) + weights
 
+
+
+# What a row of weights can sum to, which decides how a rule can output "zero" (sinklab zoo):
+# "simplex": exactly 1; "implicit sink": at most 1, the rest going to a key with value 0;
+# "gated": the gate's value (softmax times a gate in (0, 1)); "free": anything >= 0.
+ROW_KIND = {
+    "softmax": "simplex", "uniform": "simplex",
+    "softmax1": "implicit sink", "sink_logit": "implicit sink",
+    "gated": "gated",
+    "relu": "free", "relu_len": "free", "relu_raw": "free", "sigmoid": "free", "softpick": "free",
+}

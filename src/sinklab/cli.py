@@ -102,6 +102,23 @@ def build_parser() -> argparse.ArgumentParser:
                     help="smoke test: short budgets, a quick reproduction, 2 seeds")
     _add_run_options(th, "the section", "docs/theory.md")
 
+    zoo = sub.add_parser(
+        "zoo", help="train every attention rule on the task and tabulate where its zero comes from",
+        description="Train every registered attention rule (or --rules) 1x1 and 2x2 with the "
+                    "paper's protocol, the same step budget and a shared learning-rate grid "
+                    "(the best rate per rule chosen on validation sequences), and write "
+                    "zoo.json, zoo.csv, figures and ZOO.md. Rerunning with the same --out "
+                    "resumes.")
+    zoo.add_argument("--out", default="results/zoo", metavar="DIR",
+                     help="results folder (default: results/zoo)")
+    zoo.add_argument("--seeds", type=int, default=None, metavar="N",
+                     help="seeds per rule and learning rate (default: 3; 1 with --quick)")
+    zoo.add_argument("--rules", default=None, metavar="R1,R2,...",
+                     help="the rules to train (default: every registered rule)")
+    zoo.add_argument("--quick", action="store_true",
+                     help="smoke test: one seed, one learning rate, short budgets")
+    _add_run_options(zoo, "the report", "docs/zoo.md")
+
     sub.add_parser("rules", help="list the attention rules",
                    description="List the registered attention rules with their descriptions.")
     return parser
@@ -191,6 +208,18 @@ def cmd_theory(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
+def cmd_zoo(args: argparse.Namespace, argv: list[str]) -> int:
+    from sinklab.experiments.zoo import ZooOptions, parse_rules, run_zoo
+
+    extra = {"rules": parse_rules(args.rules)} if args.rules is not None else {}
+    opts = ZooOptions(seeds=args.seeds, quick=args.quick, workers=args.workers,
+                      device=args.device, **extra)
+    command = "sinklab " + " ".join(shlex.quote(a) for a in argv)
+    run_zoo(Path(args.out), opts, docs=Path(args.docs) if args.docs else None, command=command)
+    print(f"wrote {Path(args.out) / 'ZOO.md'}")
+    return 0
+
+
 def cmd_rules() -> int:
     from sinklab.attention import RULES, has_parameters
 
@@ -212,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_reproduce(args, argv)
         if args.command == "theory":
             return cmd_theory(args, argv)
+        if args.command == "zoo":
+            return cmd_zoo(args, argv)
         return cmd_rules()
     except SinklabError as exc:
         print(f"sinklab: error: {exc}", file=sys.stderr)

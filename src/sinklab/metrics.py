@@ -142,3 +142,28 @@ def error_split(pred: Tensor, target: Tensor, trigger: Tensor) -> dict[str, Tens
 def sink_heads(bos_nontrigger: Tensor, threshold: float = SINK_HEAD_THRESHOLD) -> Tensor:
     """Number of sink heads (non-trigger BOS mass >= threshold) over the last two axes."""
     return (bos_nontrigger >= threshold).sum(dim=(-2, -1))
+
+
+OFF_ROW = 0.2  # a non-trigger row is "off" when its sum is below this fraction of the trigger row's
+BOS_SHARE = 0.5  # ... and "on BOS" when at least this share of its weight is on BOS
+
+
+def default_source(bos: float, row_nontrigger: float, row_trigger: float, row_kind: str) -> str:
+    """Where one head's "output zero" at non-trigger rows comes from, read off its weights.
+
+    From the head's mean non-trigger BOS mass, mean non-trigger and trigger row sums, and the
+    rule's ``row_kind`` (``sinklab.attention.ROW_KIND``):
+
+    - "BOS" when the row is on (sum at least ``OFF_ROW`` of the trigger row's, or the rule's
+      rows always sum to 1) and at least ``BOS_SHARE`` of it is on BOS;
+    - when the row is off: "closed gate" for a gated rule, "sink logit" for a rule with an
+      implicit sink key, "zero row" for a rule with free row sums;
+    - "content" otherwise: the head spreads its weight over content tokens, so its output at
+      non-trigger rows is not zero by itself (it must be nulled or cancelled downstream).
+    """
+    off = row_kind != "simplex" and row_nontrigger < OFF_ROW * max(row_trigger, 1e-12)
+    if off:
+        return {"gated": "closed gate", "implicit sink": "sink logit"}.get(row_kind, "zero row")
+    if bos >= BOS_SHARE * max(row_nontrigger, 1e-12):
+        return "BOS"
+    return "content"

@@ -247,7 +247,8 @@ def reproduce(out: Path, opts: ReproduceOptions, *, log: Callable[[str], None] |
     figures = write_figures(out, runs)
     write_atomic(out / "REPORT.md", render(runs, meta, "figures", marker.get("theory")).encode())
     if docs is not None:
-        copy_to_docs(Path(docs), figures, lambda prefix: render(runs, meta, prefix, "theory.md"))
+        copy_to_docs(Path(docs), figures,
+                     lambda prefix: render(runs, meta, prefix, "theory.md", "zoo.md"))
     log(f"reproduce: wrote {out / 'REPORT.md'} ({wall:.0f} s of training)")
     return summary
 
@@ -522,10 +523,11 @@ def link_theory(out: Path, theory_report: Path) -> None:
 
 
 def render(runs: list[dict[str, Any]], meta: dict[str, Any], prefix: str,
-           theory: str | None = None) -> str:
+           theory: str | None = None, zoo: str | None = None) -> str:
     """The reproduction report as Markdown; figure links start with ``prefix``.
 
-    ``theory`` is the path of the theory section for these runs, relative to the report.
+    ``theory`` is the path of the theory section for these runs, relative to the report, and
+    ``zoo`` that of an attention-rule zoo report.
     """
     v = meta["versions"]
     lines = [
@@ -578,5 +580,12 @@ def render(runs: list[dict[str, Any]], meta: dict[str, Any], prefix: str,
         lines.append("`sinklab theory --reproduce <this folder> --out <dir>` checks the theorem "
                      "numerically on these runs (see docs/theory.md); this report then links "
                      "its section.")
+    lines += ["", "## Zoo", ""]
+    if zoo:
+        lines.append(f"The same task with every attention rule proposed against sinks, and "
+                     f"where each rule's \"output zero\" comes from: [Zoo]({zoo}).")
+    else:
+        lines.append("`sinklab zoo --out <dir>` trains every registered attention rule on this "
+                     "task and writes a Zoo report (see docs/zoo.md).")
     lines.append("")
     return "\n".join(lines)

@@ -1,0 +1,94 @@
+"""The attention-rule zoo: reading "where zero comes from" off weights, the learning-rate choice
+on validation sequences, and ``sinklab zoo`` end to end."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+
+from sinklab.attention import ROW_KIND, RULES
+from sinklab.metrics import default_source
+from test_cli import run_cli
+
+
+def test_every_rule_declares_its_row_kind():
+    assert set(ROW_KIND) == set(RULES)
+    assert set(ROW_KIND.values()) <= {"simplex", "implicit sink", "gated", "free"}
+
+
+@pytest.mark.parametrize(("bos", "row_nt", "row_t", "kind", "want"), [
+    (0.99, 1.0, 1.0, "simplex", "BOS"),            # softmax parked on BOS
+    (0.10, 1.0, 1.0, "simplex", "content"),        # uniform: weight on content
+    (0.00, 0.00, 3.0, "free", "zero row"),         # ReLU's all-zero row
+    (0.42, 0.45, 0.9, "free", "BOS"),              # on, mostly BOS
+    (0.01, 0.02, 0.99, "implicit sink", "sink logit"),  # mass went to the implicit sink
+    (0.95, 0.98, 0.99, "implicit sink", "BOS"),    # softmax_1 still using BOS
+    (0.01, 0.05, 0.80, "gated", "closed gate"),
+    (0.49, 0.50, 0.70, "gated", "BOS"),            # gate open, softmax on BOS
+    (0.0, 0.0, 0.0, "simplex", "content"),         # degenerate input stays defined
+])
+def test_default_source_reads_the_mechanism(bos, row_nt, row_t, kind, want):
+    assert default_source(bos, row_nt, row_t, kind) == want
+
+
+@pytest.fixture
+def tiny_zoo(monkeypatch):
+    from sinklab.experiments import zoo
+
+    monkeypatch.setattr(zoo, "STEPS", {"1x1": 40, "2x2": 10})
+    monkeypatch.setattr(zoo, "QUICK_STEPS", {"1x1": 30, "2x2": 10})
+    monkeypatch.setattr(zoo, "LR_GRID", {"1x1": (1e-3, 3e-3), "2x2": (1e-4, 1e-3)})
+    return zoo
+
+
+@pytest.mark.slow
+def test_zoo_end_to_end_chooses_lr_on_validation_and_resumes(tmp_path, capsys, tiny_zoo):
+    out, docs = tmp_path / "zoo", tmp_path / "docs" / "zoo.md"
+    args = ["zoo", "--seeds", "2", "--rules", "softmax,relu,gated", "--workers", "1",
+            "--out", str(out)]
+    code, _, err = run_cli(capsys, *args, "--docs", str(docs))
+    assert code == 0, err
+    result = tiny_zoo.read_json(out / "zoo.json")
+    entries = result["entries"]
+    assert [(e["config"], e["rule"]) for e in entries] == [
+        (c, r) for c in ("1x1", "2x2") for r in ("softmax", "relu", "gated")]
+    for e in entries:
+        scores = e["validation_mse_by_lr"]
+        assert len(scores) == 2 and float(e["lr"]) == float(min(scores, key=scores.get))
+        assert len(e["runs"]) == 4 and e["chosen"]["n"] == 2
+        for run in e["runs"]:  # validation sequences are not the test sequences
+            assert run["validation_mse"] != run["mse"]
+    rows = list(csv.DictReader((out / "zoo.csv").read_text().splitlines()))
+    assert len(rows) == 6 and rows[0]["rule"] == "softmax" and rows[0]["config"] == "1x1"
+    text = (out / "ZOO.md").read_text()
+    assert "## 1x1" in text and "## 2x2" in text and "| gated |" in text
+    assert "(figures/fig_zoo_sources.png)" in text
+    assert (out / "figures" / "fig_zoo_bos.png").is_file()
+    assert (docs.parent / "zoo" / "fig_zoo_sources.png").is_file()
+
+    code, _, err = run_cli(capsys, *args)
+    assert code == 0 and "0 runs to train in 0 jobs" in err and "24 already finished" in err
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--rules", "softmax,bogus"], "--rules: 'bogus' is not a known attention rule: choose from"),
+    (["--rules", ","], "--rules needs at least one rule name"),
+    (["--seeds", "0"], "--seeds=0 is not allowed"),
+])
+def test_zoo_bad_input_is_one_sentence(tmp_path, capsys, extra, message):
+    code, _, err = run_cli(capsys, "zoo", "--out", str(tmp_path / "z"), *extra)
+    assert code == 2 and message in err and "Traceback" not in err
+    assert not (tmp_path / "z").exists()
+
+
+@pytest.mark.slow
+def test_zoo_quick_runs_every_rule(tmp_path, capsys, tiny_zoo):
+    code, _, err = run_cli(capsys, "zoo", "--quick", "--workers", "1", "--out",
+                           str(tmp_path / "z"))
+    assert code == 0, err
+    result = tiny_zoo.read_json(tmp_path / "z" / "zoo.json")
+    assert result["quick"] and {e["rule"] for e in result["entries"]} == set(RULES)
+    assert all(e["chosen"]["n"] == 1 and len(e["validation_mse_by_lr"]) == 1
+               for e in result["entries"])
+    assert "quick mode" in (tmp_path / "z" / "ZOO.md").read_text()
