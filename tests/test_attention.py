@@ -159,3 +159,13 @@ def test_parameters_live_with_their_rule():
 def test_unknown_rule_names_the_known_ones():
     with pytest.raises(ValueError, match="unknown attention rule 'bogus': choose one of gated, "):
         get_rule("bogus")
+
+
+def test_sink_logit_survives_a_huge_logit_forward_and_backward():
+    rule, s, mask, x = rule_and_inputs("sink_logit")
+    with torch.no_grad():
+        rule.logit.fill_(1e4)  # every row's mass goes to the sink key
+    w = rule(s, mask, x)
+    assert torch.isfinite(w).all() and w.abs().max() == 0
+    (w.sum() + rule(s * 0, mask, x).sum()).backward()
+    assert torch.isfinite(rule.logit.grad).all()

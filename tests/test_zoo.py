@@ -92,3 +92,23 @@ def test_zoo_quick_runs_every_rule(tmp_path, capsys, tiny_zoo):
     assert all(e["chosen"]["n"] == 1 and len(e["validation_mse_by_lr"]) == 1
                for e in result["entries"])
     assert "quick mode" in (tmp_path / "z" / "ZOO.md").read_text()
+
+
+def test_sinking_is_judged_by_the_bos_share_of_rows_that_are_on():
+    from sinklab.experiments.zoo import sinks, verdict
+
+    def run(bos, row_nt, row_t, rule, converged=True):
+        summary = {"bos_mass_nontrigger": [bos], "row_sum_nontrigger": [row_nt],
+                   "row_sum_trigger": [row_t], "converged": converged}
+        sources = [default_source(b, rn, rt, ROW_KIND[rule])
+                   for b, rn, rt in zip(bos, row_nt, row_t)]
+        r = {**summary, "sources": sources}
+        return {**r, "sinks": sinks(r, rule)}
+
+    gated = run([0.50, 0.05], [0.51, 0.5], [0.8, 0.8], "gated")  # half-open gate over BOS
+    relu = run([0.0], [0.0], [3.0], "relu")  # an all-zero row is not a sink
+    spread = run([0.6, 0.3], [1.0, 1.0], [1.0, 1.0], "softmax")  # BOS-heavy, under 0.9
+    assert gated["sinks"] and not relu["sinks"] and not spread["sinks"]
+    assert verdict([gated, gated]).startswith("sinks on BOS whenever it solves the task (2/2")
+    assert verdict([relu, gated]).startswith("solves the task without a BOS sink (1/2")
+    assert verdict([run([0.0], [0.0], [3.0], "relu", converged=False)]).startswith("no verdict")
