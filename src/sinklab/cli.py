@@ -15,6 +15,7 @@ import dataclasses
 import shlex
 import sys
 from pathlib import Path
+from typing import Any
 
 from sinklab import __version__
 from sinklab.config import SECTIONS, SinklabError
@@ -186,10 +187,15 @@ def cmd_reproduce(args: argparse.Namespace, argv: list[str]) -> int:
 
     opts = ReproduceOptions(seeds=args.seeds, quick=args.quick, workers=args.workers,
                             device=args.device)
+    return _run_experiment(reproduce, opts, args, argv, "REPORT.md")
+
+
+def _run_experiment(run: Any, opts: Any, args: argparse.Namespace, argv: list[str],
+                    report: str) -> int:
+    """Run one of the experiment commands into --out (and --docs), recording its command line."""
     command = "sinklab " + " ".join(shlex.quote(a) for a in argv)
-    reproduce(Path(args.out), opts, docs=Path(args.docs) if args.docs else None,
-              command=command)
-    print(f"wrote {Path(args.out) / 'REPORT.md'}")
+    run(Path(args.out), opts, docs=Path(args.docs) if args.docs else None, command=command)
+    print(f"wrote {Path(args.out) / report}")
     return 0
 
 
@@ -201,11 +207,7 @@ def cmd_theory(args: argparse.Namespace, argv: list[str]) -> int:
                          workers=args.workers, device=args.device,
                          reproduce=Path(args.reproduce) if args.reproduce else None,
                          seq_len=args.seq_len, d_model=args.d_model, **extra)
-    command = "sinklab " + " ".join(shlex.quote(a) for a in argv)
-    run_theory(Path(args.out), opts, docs=Path(args.docs) if args.docs else None,
-               command=command)
-    print(f"wrote {Path(args.out) / 'THEORY.md'}")
-    return 0
+    return _run_experiment(run_theory, opts, args, argv, "THEORY.md")
 
 
 def cmd_zoo(args: argparse.Namespace, argv: list[str]) -> int:
@@ -214,10 +216,7 @@ def cmd_zoo(args: argparse.Namespace, argv: list[str]) -> int:
     extra = {"rules": parse_rules(args.rules)} if args.rules is not None else {}
     opts = ZooOptions(seeds=args.seeds, quick=args.quick, workers=args.workers,
                       device=args.device, **extra)
-    command = "sinklab " + " ".join(shlex.quote(a) for a in argv)
-    run_zoo(Path(args.out), opts, docs=Path(args.docs) if args.docs else None, command=command)
-    print(f"wrote {Path(args.out) / 'ZOO.md'}")
-    return 0
+    return _run_experiment(run_zoo, opts, args, argv, "ZOO.md")
 
 
 def cmd_rules() -> int:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from matplotlib.figure import Figure
@@ -46,21 +46,27 @@ MARKER = "sinklab.json"
 
 
 @dataclass
-class ReproduceOptions:
-    """What ``sinklab reproduce`` runs; every value is checked on creation."""
+class RunOptions:
+    """Options shared by the commands that train many runs; every value is checked on creation."""
 
-    seeds: int | None = None  # None: 3, or 1 with quick
+    seeds: int | None = None  # None: 3, or ``quick_seeds`` with quick
     quick: bool = False
     workers: int | None = None  # None: one process per CPU core (one on a GPU)
     device: str = "auto"
+    quick_seeds: ClassVar[int] = 1
 
     def __post_init__(self) -> None:
         if self.seeds is None:
-            self.seeds = 1 if self.quick else 3
+            self.seeds = self.quick_seeds if self.quick else 3
         check_count("--seeds", self.seeds)
         if self.workers is not None:
             check_count("--workers", self.workers)
         build_run_config({"train": {"device": self.device}})  # validates the device name
+
+
+@dataclass
+class ReproduceOptions(RunOptions):
+    """What ``sinklab reproduce`` runs."""
 
 
 @dataclass

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -39,39 +39,31 @@ QUICK_DENIED_STEPS = 1200
 
 
 @dataclass
-class TheoryOptions:
+class TheoryOptions(rep.RunOptions):
     """What ``sinklab theory`` runs; every value is checked on creation."""
 
-    seeds: int | None = None  # None: 3, or 2 with quick
-    quick: bool = False
-    steps: int | None = None  # denied-sink step budget; None: 3000, or 300 with quick
+    steps: int | None = None  # denied-sink step budget; None: 3000, or 1200 with quick
     eps: tuple[float, ...] = field(default=theory.DENIED_EPS)
-    workers: int | None = None
-    device: str = "auto"
     reproduce: Path | None = None  # a finished reproduce folder; None: train one in out
     seq_len: int = 16  # size of the softmax family, and one more size for the ReLU check
     d_model: int = 16
+    quick_seeds: ClassVar[int] = 2
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         for flag, value in (("--seq-len", self.seq_len), ("--d-model", self.d_model)):
             if not (isinstance(value, int) and value >= 4):
                 raise ConfigError(f"{flag}={value!r} is not allowed: the constructions need "
                                   "an integer >= 4 (BOS, trigger, content and bias flag).")
-        if self.seeds is None:
-            self.seeds = 2 if self.quick else 3
         if self.steps is None:
             self.steps = QUICK_DENIED_STEPS if self.quick else DENIED_STEPS
-        check_count("--seeds", self.seeds)
         check_count("--steps", self.steps)
-        if self.workers is not None:
-            check_count("--workers", self.workers)
         if not self.eps:
             raise ConfigError("--eps needs at least one value in (0, 1).")
         for eps in self.eps:
             if not 0 < eps < 1:
                 raise ConfigError(f"--eps value {eps!r} is not allowed: every eps must lie in "
                                   "(0, 1), the BOS share being capped at 1 - eps.")
-        rep.ReproduceOptions(device=self.device)  # validates the device name
 
 
 def parse_eps(text: str) -> tuple[float, ...]:

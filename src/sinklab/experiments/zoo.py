@@ -31,7 +31,7 @@ from matplotlib.figure import Figure
 
 from sinklab import plots, report
 from sinklab.attention import ROW_KIND, RULES
-from sinklab.config import ConfigError, RunConfig, build_run_config, check_count
+from sinklab.config import ConfigError, RunConfig, build_run_config
 from sinklab.evaluate import eval_batch, evaluate
 from sinklab.experiments import reproduce as rep
 from sinklab.metrics import GU_EPS, default_source
@@ -47,28 +47,19 @@ SOURCES = ("BOS", "sink logit", "closed gate", "zero row", "content")
 
 
 @dataclass
-class ZooOptions:
+class ZooOptions(rep.RunOptions):
     """What ``sinklab zoo`` runs; every value is checked on creation."""
 
-    seeds: int | None = None  # None: 3, or 1 with quick
-    quick: bool = False
     rules: tuple[str, ...] = tuple(sorted(RULES))
-    workers: int | None = None
-    device: str = "auto"
 
     def __post_init__(self) -> None:
-        if self.seeds is None:
-            self.seeds = 1 if self.quick else 3
-        check_count("--seeds", self.seeds)
-        if self.workers is not None:
-            check_count("--workers", self.workers)
+        super().__post_init__()
         if not self.rules:
             raise ConfigError("--rules needs at least one rule name.")
         for rule in self.rules:
             if rule not in RULES:
                 raise ConfigError(f"--rules: {rule!r} is not a known attention rule: choose from "
                                   f"{', '.join(sorted(RULES))}.")
-        rep.ReproduceOptions(device=self.device)  # validates the device name
 
     def steps(self, config: str) -> int:
         return (QUICK_STEPS if self.quick else STEPS)[config]
