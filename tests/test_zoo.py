@@ -100,8 +100,8 @@ def test_sinking_is_judged_by_the_bos_share_of_rows_that_are_on():
     def run(bos, row_nt, row_t, rule, converged=True):
         summary = {"bos_mass_nontrigger": [bos], "row_sum_nontrigger": [row_nt],
                    "row_sum_trigger": [row_t], "converged": converged}
-        sources = [default_source(b, rn, rt, ROW_KIND[rule])
-                   for b, rn, rt in zip(bos, row_nt, row_t)]
+        sources = [[default_source(b, rn, rt, ROW_KIND[rule])
+                    for b, rn, rt in zip(bos, row_nt, row_t)]]
         r = {**summary, "sources": sources}
         return {**r, "sinks": sinks(r, rule)}
 

@@ -119,11 +119,11 @@ def validation_mse(path: Path) -> float:
     return metrics["mse"]
 
 
-def _head_sources(summary: dict[str, Any], rule: str) -> list[str]:
-    return [default_source(b, rn, rt, ROW_KIND[rule])
+def _head_sources(summary: dict[str, Any], rule: str) -> list[list[str]]:
+    """Where each head's zero comes from, [layer][head]."""
+    return [[default_source(b, rn, rt, ROW_KIND[rule]) for b, rn, rt in zip(bl, rnl, rtl)]
             for bl, rnl, rtl in zip(summary["bos_mass_nontrigger"],
-                                    summary["row_sum_nontrigger"], summary["row_sum_trigger"])
-            for b, rn, rt in zip(bl, rnl, rtl)]
+                                    summary["row_sum_nontrigger"], summary["row_sum_trigger"])]
 
 
 def collect(out: Path, opts: ZooOptions) -> list[dict[str, Any]]:
@@ -162,25 +162,17 @@ def sinks(run: dict[str, Any], rule: str) -> bool:
     that sits on BOS counts as sinking; an all-zero ReLU row does not.
     """
     for bl, rnl, sources in zip(run["bos_mass_nontrigger"], run["row_sum_nontrigger"],
-                                _by_layer(run["sources"], run["bos_mass_nontrigger"])):
+                                run["sources"]):
         for b, rn, source in zip(bl, rnl, sources):
             if source == "BOS" and b >= SINK_SHARE * rn:
                 return True
     return False
 
 
-def _by_layer(flat: list[str], like: list[list[float]]) -> list[list[str]]:
-    out, i = [], 0
-    for layer in like:
-        out.append(flat[i:i + len(layer)])
-        i += len(layer)
-    return out
-
-
 def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """The chosen learning rate's seeds: errors, sink numbers, where "zero" comes from."""
     bos_max = [float(np.max(r["bos_mass_nontrigger"])) for r in runs]
-    sources = [s for r in runs for s in r["sources"]]
+    sources = [s for r in runs for layer in r["sources"] for s in layer]
     return {
         "seeds": [r["seed"] for r in runs],
         "converged": sum(r["converged"] for r in runs), "n": len(runs),
