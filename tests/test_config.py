@@ -42,7 +42,7 @@ def test_precedence_defaults_file_overrides(tmp_path):
                               "softmax, softmax1, softpick, uniform."),
     ("task.seq_len=3", "task.seq_len=3 is not allowed: it must be an integer >= 4."),
     ("model.bos=hidden", "model.bos='hidden' is not allowed: choose one of visible, removed, "
-                         "capped."),
+                         "capped, ablated."),
     ("model.bos_cap_eps=1", "model.bos_cap_eps=1.0 is not allowed: it must lie in (0, 1)."),
     ("model.bos_cap_eps=0", "model.bos_cap_eps=0.0 is not allowed"),
     ("task.d_model=2", "task.d_model=2 is not allowed: it must be an integer >= 4"),

@@ -144,3 +144,29 @@ def test_head_contributions_add_up_to_the_residual_error():
     error = (out - batch.y).norm(dim=-1)[nontrigger].mean().item()  # target x off the trigger
     assert layers[-1]["cumulative_norm_nontrigger"] == pytest.approx(error, rel=1e-5)
     assert layers[0]["sum_norm_nontrigger"] <= layers[0]["sum_of_head_norms_nontrigger"] + 1e-6
+
+
+def test_ablated_bos_is_hidden_from_every_query_but_its_own():
+    from sinklab.train import build_ensemble
+
+    cfg = small_config(model={"bos": "ablated", "n_heads": 2, "init_std": 1.0})
+    batch = theory.all_triggers_batch(cfg, 32, seed=0, dtype=torch.float32)
+    weights = build_ensemble([cfg], torch.device("cpu"))(
+        batch.x, return_weights=True).patterns[0][0]  # (B, H, L, L)
+    assert torch.all(weights[:, :, 1:, 0] == 0)  # the trigger row too
+    torch.testing.assert_close(weights[:, :, 0, 0], torch.ones(32, 2))  # BOS's own row
+    torch.testing.assert_close(weights.sum(-1), torch.ones(32, 2, 16))
+
+
+def test_ablating_bos_leaves_the_relu_construction_exact_but_breaks_the_softmax_family():
+    from dataclasses import replace
+
+    from sinklab.model import AttentionStack
+
+    for (cfg, model), exact in ((theory.relu_construction(dtype=torch.float64), True),
+                                (theory.softmax_sink(10.0), False)):
+        ablated = AttentionStack(replace(cfg.model, bos="ablated"), 16, residual=cfg.residual)
+        ablated.load_state_dict(model.state_dict())
+        batch = theory.all_triggers_batch(cfg, 64, seed=3)
+        error = (ablated.double()(batch.x).out[0] - batch.y).abs().max().item()
+        assert (error <= 1e-12) if exact else (error > 0.1)

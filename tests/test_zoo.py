@@ -59,10 +59,15 @@ def test_zoo_end_to_end_chooses_lr_on_validation_and_resumes(tmp_path, capsys, t
         assert len(e["runs"]) == 4 and e["chosen"]["n"] == 2
         for run in e["runs"]:  # validation sequences are not the test sequences
             assert run["validation_mse"] != run["mse"]
+            assert set(run["bos_ablated"]) == {"linf_trigger", "linf_nontrigger",
+                                               "mse_trigger", "mse_nontrigger"}
+        if e["rule"] == "softmax":  # hiding BOS changes a softmax model's outputs
+            assert run["bos_ablated"]["mse_nontrigger"] != run["mse_nontrigger"]
     rows = list(csv.DictReader((out / "zoo.csv").read_text().splitlines()))
     assert len(rows) == 6 and rows[0]["rule"] == "softmax" and rows[0]["config"] == "1x1"
     text = (out / "ZOO.md").read_text()
     assert "## 1x1" in text and "## 2x2" in text and "| gated |" in text
+    assert "## BOS ablation at evaluation" in text
     assert "(figures/fig_zoo_sources.png)" in text
     assert (out / "figures" / "fig_zoo_bos.png").is_file()
     assert (docs.parent / "zoo" / "fig_zoo_sources.png").is_file()

@@ -54,7 +54,7 @@ def derive_seed(seed: int, stream: str) -> int:
 
 
 TARGETS = ("auto", "plain", "residual")
-BOS_MODES = ("visible", "removed", "capped")
+BOS_MODES = ("visible", "removed", "capped", "ablated")
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -100,7 +100,8 @@ class ModelConfig:
     init_std: float = 0.02
     # Denying the sink (sinklab theory): "removed" hides the BOS key from every query that is
     # not the trigger (the BOS query keeps its only key); "capped" limits the BOS share of every
-    # such row to 1 - bos_cap_eps. The paper's model is "visible".
+    # such row to 1 - bos_cap_eps; "ablated" hides it from every query but BOS's own, trigger
+    # included (for evaluating a trained model without its sink). The paper's model is "visible".
     bos: str = "visible"
     bos_cap_eps: float = 0.1
 

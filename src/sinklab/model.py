@@ -54,7 +54,7 @@ class Attention(nn.Module):
                 denied: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """x (E, B, T, d) -> output (E, B, T, d), scores and weights (E, B, H, T, T).
 
-        ``denied`` (E, B, T), True at the rows whose BOS key is removed or capped (``bos``).
+        ``denied`` (E, B, T), True at the rows whose BOS key is hidden or capped (``bos``).
 
         The products are regrouped, not changed: head h's scores (x W_Q^h)(x W_K^h)^T equal
         (x A_h) x^T with A_h = W_Q^h W_K^h^T, and its output weights @ (x W_V^h) @ W_O^h equals
@@ -81,7 +81,7 @@ class Attention(nn.Module):
         rows = None
         if denied is not None:  # (E*B, T*H) rows whose sink is denied
             rows = denied.reshape(n_members * batch, seq).repeat_interleave(n_heads, dim=1)
-            if self.bos == "removed":
+            if self.bos in ("removed", "ablated"):
                 hide = torch.zeros_like(scores)
                 hide[..., 0] = torch.where(rows, float("-inf"), 0.0)
                 scores = scores + hide
@@ -169,8 +169,8 @@ class AttentionStack(nn.Module):
         mask = causal_mask(x.shape[-2], x.device)
         denied = None
         if self.cfg.bos != "visible":
-            # every query but BOS itself and the trigger, as flagged in the input
-            denied = x[..., TRIGGER] == 0
+            # every query but BOS itself and (unless ablated) the trigger, flagged in the input
+            denied = (x[..., TRIGGER] == 0) | (self.cfg.bos == "ablated")
             denied[..., 0] = False
         result = ModelOutput(out=x)
         h = x

@@ -6,7 +6,7 @@ rule and configuration the learning rate with the lowest mean MSE on *validation
 separate draw from the test set) is kept, and its test numbers are reported. Writes::
 
     runs/{1x1,2x2}_{rule}_lr{lr}_seed{s}/   one run folder each (config, metrics, summary,
-                                          model, validation.json)
+                                          model, validation.json, ablation.json)
     figures/                              where each rule's "output zero" comes from
     zoo.json, zoo.csv, ZOO.md             every number, the table, the report
 
@@ -35,6 +35,7 @@ from sinklab.config import ConfigError, RunConfig, build_run_config
 from sinklab.evaluate import eval_batch, evaluate
 from sinklab.experiments import reproduce as rep
 from sinklab.metrics import GU_EPS, default_source
+from sinklab.model import AttentionStack
 from sinklab.results import read_json, write_atomic, write_json
 from sinklab.train import load_model, resolve_device, versions
 
@@ -119,6 +120,22 @@ def validation_mse(path: Path) -> float:
     return metrics["mse"]
 
 
+ABLATION_KEYS = ("linf_trigger", "linf_nontrigger", "mse_trigger", "mse_nontrigger")
+
+
+@torch.no_grad()
+def bos_ablation(path: Path) -> dict[str, float]:
+    """A finished run's test errors with BOS hidden from every query but its own
+    (``model.bos=ablated``), at trigger and non-trigger rows."""
+    cfg, model = load_model(path)
+    ablated_cfg = build_run_config({**cfg.to_dict(),
+                                    "model": {**cfg.to_dict()["model"], "bos": "ablated"}})
+    ablated = AttentionStack(ablated_cfg.model, cfg.task.d_model, residual=cfg.residual)
+    ablated.load_state_dict(model.state_dict())
+    (metrics,), _ = evaluate(ablated, eval_batch(cfg, torch.device("cpu")))
+    return {key: metrics[key] for key in ABLATION_KEYS}
+
+
 def _head_sources(summary: dict[str, Any], rule: str) -> list[list[str]]:
     """Where each head's zero comes from, [layer][head]."""
     return [[default_source(b, rn, rt, ROW_KIND[rule]) for b, rn, rt in zip(bl, rnl, rtl)]
@@ -139,6 +156,10 @@ def collect(out: Path, opts: ZooOptions) -> list[dict[str, Any]]:
                 if not val_path.is_file():
                     write_json(val_path, {"mse": validation_mse(path), "seed": VALIDATION_SEED})
                 val = read_json(val_path)["mse"]
+                ablation_path = path / "ablation.json"
+                if not ablation_path.is_file():
+                    write_json(ablation_path, bos_ablation(path))
+                summary = {**summary, "bos_ablated": read_json(ablation_path)}
                 val = float("nan") if val is None else val
                 run = {**summary, "validation_mse": val, "sources": _head_sources(summary, rule)}
                 runs.append({**run, "sinks": sinks(run, rule)})
@@ -187,6 +208,9 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "sources": {s: sources.count(s) for s in SOURCES if s in sources},
         "n_heads": len(sources),
         "uses_bos_sink": sum(r["sinks"] for r in runs),
+        "ablation": {key: {"intact": [r[key] for r in runs],
+                           "ablated": [r["bos_ablated"][key] for r in runs]}
+                     for key in ABLATION_KEYS},
     }
 
 
@@ -303,6 +327,18 @@ def table(entries: list[dict[str, Any]], config: str) -> str:
                          "sinks on BOS"], rows)
 
 
+def ablation_table(entries: list[dict[str, Any]]) -> str:
+    rows = []
+    for e in entries:
+        a = e["chosen"]["ablation"]
+        cells = [f"{_mean(a[k]['intact']):.2e} -> {_mean(a[k]['ablated']):.2e}"
+                 for k in ("linf_nontrigger", "linf_trigger")]
+        rows.append([e["config"], e["rule"], f"{e['chosen']['converged']}/{e['chosen']['n']}",
+                     *cells])
+    return report.table(["config", "rule", "converged", "L∞ non-trigger rows",
+                         "L∞ trigger rows"], rows)
+
+
 def write_figures(out: Path, entries: list[dict[str, Any]]) -> list[Path]:
     fig = Figure(figsize=(12, 4.2))
     for i, config in enumerate(CONFIGS):
@@ -386,6 +422,14 @@ def render(result: dict[str, Any], prefix: str) -> str:
     for config in CONFIGS:
         lines += [f"## {config}", "", table(entries, config), ""]
     lines += [
+        "## BOS ablation at evaluation",
+        "",
+        "The same trained models (chosen learning rate, every seed) evaluated on the test set "
+        "with the BOS key hidden from every query but BOS's own (`model.bos=ablated`): test L∞ "
+        "error at non-trigger and at trigger rows, intact -> ablated, mean over seeds.",
+        "",
+        ablation_table(entries),
+        "",
         "## Which rules need a BOS sink",
         "",
         *_verdicts(entries),
