@@ -11,6 +11,7 @@ import torch
 
 from conftest import small_config
 from sinklab import theory
+from sinklab.attention import causal_mask
 from sinklab.config import ConfigError
 from sinklab.metrics import row_types
 from sinklab.model import cap_bos
@@ -74,7 +75,7 @@ def test_cap_bos_caps_the_share_and_keeps_row_sums():
     w = torch.tensor([[[1.0, 0.0, 0.0], [0.98, 0.02, 0.0], [0.5, 0.3, 0.2]],
                       [[1.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0]]])
     rows = torch.tensor([[False, True, True], [False, True, True]])
-    capped = cap_bos(w, rows, eps=0.1)
+    capped = cap_bos(w, rows, causal_mask(3), eps=0.1)
     torch.testing.assert_close(capped[0, 1], torch.tensor([0.9, 0.1, 0.0]))
     torch.testing.assert_close(capped[0, 2], w[0, 2])  # under the cap: untouched
     torch.testing.assert_close(capped[:, 0], w[:, 0])  # rows not selected: untouched

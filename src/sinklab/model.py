@@ -85,9 +85,10 @@ class Attention(nn.Module):
                 hide = torch.zeros_like(scores)
                 hide[..., 0] = torch.where(rows, float("-inf"), 0.0)
                 scores = scores + hide
-        weights = self.rule(scores, mask.repeat_interleave(n_heads, dim=0), x)
+        row_mask = mask.repeat_interleave(n_heads, dim=0)  # (T*H, T)
+        weights = self.rule(scores, row_mask, x)
         if rows is not None and self.bos == "capped":
-            weights = cap_bos(weights, rows, self.bos_cap_eps)
+            weights = cap_bos(weights, rows, row_mask, self.bos_cap_eps)
         v = (flat @ m_cat).view(n_members, batch, seq, n_heads, d)
         if n_heads > 1:  # rows (head, key) to match the weights' (head, key) columns
             v = v.transpose(2, 3)
@@ -98,25 +99,22 @@ class Attention(nn.Module):
                 weights.view(per_head).transpose(2, 3))
 
 
-def cap_bos(weights: Tensor, rows: Tensor, eps: float) -> Tensor:
+def cap_bos(weights: Tensor, rows: Tensor, mask: Tensor, eps: float) -> Tensor:
     """Limit the BOS share of the selected rows to 1 - eps, keeping each row's sum.
 
     At a selected row with sum S whose BOS weight w_0 exceeds (1 - eps) S, BOS gets (1 - eps) S
     and the other visible keys share eps S in proportion to their weights (equally, if they all
     had weight 0). Rows with sum 0 (a ReLU row that outputs zero) are left alone.
-    ``weights`` (..., rows, keys), ``rows`` a boolean mask broadcasting to (..., rows).
+    ``weights`` (..., rows, keys), ``rows`` a boolean mask broadcasting to (..., rows), ``mask``
+    the (rows, keys) causal mask the rule was given.
     """
     bos = weights[..., 0]
     rest = weights[..., 1:].sum(dim=-1)  # summed directly: 1 - w_0 would cancel
     total = bos + rest
     limit = (1 - eps) * total
     over = rows & (bos > limit)
-    seq = weights.shape[-1]
-    # visible non-BOS keys of row r (rows are ordered (query, head)): query = r // heads
-    n_rows = weights.shape[-2]
-    query = torch.arange(n_rows, device=weights.device) // (n_rows // seq)
-    visible = (torch.arange(seq, device=weights.device)[None, :] <= query[:, None])
-    visible[:, 0] = False
+    visible = mask.clone()  # the visible keys other than BOS
+    visible[..., 0] = False
     share = torch.where(rest > 0, eps * total / rest.clamp(min=torch.finfo(weights.dtype).tiny),
                         0.0)
     even = torch.where(rest > 0, 0.0, eps * total / visible.sum(-1).clamp(min=1))
