@@ -20,7 +20,7 @@ import io
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -111,11 +111,9 @@ def plan(out: Path, opts: ZooOptions) -> tuple[list[rep.Job], int]:
 
 
 @torch.no_grad()
-def validation_mse(path: Path) -> float:
-    """MSE of a finished run's model on the validation sequences (not the test set)."""
-    cfg, model = load_model(path)
-    val_cfg = build_run_config({**cfg.to_dict(), "eval": {**cfg.to_dict()["eval"],
-                                                          "seed": VALIDATION_SEED}})
+def validation_mse(cfg: RunConfig, model: AttentionStack) -> float:
+    """MSE of a trained model on the validation sequences (not the test set)."""
+    val_cfg = replace(cfg, eval=replace(cfg.eval, seed=VALIDATION_SEED))
     (metrics,), _ = evaluate(model, eval_batch(val_cfg, torch.device("cpu")))
     return metrics["mse"]
 
@@ -124,16 +122,26 @@ ABLATION_KEYS = ("linf_trigger", "linf_nontrigger", "mse_trigger", "mse_nontrigg
 
 
 @torch.no_grad()
-def bos_ablation(path: Path) -> dict[str, float]:
-    """A finished run's test errors with BOS hidden from every query but its own
+def bos_ablation(cfg: RunConfig, model: AttentionStack) -> dict[str, float]:
+    """A trained model's test errors with BOS hidden from every query but its own
     (``model.bos=ablated``), at trigger and non-trigger rows."""
-    cfg, model = load_model(path)
-    ablated_cfg = build_run_config({**cfg.to_dict(),
-                                    "model": {**cfg.to_dict()["model"], "bos": "ablated"}})
-    ablated = AttentionStack(ablated_cfg.model, cfg.task.d_model, residual=cfg.residual)
+    ablated = AttentionStack(replace(cfg.model, bos="ablated"), cfg.task.d_model,
+                             residual=cfg.residual)
     ablated.load_state_dict(model.state_dict())
     (metrics,), _ = evaluate(ablated, eval_batch(cfg, torch.device("cpu")))
     return {key: metrics[key] for key in ABLATION_KEYS}
+
+
+def evaluations(path: Path) -> tuple[float, dict[str, float]]:
+    """A finished run's validation MSE and BOS-ablation errors, computed once (one model load)
+    and then kept with the run in validation.json and ablation.json."""
+    val_path, ablation_path = path / "validation.json", path / "ablation.json"
+    if not (val_path.is_file() and ablation_path.is_file()):
+        cfg, model = load_model(path)
+        write_json(val_path, {"mse": validation_mse(cfg, model), "seed": VALIDATION_SEED})
+        write_json(ablation_path, bos_ablation(cfg, model))
+    val = read_json(val_path)["mse"]
+    return (float("nan") if val is None else val), read_json(ablation_path)
 
 
 def _head_sources(summary: dict[str, Any], rule: str) -> list[list[str]]:
@@ -152,15 +160,8 @@ def collect(out: Path, opts: ZooOptions) -> list[dict[str, Any]]:
             for lr, seed in members(opts, config):
                 path = run_dir(out, config, rule, lr, seed)
                 summary = read_json(path / "summary.json")
-                val_path = path / "validation.json"  # computed once, then kept with the run
-                if not val_path.is_file():
-                    write_json(val_path, {"mse": validation_mse(path), "seed": VALIDATION_SEED})
-                val = read_json(val_path)["mse"]
-                ablation_path = path / "ablation.json"
-                if not ablation_path.is_file():
-                    write_json(ablation_path, bos_ablation(path))
-                summary = {**summary, "bos_ablated": read_json(ablation_path)}
-                val = float("nan") if val is None else val
+                val, ablated = evaluations(path)
+                summary = {**summary, "bos_ablated": ablated}
                 run = {**summary, "validation_mse": val, "sources": _head_sources(summary, rule)}
                 runs.append({**run, "sinks": sinks(run, rule)})
             by_lr = {lr: [r for r in runs if r["lr"] == lr] for lr in opts.lrs(config)}
