@@ -24,13 +24,20 @@ def reference_forward(model, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.
     """The paper's equations written out per member, layer and head, with no batching tricks.
 
     x (B, T, d) shared by all members -> out (E, B, T, d) and per-layer weights (E, B, H, T, T).
+    A standard block (pre-LayerNorm, MLP) is written with torch's own affine layer_norm.
     """
+    from torch.nn.functional import gelu, layer_norm
+
     outs, layer_weights = [], [[] for _ in model.blocks]
     mask = causal_mask(x.shape[1])
     for e in range(model.n_members):
         h = x
         for li, block in enumerate(model.blocks):
             a = block.attn
+            stream = h
+            if block.standard:
+                n1 = block.norm1
+                h = layer_norm(stream, (x.shape[-1],), weight=n1.gain[e], bias=n1.bias[e])
             total = torch.zeros_like(h)
             head_w = []
             for hd in range(a.w_q.shape[1]):
@@ -40,6 +47,10 @@ def reference_forward(model, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.
                 head_w.append(w)
                 total = total + (w @ v) @ a.w_o[e, hd]
             layer_weights[li].append(torch.stack(head_w, dim=1))
-            h = h + total if model.residual else total
+            h = stream + total if model.residual else total
+            if block.standard:
+                n2, mlp = block.norm2, block.mlp
+                z = layer_norm(h, (x.shape[-1],), weight=n2.gain[e], bias=n2.bias[e])
+                h = h + gelu(z @ mlp.w_in[e] + mlp.b_in[e]) @ mlp.w_out[e] + mlp.b_out[e]
         outs.append(h)
     return torch.stack(outs), [torch.stack(w) for w in layer_weights]

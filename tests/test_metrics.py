@@ -104,3 +104,29 @@ def test_error_split():
 def test_sink_heads_threshold():
     bos = torch.tensor([[0.95, 0.5], [0.9, 0.89]])
     assert metrics.sink_heads(bos).item() == 2
+
+
+def test_trigger_masks_select_the_same_rows_as_positions_and_allow_none_or_several():
+    a, b = sink_weights(trigger=2), sink_weights(trigger=5)
+    weights = torch.stack([a, b])[:, None]
+    positions = torch.tensor([2, 5])
+    mask = torch.arange(8) == positions[:, None]
+    for fn in (metrics.bos_mass_nontrigger, metrics.bos_mass_nontrigger_rows):
+        torch.testing.assert_close(fn(weights, mask), fn(weights, positions), equal_nan=True)
+    # sample 0 without a trigger (every row 1..7 counts), sample 1 with triggers at 3 and 5
+    mask = torch.zeros(2, 8, dtype=torch.bool)
+    mask[1, 3] = mask[1, 5] = True
+    nontrigger, is_trigger = metrics.row_types(mask, 8)
+    assert nontrigger[0].tolist() == [False] + [True] * 7
+    assert nontrigger[1].tolist() == [False, True, True, False, True, False, True, True]
+    assert torch.equal(is_trigger, mask)
+    bos = metrics.bos_mass_nontrigger(weights, mask).item()
+    # a's rows 1..7: 1 except its trigger row 2 (0); b's rows 1, 2, 4, 6, 7: all 1
+    assert bos == pytest.approx((6 + 5) / 12)
+    pred, target = torch.zeros(2, 8, 4), torch.zeros(2, 8, 4)
+    pred[0, 2, 0] = 0.3  # not a trigger row in sample 0 any more
+    pred[1, 3, 1] = -0.7
+    e = metrics.error_split(pred, target, mask)
+    assert e["linf_nontrigger"].item() == pytest.approx(0.3)
+    assert e["linf_trigger"].item() == pytest.approx(0.7)
+    assert e["mse_trigger"].item() == pytest.approx(0.49 / 8)

@@ -122,3 +122,85 @@ def test_train_stream_batches_follow_the_task():
     torch.testing.assert_close(x, encode(x[:, :, 2:-1], trig))  # flags match the triggers
     torch.testing.assert_close(b.y[0], targets(x, trig, residual=False))
     assert x[:, 1:, 2:-1].abs().max() <= 1 and torch.all(x[:, 0] == torch.eye(16)[0])
+
+
+# ------------------------------------------------------------- trigger frequency (zoo extensions)
+
+
+def test_paper_task_is_single_trigger_and_keeps_positions():
+    assert TaskConfig().single_trigger
+    assert batch().trigger.dtype == torch.long
+
+
+def test_trigger_frequency_counts_and_positions():
+    cfg = TaskConfig(no_trigger_prob=0.25, max_triggers=3, train_trigger_min=4,
+                     train_trigger_max=12)
+    assert not cfg.single_trigger
+    b = batch(cfg, n=4000)
+    assert b.trigger.shape == (4000, 16) and b.trigger.dtype == torch.bool
+    count = b.trigger.sum(-1)
+    assert abs((count == 0).float().mean().item() - 0.25) < 0.03
+    for k in (1, 2, 3):  # the rest spread evenly over 1..max_triggers
+        assert abs((count == k).float().mean().item() - 0.75 / 3) < 0.03
+    assert count.max() == 3
+    assert not b.trigger[:, :4].any() and not b.trigger[:, 13:].any()
+    used = b.trigger.float().mean(0)[4:13]
+    assert used.min() > 0.6 * used.max()  # every allowed position is drawn, roughly evenly
+
+
+def test_several_triggers_each_average_their_own_prefix():
+    cfg = TaskConfig(seq_len=8, d_model=5, eval_trigger=7, max_triggers=6)
+    b = batch(cfg, n=200, seed=3, residual=True)
+    x = b.x
+    for n in range(200):
+        for i in range(8):
+            want = x[n, i].clone()
+            if b.trigger[n, i]:
+                want += x[n, 1:i + 1].mean(0)  # every non-BOS token up to i, triggers included
+                assert x[n, i, 1] == 1 and x[n, i, -1] == 0
+            else:
+                assert x[n, i, 1] == 0
+            torch.testing.assert_close(b.y[n, i], want)
+    assert (b.trigger.sum(-1) >= 2).any()
+
+
+def test_no_trigger_sequences_have_zero_targets():
+    cfg = TaskConfig(no_trigger_prob=0.5)
+    b = batch(cfg, n=300)
+    empty = b.trigger.sum(-1) == 0
+    assert empty.any()
+    assert torch.all(b.y[empty] == 0) and torch.all(b.x[empty][..., 1] == 0)
+
+
+def test_mask_form_equals_position_form_on_one_trigger():
+    b = batch(n=50, residual=True)
+    mask = torch.arange(16) == b.trigger[:, None]
+    torch.testing.assert_close(targets(b.x, mask, residual=True), b.y)
+    torch.testing.assert_close(encode(b.x[..., 2:-1], mask), b.x)
+
+
+def test_train_stream_with_trigger_frequency_keeps_members_apart():
+    from sinklab.task import TrainStream
+
+    cfg = TaskConfig(no_trigger_prob=0.3, max_triggers=2)
+    gens = [torch.Generator().manual_seed(s) for s in (5, 6)]
+    together = TrainStream(cfg, 8, gens, residual=False)
+    alone = TrainStream(cfg, 8, [torch.Generator().manual_seed(6)], residual=False)
+    for _ in range(TrainStream.BLOCK + 2):
+        a, b = together.next(), alone.next()
+        assert a.trigger.shape == (2, 8, 16)
+        assert torch.equal(a.trigger[1], b.trigger[0]) and torch.equal(a.y[1], b.y[0])
+        torch.testing.assert_close(a.y[0], targets(a.x[0], a.trigger[0], residual=False))
+
+
+@pytest.mark.parametrize("key, value, allowed", [
+    ("no_trigger_prob", 1.0, "[0, 1)"), ("no_trigger_prob", -0.1, "[0, 1)"),
+    ("max_triggers", 0, "1..14"), ("max_triggers", 15, "1..14"), ("max_triggers", 2.5, "1..14"),
+])
+def test_trigger_frequency_values_are_checked(key, value, allowed):
+    import re
+
+    from sinklab.config import ConfigError
+
+    with pytest.raises(ConfigError, match=f"task.{key}=.*{re.escape(allowed)}"):
+        TaskConfig(**{key: value})

@@ -71,6 +71,14 @@ def test_constructions_refuse_sizes_below_4(seq_len, d_model):
         theory.softmax_sink(5.0, seq_len, d_model)
 
 
+@pytest.mark.parametrize("rule", ["gated", "sink_logit"])
+def test_constructions_refuse_rules_with_parameters(rule):
+    with pytest.raises(ConfigError, match=f"the '{rule}' rule has parameters of its own, which "
+                                          "a construction does not set: .*relu, relu_len"):
+        theory.construction_config(rule)
+    assert theory.construction_config("softmax1").model.attention == "softmax1"
+
+
 def test_cap_bos_caps_the_share_and_keeps_row_sums():
     w = torch.tensor([[[1.0, 0.0, 0.0], [0.98, 0.02, 0.0], [0.5, 0.3, 0.2]],
                       [[1.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0]]])

@@ -55,6 +55,7 @@ def derive_seed(seed: int, stream: str) -> int:
 
 TARGETS = ("auto", "plain", "residual")
 BOS_MODES = ("visible", "removed", "capped", "ablated")
+BLOCKS = ("attention", "standard")
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -68,6 +69,11 @@ class TaskConfig:
     train_trigger_max: int | None = None  # None means seq_len - 1
     eval_trigger: int = 7
     target: str = "auto"  # plain: y = 0 off the trigger; residual: y = x off the trigger
+    # Trigger frequency of the training sequences (sinklab zoo's extensions): a sequence has no
+    # trigger with probability no_trigger_prob, else 1..max_triggers triggers (uniform count, at
+    # distinct positions in the training range). The paper's task is 0.0 and 1.
+    no_trigger_prob: float = 0.0
+    max_triggers: int = 1
 
     def __post_init__(self) -> None:
         _check(_is_int(self.seq_len) and self.seq_len >= 4,
@@ -88,6 +94,18 @@ class TaskConfig:
                f"task.train_trigger_max={self.train_trigger_max}.")
         _check(self.target in TARGETS,
                f"task.target={self.target!r} is not allowed: choose one of {', '.join(TARGETS)}.")
+        _check(0 <= self.no_trigger_prob < 1,
+               f"task.no_trigger_prob={self.no_trigger_prob!r} is not allowed: it must lie in "
+               "[0, 1).")
+        span = self.train_trigger_max - self.train_trigger_min + 1
+        _check(_is_int(self.max_triggers) and 1 <= self.max_triggers <= span,
+               f"task.max_triggers={self.max_triggers!r} is not allowed: it must be an integer "
+               f"in 1..{span}, the number of training trigger positions.")
+
+    @property
+    def single_trigger(self) -> bool:
+        """Whether every training sequence has exactly one trigger (the paper's task)."""
+        return self.no_trigger_prob == 0 and self.max_triggers == 1
 
 
 @dataclass
@@ -104,6 +122,9 @@ class ModelConfig:
     # included (for evaluating a trained model without its sink). The paper's model is "visible".
     bos: str = "visible"
     bos_cap_eps: float = 0.1
+    # "attention": the paper's layer, attention only. "standard": a pre-LayerNorm block,
+    # x <- x + MHA(LN(x)); x <- x + MLP(LN(x)), with a GELU MLP of width 4 d_model.
+    block: str = "attention"
 
     def __post_init__(self) -> None:
         _check(self.attention in RULES,
@@ -119,6 +140,8 @@ class ModelConfig:
                f"model.bos={self.bos!r} is not allowed: choose one of {', '.join(BOS_MODES)}.")
         _check(0 < self.bos_cap_eps < 1,
                f"model.bos_cap_eps={self.bos_cap_eps!r} is not allowed: it must lie in (0, 1).")
+        _check(self.block in BLOCKS,
+               f"model.block={self.block!r} is not allowed: choose one of {', '.join(BLOCKS)}.")
 
 
 @dataclass
@@ -181,8 +204,12 @@ class RunConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
 
     def __post_init__(self) -> None:
+        standard = self.model.block == "standard"
+        _check(not (standard and self.task.target == "plain"),
+               "task.target='plain' is not allowed with model.block='standard': a standard block "
+               "adds its input back, so the target must be residual (or auto).")
         if self.task.target == "auto":
-            self.task.target = "residual" if self.model.n_layers > 1 else "plain"
+            self.task.target = "residual" if self.model.n_layers > 1 or standard else "plain"
         if self.train.lr is None:
             single = self.model.n_layers == 1 and self.model.n_heads == 1
             self.train.lr = 1e-3 if single else 1e-4

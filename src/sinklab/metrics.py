@@ -2,8 +2,11 @@
 
 Weights have shape (..., batch, heads, query, key); any leading axes (members, layers) are kept, so
 every function returns per-head values, not only means. ``trigger`` is (batch,) or broadcastable
-against the leading axes plus batch, e.g. (members, batch). Query row 0 is the BOS query, which
-can only see BOS; the theorem is about the *non-trigger* rows 1..L-1 except the trigger.
+against the leading axes plus batch, e.g. (members, batch). Where a task has no trigger or
+several in a sequence, ``trigger`` is instead a boolean mask (..., batch, L) of trigger rows; every
+function but ``trigger_row`` and ``trigger_stats`` (which read the one trigger row) accepts it.
+Query row 0 is the BOS query, which can only see BOS; the theorem is about the *non-trigger* rows
+1..L-1 except the trigger.
 """
 
 from __future__ import annotations
@@ -11,14 +14,19 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from sinklab.task import trigger_mask
+
 SINK_HEAD_THRESHOLD = 0.9  # a head "sinks" when its non-trigger BOS mass is at least this
 GU_EPS = 0.3  # Gu et al. (ICLR 2025) sink-rate threshold
 
 
 def row_types(trigger: Tensor, seq_len: int) -> tuple[Tensor, Tensor]:
-    """Boolean (…, batch, L) masks of non-trigger query rows (1..L-1 except j) and trigger rows."""
+    """Boolean (…, batch, L) masks of non-trigger query rows (1..L-1 except j) and trigger rows.
+
+    ``trigger``: positions (…, batch) or already a boolean mask (…, batch, L).
+    """
     pos = torch.arange(seq_len, device=trigger.device)
-    is_trigger = pos == trigger[..., None]
+    is_trigger = trigger_mask(trigger, seq_len)
     return (pos >= 1) & ~is_trigger, is_trigger
 
 

@@ -3,10 +3,11 @@
 The paper's models: attention only, no MLP, no LayerNorm, no biases, no 1/sqrt(d)
 scaling, no positional encoding, weights initialised N(0, 0.02^2). Every head has the full width
 d_model; the output projection maps the H concatenated heads back to d_model. Multi-layer stacks
-add each layer's output to the residual stream.
+add each layer's output to the residual stream. ``model.block="standard"`` swaps each layer for a
+pre-LayerNorm block with an MLP (``Block``), to ask whether the sink survives them.
 
-Every parameter has shape (n_members, n_heads, d_model, d_model): member e is an independent model
-with its own weights, and the forward pass runs all members as one batched program. A single model
+Every parameter has a leading member axis (the attention weights are (n_members, n_heads,
+d_model, d_model)): member e is an independent model with its own weights, and the forward pass runs all members as one batched program. A single model
 is an ensemble of one. Inputs are (members, batch, seq, d_model), or (batch, seq, d_model) shared
 by every member. Row-vector convention: q = x @ W_Q, scores = q @ k^T.
 
@@ -123,13 +124,70 @@ def cap_bos(weights: Tensor, rows: Tensor, mask: Tensor, eps: float) -> Tensor:
     return torch.where(over[..., None], capped, weights)
 
 
-class Block(nn.Module):
-    """One layer of the stack: attention only, as in the paper."""
+class LayerNorm(nn.Module):
+    """LayerNorm over d_model with a gain and a bias per member, initialised to 1 and 0."""
 
-    def __init__(self, n_members: int, d_model: int, n_heads: int, rule: str,
-                 bos: str = "visible", bos_cap_eps: float = 0.1) -> None:
+    def __init__(self, n_members: int, d_model: int, eps: float = 1e-5) -> None:
         super().__init__()
-        self.attn = Attention(n_members, d_model, n_heads, rule, bos, bos_cap_eps)
+        self.gain = nn.Parameter(torch.ones(n_members, d_model))
+        self.bias = nn.Parameter(torch.zeros(n_members, d_model))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x (E, B, T, d) -> normalised over d, then scaled and shifted per member."""
+        normed = nn.functional.layer_norm(x, x.shape[-1:], eps=self.eps)
+        return normed * self.gain[:, None, None] + self.bias[:, None, None]
+
+
+MLP_RATIO = 4  # hidden width of the standard block's MLP, in units of d_model
+
+
+class MLP(nn.Module):
+    """The standard block's position-wise MLP, d -> 4d -> d with GELU, batched over members."""
+
+    def __init__(self, n_members: int, d_model: int) -> None:
+        super().__init__()
+        hidden = MLP_RATIO * d_model
+        self.w_in = nn.Parameter(torch.zeros(n_members, d_model, hidden))
+        self.b_in = nn.Parameter(torch.zeros(n_members, hidden))
+        self.w_out = nn.Parameter(torch.zeros(n_members, hidden, d_model))
+        self.b_out = nn.Parameter(torch.zeros(n_members, d_model))
+
+    def forward(self, x: Tensor) -> Tensor:
+        n_members, batch, seq, d = x.shape
+        flat = x.reshape(n_members, batch * seq, d)
+        hidden = nn.functional.gelu(torch.baddbmm(self.b_in[:, None], flat, self.w_in))
+        out = torch.baddbmm(self.b_out[:, None], hidden, self.w_out)
+        return out.view(n_members, batch, seq, d)
+
+
+class Block(nn.Module):
+    """One layer of the stack.
+
+    ``model.block="attention"`` (the paper): x <- x + MHA(x) with a residual stream, else
+    x <- MHA(x). ``"standard"`` (pre-LayerNorm, always residual): x <- x + MHA(LN_1(x)), then
+    x <- x + MLP(LN_2(x)). The gated rule's gate reads the attention's input, LN_1(x) here.
+    """
+
+    def __init__(self, cfg: ModelConfig, n_members: int, d_model: int, residual: bool) -> None:
+        super().__init__()
+        self.residual = residual
+        self.attn = Attention(n_members, d_model, cfg.n_heads, cfg.attention, cfg.bos,
+                              cfg.bos_cap_eps)
+        self.standard = cfg.block == "standard"
+        if self.standard:
+            self.norm1 = LayerNorm(n_members, d_model)
+            self.norm2 = LayerNorm(n_members, d_model)
+            self.mlp = MLP(n_members, d_model)
+
+    def forward(self, h: Tensor, mask: Tensor,
+                denied: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+        """h (E, B, T, d) -> the new stream, and the attention's scores and weights."""
+        y, scores, weights = self.attn(self.norm1(h) if self.standard else h, mask, denied)
+        h = h + y if self.residual else y
+        if self.standard:
+            h = h + self.mlp(self.norm2(h))
+        return h, scores, weights
 
 
 class AttentionStack(nn.Module):
@@ -141,24 +199,33 @@ class AttentionStack(nn.Module):
         self.d_model = d_model
         self.residual = residual
         self.n_members = n_members
-        self.blocks = nn.ModuleList(
-            Block(n_members, d_model, cfg.n_heads, cfg.attention, cfg.bos, cfg.bos_cap_eps)
-            for _ in range(cfg.n_layers)
-        )
+        self.blocks = nn.ModuleList(Block(cfg, n_members, d_model, residual)
+                                    for _ in range(cfg.n_layers))
 
     @torch.no_grad()
     def init_member(self, member: int, generator: torch.Generator) -> None:
         """Draw member ``member``'s weights from N(0, init_std^2) with a CPU ``generator``.
 
-        The draw order (layer by layer: W_Q, W_K, W_V, W_O, then the rule's parameters) is fixed,
-        so a member initialised with a given generator state is the same whatever ensemble it
-        sits in, on any device.
+        The draw order (layer by layer: W_Q, W_K, W_V, W_O, then the rule's parameters, then a
+        standard block's MLP weights W_in, W_out) is fixed, so a member initialised with a given
+        generator state is the same whatever ensemble it sits in, on any device. MLP biases and
+        LayerNorm shifts start at 0, LayerNorm gains at 1.
         """
+        def draw(p: Tensor) -> None:
+            p[member].copy_(torch.randn(p.shape[1:], generator=generator) * self.cfg.init_std)
+
         for block in self.blocks:
             for p in (block.attn.w_q, block.attn.w_k, block.attn.w_v, block.attn.w_o):
-                draw = torch.randn(p.shape[1:], generator=generator) * self.cfg.init_std
-                p[member].copy_(draw)
+                draw(p)
             block.attn.rule.init_member(member, generator, self.cfg.init_std)
+            if block.standard:
+                draw(block.mlp.w_in)
+                draw(block.mlp.w_out)
+                block.mlp.b_in[member] = 0.0
+                block.mlp.b_out[member] = 0.0
+                for norm in (block.norm1, block.norm2):
+                    norm.gain[member] = 1.0
+                    norm.bias[member] = 0.0
 
     def forward(self, x: Tensor, *, return_weights: bool = False) -> ModelOutput:
         """x (E, B, T, d) or (B, T, d) shared by all members -> ModelOutput, out (E, B, T, d)."""
@@ -173,8 +240,7 @@ class AttentionStack(nn.Module):
         result = ModelOutput(out=x)
         h = x
         for block in self.blocks:
-            y, scores, weights = block.attn(h, mask, denied)
-            h = h + y if self.residual else y
+            h, scores, weights = block(h, mask, denied)
             if return_weights:
                 result.scores.append(scores)
                 result.patterns.append(weights)

@@ -23,7 +23,8 @@ import numpy as np
 import torch
 
 from sinklab import metrics
-from sinklab.config import RunConfig, build_run_config
+from sinklab.attention import RULES, has_parameters
+from sinklab.config import ConfigError, RunConfig, build_run_config
 from sinklab.model import AttentionStack
 from sinklab.task import BOS, TRIGGER, Batch, sample_batch
 
@@ -32,7 +33,16 @@ DENIED_EPS = (0.01, 0.03, 0.1, 0.3, 0.5)  # BOS share caps 1 - eps of the denied
 
 def construction_config(rule: str, seq_len: int = 16, d_model: int = 16, n_layers: int = 1,
                         n_heads: int = 1) -> RunConfig:
-    """The run config a construction is built for; sizes are validated as for training."""
+    """The run config a construction is built for; sizes are validated as for training.
+
+    A construction sets W_Q, W_K, W_V and W_O of the paper's attention-only layer and nothing
+    else, so a rule with parameters of its own cannot take part in one (ConfigError).
+    """
+    if rule in RULES and has_parameters(rule):
+        plain = ", ".join(r for r in sorted(RULES) if not has_parameters(r))
+        raise ConfigError(f"the {rule!r} rule has parameters of its own, which a construction "
+                          f"does not set: build constructions with a rule without parameters "
+                          f"({plain}).")
     task = {"seq_len": seq_len, "d_model": d_model}
     if isinstance(seq_len, int) and seq_len < 8:  # the default test trigger (7) must fit
         task["eval_trigger"] = max(seq_len - 1, 2)
