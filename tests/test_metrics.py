@@ -130,3 +130,13 @@ def test_trigger_masks_select_the_same_rows_as_positions_and_allow_none_or_sever
     assert e["linf_nontrigger"].item() == pytest.approx(0.3)
     assert e["linf_trigger"].item() == pytest.approx(0.7)
     assert e["mse_trigger"].item() == pytest.approx(0.49 / 8)
+
+
+def test_self_mass_nontrigger_reads_the_diagonal_of_non_trigger_rows():
+    w = torch.eye(8)  # every query on itself
+    w[4] = 0
+    w[4, 1:5] = 0.25  # the trigger row averages
+    w[2, 2], w[2, 0] = 0.5, 0.5
+    got = metrics.self_mass_nontrigger(w.expand(3, 1, 8, 8), torch.tensor([4, 4, 4]))
+    assert got.shape == (1,) and got.item() == pytest.approx((5 + 0.5) / 6)
+    assert metrics.self_mass_nontrigger(sink_weights()[None, None], torch.tensor([4])) == 0

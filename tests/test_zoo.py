@@ -46,7 +46,7 @@ def tiny_zoo(monkeypatch):
 def test_zoo_end_to_end_chooses_lr_on_validation_and_resumes(tmp_path, capsys, tiny_zoo):
     out, docs = tmp_path / "zoo", tmp_path / "docs" / "zoo.md"
     args = ["zoo", "--seeds", "2", "--rules", "softmax,relu,gated", "--workers", "1",
-            "--out", str(out)]
+            "--no-extensions", "--out", str(out)]
     code, _, err = run_cli(capsys, *args, "--docs", str(docs))
     assert code == 0, err
     result = tiny_zoo.read_json(out / "zoo.json")
@@ -68,6 +68,7 @@ def test_zoo_end_to_end_chooses_lr_on_validation_and_resumes(tmp_path, capsys, t
     text = (out / "ZOO.md").read_text()
     assert "## 1x1" in text and "## 2x2" in text and "| gated |" in text
     assert "## BOS ablation at evaluation" in text
+    assert result["extensions"] is None and "## Extensions" not in text
     assert "(figures/fig_zoo_sources.png)" in text
     assert (out / "figures" / "fig_zoo_bos.png").is_file()
     assert (docs.parent / "zoo" / "fig_zoo_sources.png").is_file()
@@ -96,7 +97,28 @@ def test_zoo_quick_runs_every_rule(tmp_path, capsys, tiny_zoo):
     assert result["quick"] and {e["rule"] for e in result["entries"]} == set(RULES)
     assert all(e["chosen"]["n"] == 1 and len(e["validation_mse_by_lr"]) == 1
                for e in result["entries"])
-    assert "quick mode" in (tmp_path / "z" / "ZOO.md").read_text()
+    text = (tmp_path / "z" / "ZOO.md").read_text()
+    assert "quick mode" in text
+    # the extensions, in their quick form, with every sweep reported
+    extensions = result["extensions"]
+    assert [e["seq_len"] for e in extensions["seq_len"]] == [8, 16, 32, 8, 16, 32]
+    assert len(extensions["trigger"]) == 6 and len(extensions["block"]) == 4
+    for e in extensions["length"]:
+        for run in e["runs"]:
+            own = next(t for t in run["tests"] if (t["seq_len"], t["trigger"]) == (16, 7))
+            summary = tiny_zoo.read_json(tiny_zoo.run_dir(tmp_path / "z", e["config"], e["rule"],
+                                                          1e-3, 0) / "summary.json")
+            # the L = 16 test is the run's own test set: the same number, computed twice
+            assert own["linf_nontrigger"] == pytest.approx(summary["linf_nontrigger"])
+    for e in extensions["emergence"]:  # logged every LOG_EVERY steps up to the stop step
+        assert e["runs"][0]["step"][:3] == [0, tiny_zoo.LOG_EVERY, 2 * tiny_zoo.LOG_EVERY]
+    for section in ("## Extensions", "### Sequence length", "### Trigger frequency",
+                    "### Length generalisation", "### The standard block", "### Sink emergence"):
+        assert section in text
+    rows = list(csv.DictReader((tmp_path / "z" / "extensions.csv").read_text().splitlines()))
+    assert {r["sweep"] for r in rows} == {"seq_len", "trigger", "block", "length"}
+    for name in ("seq_len", "trigger", "length", "block", "emergence"):
+        assert (tmp_path / "z" / "figures" / f"fig_ext_{name}.png").is_file()
 
 
 def test_sinking_is_judged_by_the_bos_share_of_rows_that_are_on():

@@ -107,9 +107,11 @@ def build_parser() -> argparse.ArgumentParser:
         "zoo", help="train every attention rule on the task and tabulate where its zero comes from",
         description="Train every registered attention rule (or --rules) 1x1 and 2x2 with the "
                     "paper's protocol, the same step budget and a shared learning-rate grid "
-                    "(the best rate per rule chosen on validation sequences), and write "
-                    "zoo.json, zoo.csv, figures and ZOO.md. Rerunning with the same --out "
-                    "resumes.")
+                    "(the best rate per rule chosen on validation sequences), then the "
+                    "extensions for softmax and ReLU (sequence length, trigger frequency, "
+                    "length generalisation, the standard block, sink emergence), and write "
+                    "zoo.json, zoo.csv, extensions.csv, figures and ZOO.md. Rerunning with the "
+                    "same --out resumes.")
     zoo.add_argument("--out", default="results/zoo", metavar="DIR",
                      help="results folder (default: results/zoo)")
     zoo.add_argument("--seeds", type=int, default=None, metavar="N",
@@ -117,7 +119,12 @@ def build_parser() -> argparse.ArgumentParser:
     zoo.add_argument("--rules", default=None, metavar="R1,R2,...",
                      help="the rules to train (default: every registered rule)")
     zoo.add_argument("--quick", action="store_true",
-                     help="smoke test: one seed, one learning rate, short budgets")
+                     help="smoke test: one seed, one learning rate, short budgets, shorter "
+                          "sweeps")
+    zoo.add_argument("--extensions", action=argparse.BooleanOptionalAction, default=True,
+                     help="also run the sweeps past the paper for softmax and ReLU: sequence "
+                          "length, trigger frequency, length generalisation, the standard block, "
+                          "sink emergence (default: on)")
     _add_run_options(zoo, "the report", "docs/zoo.md")
 
     sub.add_parser("rules", help="list the attention rules",
@@ -215,7 +222,7 @@ def cmd_zoo(args: argparse.Namespace, argv: list[str]) -> int:
 
     extra = {"rules": parse_rules(args.rules)} if args.rules is not None else {}
     opts = ZooOptions(seeds=args.seeds, quick=args.quick, workers=args.workers,
-                      device=args.device, **extra)
+                      device=args.device, extensions=args.extensions, **extra)
     return _run_experiment(run_zoo, opts, args, argv, "ZOO.md")
 
 

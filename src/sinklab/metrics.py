@@ -44,6 +44,15 @@ def bos_mass_nontrigger(weights: Tensor, trigger: Tensor) -> Tensor:
     return _mean_over_rows(weights[..., 0], nontrigger)
 
 
+def self_mass_nontrigger(weights: Tensor, trigger: Tensor) -> Tensor:
+    """Mean weight a non-trigger query puts on itself (the diagonal): (..., B, H, L, L) -> (..., H).
+
+    Where a head parks its weight when it does not park it on BOS (a sink that moved).
+    """
+    nontrigger, _ = row_types(trigger, weights.shape[-1])
+    return _mean_over_rows(weights.diagonal(dim1=-2, dim2=-1), nontrigger)
+
+
 def bos_mass_nontrigger_rows(weights: Tensor, trigger: Tensor) -> Tensor:
     """Per-row BOS weight averaged over the batch, NaN on rows that are not non-trigger.
 

@@ -593,5 +593,12 @@ def render(runs: list[dict[str, Any]], meta: dict[str, Any], prefix: str,
     else:
         lines.append("`sinklab zoo --out <dir>` trains every registered attention rule on this "
                      "task and writes a Zoo report (see docs/zoo.md).")
+    lines += ["", "## Extensions", ""]
+    where = f"[Extensions]({zoo}#extensions), part of the zoo's report" if zoo else \
+        "the Extensions part of the report `sinklab zoo --out <dir>` writes (see docs/zoo.md)"
+    lines.append("Past the paper's single setting, for softmax and ReLU: sequence lengths 8 to "
+                 "128, sequences with no trigger or several, models trained at length 16 tested "
+                 "at 32 and 64, the standard block (pre-LayerNorm and an MLP), and the BOS mass "
+                 f"against the training step as the sink forms: {where}.")
     lines.append("")
     return "\n".join(lines)

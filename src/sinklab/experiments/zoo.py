@@ -52,6 +52,7 @@ class ZooOptions(rep.RunOptions):
     """What ``sinklab zoo`` runs; every value is checked on creation."""
 
     rules: tuple[str, ...] = tuple(sorted(RULES))
+    extensions: bool = True  # also run the sweeps past the paper (sinklab.experiments.extensions)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -74,39 +75,79 @@ def parse_rules(text: str) -> tuple[str, ...]:
     return tuple(r.strip() for r in text.split(",") if r.strip())
 
 
-def run_config(config: str, rule: str, lr: float, seed: int, opts: ZooOptions) -> RunConfig:
+LOG_EVERY = 10  # fine training logs: the sink-emergence curves are read from them
+
+
+def run_config(config: str, rule: str, lr: float, seed: int, opts: ZooOptions,
+               task: dict[str, Any] | None = None, model: dict[str, Any] | None = None
+               ) -> RunConfig:
+    """A zoo run: the paper's protocol with the zoo's budget, plus any task or model settings
+    (the extensions' sweeps)."""
     layers, heads = CONFIGS[config]
     return build_run_config({
-        "model": {"attention": rule, "n_layers": layers, "n_heads": heads},
-        "train": {"seed": seed, "lr": lr, "max_steps": opts.steps(config), "device": opts.device},
+        "task": dict(task or {}),
+        "model": {"attention": rule, "n_layers": layers, "n_heads": heads, **(model or {})},
+        "train": {"seed": seed, "lr": lr, "max_steps": opts.steps(config), "device": opts.device,
+                  "log_every": LOG_EVERY},
     })
 
 
-def run_dir(out: Path, config: str, rule: str, lr: float, seed: int) -> Path:
-    return out / "runs" / f"{config}_{rule}_lr{lr:g}_seed{seed}"
+def run_dir(out: Path, config: str, rule: str, lr: float, seed: int, setting: str = "") -> Path:
+    """A run's folder; ``setting`` names what differs from the plain zoo run (e.g. ``_L32``), so
+    a sweep's run with the zoo's own settings is the zoo's run, trained once."""
+    return out / "runs" / f"{config}_{rule}_lr{lr:g}{setting}_seed{seed}"
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One run to have: runs with the same ``group`` train together as one ensemble."""
+
+    group: tuple[Any, ...]
+    config: str  # "1x1" or "2x2"
+    rule: str
+    tag: str  # what the job is, for the progress log
+    cfg: RunConfig
+    path: Path
 
 
 def members(opts: ZooOptions, config: str) -> list[tuple[float, int]]:
     return [(lr, seed) for lr in opts.lrs(config) for seed in range(opts.seeds)]
 
 
+def zoo_cells(out: Path, opts: ZooOptions) -> list[Cell]:
+    """Every rule, 1x1 and 2x2: one ensemble per (configuration, rule) over the LR grid and
+    the seeds."""
+    return [Cell(("zoo", config, rule), config, rule, "lr grid",
+                 run_config(config, rule, lr, seed, opts), run_dir(out, config, rule, lr, seed))
+            for config in CONFIGS for rule in opts.rules for lr, seed in members(opts, config)]
+
+
 def plan(out: Path, opts: ZooOptions) -> tuple[list[rep.Job], int]:
-    """One ensemble per (configuration, rule): every learning rate and seed as members."""
-    jobs, done = [], 0
-    for config in CONFIGS:
-        for rule in opts.rules:
-            todo = []
-            for lr, seed in members(opts, config):
-                cfg = run_config(config, rule, lr, seed, opts)
-                path = run_dir(out, config, rule, lr, seed)
-                if rep.is_finished(path, cfg):
-                    done += 1
-                else:
-                    todo.append((cfg, path))
-            if todo:
-                jobs.append(rep.Job(config, rule, [c for c, _ in todo], [p for _, p in todo],
-                                    tag="lr grid"))
-    jobs.sort(key=lambda j: CONFIGS[j.experiment][0] * len(j.configs), reverse=True)
+    """The unfinished runs of the zoo (and its extensions), as one job per ensemble."""
+    cells = zoo_cells(out, opts)
+    if opts.extensions:
+        from sinklab.experiments import extensions
+
+        cells += extensions.cells(out, opts)
+    unique: dict[Path, Cell] = {}
+    for cell in cells:  # a sweep's run with the zoo's settings is the zoo's run
+        unique.setdefault(cell.path, cell)
+    groups: dict[tuple[Any, ...], list[Cell]] = {}
+    done = 0
+    for cell in unique.values():
+        if rep.is_finished(cell.path, cell.cfg):
+            done += 1
+        else:
+            groups.setdefault(cell.group, []).append(cell)
+    jobs = [rep.Job(g[0].config, g[0].rule, [c.cfg for c in g], [c.path for c in g],
+                    tag=g[0].tag) for g in groups.values()]
+
+    def cost(job: rep.Job) -> int:  # longest first keeps both workers busy to the end
+        c = job.configs[0]
+        return (c.model.n_layers * c.model.n_heads * c.task.seq_len**2 * c.train.max_steps
+                * (2 if c.model.block == "standard" else 1) * len(job.configs))
+
+    jobs.sort(key=cost, reverse=True)
     return jobs, done
 
 
@@ -229,6 +270,11 @@ def run_zoo(out: Path, opts: ZooOptions, *, log: Callable[[str], None] | None = 
     start = time.perf_counter()
     rep.run_all(jobs, workers, log)
     entries = collect(out, opts)
+    ext = None
+    if opts.extensions:
+        from sinklab.experiments import extensions
+
+        ext = extensions.collect(out, opts)
     wall = time.perf_counter() - start
     invocation = {"command": command or f"sinklab zoo --out {out}",
                   "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
@@ -241,11 +287,13 @@ def run_zoo(out: Path, opts: ZooOptions, *, log: Callable[[str], None] | None = 
         **invocation, "history": marker["invocations"],
         "versions": versions(), "quick": opts.quick, "seeds": opts.seeds,
         "steps": {c: opts.steps(c) for c in CONFIGS}, "lr_grid": {c: opts.lrs(c) for c in CONFIGS},
-        "entries": entries,
+        "entries": entries, "extensions": ext,
     }
     write_json(out / "zoo.json", result)
     write_atomic(out / "zoo.csv", to_csv(entries).encode())
     figures = write_figures(out, entries)
+    if ext is not None:
+        figures += extensions.write(out, ext)
     write_atomic(out / "ZOO.md", render(result, "figures").encode())
     if docs is not None:
         rep.copy_to_docs(Path(docs), figures, lambda prefix: render(result, prefix))
@@ -440,6 +488,12 @@ def render(result: dict[str, Any], prefix: str) -> str:
         f"![BOS mass and error per seed]({prefix}/fig_zoo_bos.png)",
         "",
     ]
+    if result.get("extensions") is not None:
+        from sinklab.experiments import extensions
+
+        budget = (f"{result['seeds']} seed(s), the zoo's budget (at most "
+                  f"{result['steps']['1x1']:,} steps for 1x1, {result['steps']['2x2']:,} for 2x2)")
+        lines += extensions.render(result["extensions"], prefix, budget)
     return "\n".join(lines)
 
 
