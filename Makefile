@@ -33,7 +33,7 @@ theory: $(STAMP)
 	$(BIN)/sinklab theory --out results/theory \
 		$(if $(wildcard results/reproduce/summary.json),--reproduce results/reproduce)
 
-# Every attention rule on the task (docs/zoo.md).
+# Every attention rule on the task, and the extensions past the paper (docs/zoo.md).
 zoo: $(STAMP)
 	$(BIN)/sinklab zoo --out results/zoo
 
@@ -48,7 +48,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 
 # Regenerate docs/reproduction.md, docs/theory.md and docs/zoo.md, with their figures, from a
-# fresh default reproduction, the theory checks on its models, and the zoo.
+# fresh default reproduction, the theory checks on its models, and the zoo with its extensions.
 docs: $(STAMP)
 	rm -rf results/docs-reproduce results/docs-theory results/docs-zoo
 	$(BIN)/sinklab reproduce --out results/docs-reproduce --docs docs/reproduction.md

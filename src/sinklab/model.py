@@ -7,9 +7,10 @@ add each layer's output to the residual stream. ``model.block="standard"`` swaps
 pre-LayerNorm block with an MLP (``Block``), to ask whether the sink survives them.
 
 Every parameter has a leading member axis (the attention weights are (n_members, n_heads,
-d_model, d_model)): member e is an independent model with its own weights, and the forward pass runs all members as one batched program. A single model
-is an ensemble of one. Inputs are (members, batch, seq, d_model), or (batch, seq, d_model) shared
-by every member. Row-vector convention: q = x @ W_Q, scores = q @ k^T.
+d_model, d_model)): member e is an independent model with its own weights, and the forward pass
+runs all members as one batched program. A single model is an ensemble of one. Inputs are
+(members, batch, seq, d_model), or (batch, seq, d_model) shared by every member.
+Row-vector convention: q = x @ W_Q, scores = q @ k^T.
 
 Stable names for activations returned by ``forward(..., return_weights=True)``:
 ``blocks.{l}.attn.scores`` (pre-rule) and ``blocks.{l}.attn.pattern`` (weights), each of shape
