@@ -119,6 +119,7 @@ def test_reproduce_quick_report_resume_and_errors(tmp_path, capsys, tiny_reprodu
     # the docs version links the zoo's report and its Extensions part
     assert "[Zoo](zoo.md)" in docs.read_text() and "(zoo.md#extensions)" in docs.read_text()
     assert "## Extensions" in report and "sinklab zoo --out <dir>" in report
+    assert "[Real models](real-models.md)" in docs.read_text() and "sinklab lm" in report
 
     # Resume: nothing is retrained, the report is rebuilt from the finished runs.
     code, _, err = run_cli(capsys, "reproduce", "--quick", "--workers", "1", "--out", str(out))

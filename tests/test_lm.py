@@ -262,3 +262,11 @@ def test_real_smollm2_sinks_and_a_trigger_head():
     found = {(h["layer"] + 1, h["head"] + 1): [t["token"].strip() for t in h["tokens"]]
              for h in heads}
     assert "and" in found.get((21, 9), [])  # dormant until "and" arrives
+
+
+def test_markdown_tables_escape_pipes_in_special_tokens():
+    from sinklab.report import table
+
+    text = table(["condition", "n"], [["with <|im_start|>", 3]])
+    assert text.splitlines()[2] == "| with <\\|im_start\\|> | 3 |"
+    assert all(line.count("|") - line.count("\\|") == 3 for line in text.splitlines())

@@ -102,6 +102,7 @@ class LoadedModel:
     suffix: list[int]  # [SEP] for an encoder
     special_names: list[str]
     device: torch.device
+    adds_specials: bool  # whether a plain tokenizer call already adds them (a known trap)
 
     @property
     def vocab_size(self) -> int:
@@ -138,7 +139,10 @@ def load(source: Source, device: torch.device) -> LoadedModel:
         prefix, suffix, names = [cls_id], [sep_id], [tokenizer.cls_token, tokenizer.sep_token]
     elif tokenizer.bos_token_id is not None:
         prefix, names = [tokenizer.bos_token_id], [tokenizer.bos_token]
-    return LoadedModel(source, model, tokenizer, n_layers, n_heads, prefix, suffix, names, device)
+    sample = tokenizer("sinks")["input_ids"]
+    adds = bool(prefix) and sample[:len(prefix)] == prefix
+    return LoadedModel(source, model, tokenizer, n_layers, n_heads, prefix, suffix, names, device,
+                       adds)
 
 
 # ------------------------------------------------------------------------------- probes

@@ -8,11 +8,15 @@ from collections.abc import Sequence
 import numpy as np
 
 
+def _cell(value: object) -> str:
+    return str(value).replace("|", "\\|")  # a literal | (as in <|im_start|>) would split cells
+
+
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    """A GitHub-flavoured Markdown table."""
-    lines = ["| " + " | ".join(str(h) for h in headers) + " |",
+    """A GitHub-flavoured Markdown table; a "|" inside a cell is escaped."""
+    lines = ["| " + " | ".join(_cell(h) for h in headers) + " |",
              "|" + "|".join("---" for _ in headers) + "|"]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
 
 

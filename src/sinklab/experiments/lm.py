@@ -111,7 +111,8 @@ def analyse_model(spec: str, opts: LMOptions, log: Callable[[str], None]) -> dic
         "model": spec, "folder": str(source.folder), "gguf": source.gguf,
         "architecture": type(loaded.model).__name__, "n_layers": loaded.n_layers,
         "n_heads": loaded.n_heads, "causal": results[0]["causal"],
-        "special_tokens": loaded.special_names, "settings": asdict(opts) | {"models": None},
+        "special_tokens": loaded.special_names, "tokenizer_adds_them": loaded.adds_specials,
+        "settings": asdict(opts) | {"models": None},
         "load_s": load_s, "total_s": time.perf_counter() - start, "device": str(device),
         "results": results, "trigger_heads": finder,
     }
@@ -165,8 +166,10 @@ def write_figures(out: Path, model: dict[str, Any]) -> list[Path]:
     axes = fig.subplots(len(PROBE_SETS), cols, squeeze=False)
     for ax, r in zip(axes.flat, results):
         mass = np.asarray(r["first_token_mass"])
+        layers, heads = mass.shape  # 1-indexed, as the tables name heads (L21 H9)
         image = ax.imshow(mass, cmap="Blues", vmin=0, vmax=1, aspect="auto",
-                          interpolation="nearest")
+                          interpolation="nearest",
+                          extent=(0.5, heads + 0.5, layers + 0.5, 0.5))
         ax.set_xlabel("head")
         ax.set_ylabel("layer")
         ax.set_title(f"{r['probes']}, {r['condition']}", fontsize=8)
@@ -258,6 +261,33 @@ def trigger_table(model: dict[str, Any]) -> str:
                          "first / previous / itself / largest other / entropy"], rows)
 
 
+def relation(model: dict[str, Any]) -> list[str]:
+    """How the heads found relate to the paper's trigger-conditional task, in measured terms."""
+    heads = model["trigger_heads"]
+    if not heads:
+        return []
+    top = heads[0]
+    w = top["when_triggered"]
+    tokens = ", ".join(f"`{t['token'].strip()}`" for t in top["tokens"][:3])
+    averages = w["entropy"] >= 0.8
+    return [
+        "**How this relates to the paper's task.** The paper's head outputs zero (parks on BOS) "
+        "everywhere except at a trigger, where it averages the tokens before it. "
+        f"L{top['layer'] + 1} H{top['head'] + 1} shares the first half of that pattern: its "
+        f"median first-token weight is {top['median_first']:.2f} and it drops to "
+        f"{w['first']:.2f} on average at {tokens}. "
+        + ("When triggered its row is near uniform over the previous tokens (entropy "
+           f"{w['entropy']:.2f}), as the task's target asks. " if averages else
+           f"When triggered it does not average the previous tokens as the task's target "
+           f"does (entropy {w['entropy']:.2f}); it mostly attends to {w['kind']}. ")
+        + "This is a correlation read off attention weights on "
+        f"{_main(model)['sequences']} probes: it does not show what the head computes, or that "
+        "its first-token default exists for the reason the theorem gives; that would need "
+        "interventions on the model, which `sinklab lm` does not make.",
+        "",
+    ]
+
+
 def render(models: list[dict[str, Any]], meta: dict[str, Any], prefix: str) -> str:
     v = meta["versions"]
     lines = [
@@ -283,8 +313,11 @@ def render(models: list[dict[str, Any]], meta: dict[str, Any], prefix: str) -> s
             f"## {m['model']}",
             "",
             f"{m['architecture']}, {m['n_layers']} layers x {m['n_heads']} heads, {kind}; "
-            f"special tokens added: {', '.join(m['special_tokens']) or 'none'}. Loaded in "
-            f"{m['load_s']:.0f} s, analysed in {m['total_s']:.0f} s in all on {m['device']}.",
+            f"special tokens added: {', '.join(m['special_tokens']) or 'none'} (a plain "
+            f"tokenizer call {'adds' if m['tokenizer_adds_them'] else 'does not add'} them, "
+            f"so the \"{'with' if m['tokenizer_adds_them'] else 'without'}\" rows are what a "
+            f"default pipeline measures). Loaded in {m['load_s']:.0f} s, analysed in "
+            f"{m['total_s']:.0f} s in all on {m['device']}.",
             "",
             summary_table(m),
             "",
@@ -302,12 +335,16 @@ def render(models: list[dict[str, Any]], meta: dict[str, Any], prefix: str) -> s
         ]
         if not m["causal"]:
             main = _main(m)
-            first = np.asarray(main["first_token_mass"]).mean()
-            last = np.asarray(main["last_token_mass"]).mean()
+            first = np.asarray(main["first_token_mass"])
+            last = np.asarray(main["last_token_mass"])
+            names = m["special_tokens"] or ["first token", "last token"]
             lines += [f"Where an encoder's sinks sit (natural probes, {main['condition']}): the "
-                      f"first token takes {first:.3f} of the weight on average over every query "
-                      f"and head, the last {last:.3f}, against 1/{main['tokens']} = "
-                      f"{1 / main['tokens']:.3f} for a uniform row.", ""]
+                      f"first token ({names[0]}) takes {first.mean():.3f} of the weight on "
+                      f"average over every query and head, the last ({names[-1]}) "
+                      f"{last.mean():.3f}, against 1/{main['tokens']} = "
+                      f"{1 / main['tokens']:.3f} for a uniform row; {int((first >= 0.5).sum())} "
+                      f"of {first.size} heads put at least half their weight on the first, "
+                      f"{int((last >= 0.5).sum())} on the last.", ""]
         if m["trigger_heads"] is not None:
             lines += [
                 f"### Trigger-conditional heads in {m['model']}",
@@ -322,5 +359,6 @@ def render(models: list[dict[str, Any]], meta: dict[str, Any], prefix: str) -> s
                 "",
                 trigger_table(m) if m["trigger_heads"] else "No head met both conditions.",
                 "",
+                *relation(m),
             ]
     return "\n".join(lines)

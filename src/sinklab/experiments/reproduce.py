@@ -254,7 +254,8 @@ def reproduce(out: Path, opts: ReproduceOptions, *, log: Callable[[str], None] |
     write_atomic(out / "REPORT.md", render(runs, meta, "figures", marker.get("theory")).encode())
     if docs is not None:
         copy_to_docs(Path(docs), figures,
-                     lambda prefix: render(runs, meta, prefix, "theory.md", "zoo.md"))
+                     lambda prefix: render(runs, meta, prefix, "theory.md", "zoo.md",
+                                           "real-models.md"))
     log(f"reproduce: wrote {out / 'REPORT.md'} ({wall:.0f} s of training)")
     return summary
 
@@ -529,11 +530,12 @@ def link_theory(out: Path, theory_report: Path) -> None:
 
 
 def render(runs: list[dict[str, Any]], meta: dict[str, Any], prefix: str,
-           theory: str | None = None, zoo: str | None = None) -> str:
+           theory: str | None = None, zoo: str | None = None,
+           real_models: str | None = None) -> str:
     """The reproduction report as Markdown; figure links start with ``prefix``.
 
-    ``theory`` is the path of the theory section for these runs, relative to the report, and
-    ``zoo`` that of an attention-rule zoo report.
+    ``theory`` is the path of the theory section for these runs, relative to the report,
+    ``zoo`` that of an attention-rule zoo report and ``real_models`` that of a real-model one.
     """
     v = meta["versions"]
     lines = [
@@ -600,5 +602,13 @@ def render(runs: list[dict[str, Any]], meta: dict[str, Any], prefix: str,
                  "128, sequences with no trigger or several, models trained at length 16 tested "
                  "at 32 and 64, the standard block (pre-LayerNorm and an MLP), and the BOS mass "
                  f"against the training step as the sink forms: {where}.")
+    lines += ["", "## Real models", ""]
+    if real_models:
+        lines.append("The same metrics on real pretrained models (SmolLM2-135M, MiniLM), and "
+                     f"heads that behave like the task's trigger-conditional head: [Real models]"
+                     f"({real_models}).")
+    else:
+        lines.append("`sinklab lm --model smollm2 --out <dir>` measures the same sinks in real "
+                     "pretrained models (see docs/real-models.md).")
     lines.append("")
     return "\n".join(lines)
