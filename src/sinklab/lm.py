@@ -122,7 +122,7 @@ def load(source: Source, device: torch.device) -> LoadedModel:
             tokenizer = tf.AutoTokenizer.from_pretrained(source.folder, **kwargs)
             model = tf.AutoModel.from_pretrained(source.folder, attn_implementation="eager",
                                                  dtype=torch.float32, **kwargs)
-    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+    except Exception as exc:  # transformers raises many types for a broken or foreign model
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise LMError(f"--model {source.name}: transformers could not load it ({first}).") \
             from None
@@ -238,8 +238,8 @@ class Accumulator:
                             for eps in EPS_SWEEP], dim=-1)
         dormant = torch.stack([metrics.dormant_rate(weights, c) for c in CUTOFF_SWEEP], dim=-1)
         if self.first is None:
-            self.first, self.last_token = first * 0, last * 0
-            self.sink, self.dormant = sink * 0, dormant * 0
+            self.first, self.last_token = torch.zeros(first.shape), torch.zeros(last.shape)
+            self.sink, self.dormant = torch.zeros(sink.shape), torch.zeros(dormant.shape)
         self.first += first.cpu() * n
         self.last_token += last.cpu() * n
         self.sink += sink.cpu() * n

@@ -148,8 +148,12 @@ def first_token_mass(weights: Tensor, causal: bool = True) -> Tensor:
     """Mean weight on the first key over the queries that can see it and the batch:
     (..., B, H, L, L) -> (..., H). A causal model's query 0 sees nothing else and is left out
     (as the toy task leaves out BOS's own row); in an encoder every query counts."""
-    first = weights[..., 0]  # (..., B, H, L)
-    return (first[..., 1:] if causal else first).mean(dim=(-3, -1))
+    if not causal:
+        return weights[..., 0].mean(dim=(-3, -1))
+    # the toy task's non-trigger BOS mass of sequences without a trigger: rows 1..L-1
+    no_trigger = torch.zeros(weights.shape[-4], weights.shape[-1], dtype=torch.bool,
+                             device=weights.device)
+    return bos_mass_nontrigger(weights, no_trigger)
 
 
 def error_split(pred: Tensor, target: Tensor, trigger: Tensor) -> dict[str, Tensor]:
