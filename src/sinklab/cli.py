@@ -152,6 +152,37 @@ def build_parser() -> argparse.ArgumentParser:
                      help="also write the report to FILE (e.g. docs/real-models.md), with its "
                           "figures in a folder of the same name")
 
+    sw = sub.add_parser(
+        "sweep", help="run a declared grid of runs (TOML spec), resumably, locally or on Ray",
+        description="Expand a sweep spec (a base config, a grid of section.field values and "
+                    "seeds; see examples/) into cells and train them, batched into ensembles. "
+                    "Results go to DIR/sweep.db (SQLite), DIR/runs/ and DIR/results.csv. "
+                    "Rerunning the same command resumes: finished cells are kept, unfinished "
+                    "ones run again. Exit status 1 when a cell failed.")
+    sw.add_argument("spec", metavar="SPEC", help="the sweep spec, a TOML file")
+    sw.add_argument("--out", required=True, metavar="DIR", help="the sweep folder")
+    sw.add_argument("--executor", default="local",
+                    help="local (processes on this machine, default) or ray (extra sinklab[ray])")
+    sw.add_argument("--ray-address", default=None, metavar="ADDR",
+                    help="a running Ray cluster (e.g. auto or ray://host:10001); default: start "
+                         "a local Ray instance for the sweep")
+    sw.add_argument("--workers", type=int, default=None, metavar="N",
+                    help="parallel workers (default: one per CPU core)")
+    sw.add_argument("--retry-failed", action="store_true",
+                    help="run the cells that failed before again")
+
+    rs = sub.add_parser(
+        "results", help="list and filter the cells of a sweep folder",
+        description="Print the cells of a sweep folder (sweep.db) with their status and summary "
+                    "metrics, optionally filtered, or write them as CSV.")
+    rs.add_argument("dir", metavar="DIR", help="a sweep folder")
+    rs.add_argument("--status", default=None, help="only cells with this status: pending, "
+                    "running, done or failed")
+    rs.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
+                    help="only cells whose grid value (e.g. model.attention=relu) or seed "
+                         "matches; repeat to combine")
+    rs.add_argument("--csv", default=None, metavar="FILE", help="write the cells as CSV instead")
+
     sub.add_parser("rules", help="list the attention rules",
                    description="List the registered attention rules with their descriptions.")
     return parser
@@ -260,6 +291,22 @@ def cmd_lm(args: argparse.Namespace, argv: list[str]) -> int:
     return _run_experiment(run_lm, opts, args, argv, "LM.md")
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from sinklab.sweeps.run import SweepOptions, run_sweep
+
+    opts = SweepOptions(executor=args.executor, workers=args.workers,
+                        ray_address=args.ray_address, retry_failed=args.retry_failed)
+    counts = run_sweep(args.spec, args.out, opts)
+    return EXIT_DIVERGED if counts["failed"] else 0
+
+
+def cmd_results(args: argparse.Namespace) -> int:
+    from sinklab.sweeps.results import list_results
+
+    return list_results(Path(args.dir), args.status, args.where,
+                        Path(args.csv) if args.csv else None)
+
+
 def cmd_rules() -> int:
     from sinklab.attention import RULES, has_parameters
 
@@ -285,6 +332,10 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_zoo(args, argv)
         if args.command == "lm":
             return cmd_lm(args, argv)
+        if args.command == "sweep":
+            return cmd_sweep(args)
+        if args.command == "results":
+            return cmd_results(args)
         return cmd_rules()
     except SinklabError as exc:
         print(f"sinklab: error: {exc}", file=sys.stderr)

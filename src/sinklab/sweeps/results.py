@@ -1,0 +1,75 @@
+"""``sinklab results DIR``: a sweep folder's cells in the terminal, filtered, or as CSV."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from sinklab.config import ConfigError
+from sinklab.sweeps.store import STATUSES, Store, to_csv
+
+COLUMNS = ("status", "converged", "steps", "linf_error", "bos_max", "sink_heads")
+
+
+def select(rows: list[dict[str, Any]], status: str | None,
+           where: list[str]) -> list[dict[str, Any]]:
+    """The rows with ``status`` whose grid values (or seed) match every ``key=value``."""
+    if status is not None and status not in STATUSES:
+        raise ConfigError(f"--status {status!r} is not allowed: choose one of "
+                          f"{', '.join(STATUSES)}.")
+    wanted = []
+    for item in where:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--where {item!r} is not of the form key=value, for example "
+                              "model.attention=relu.")
+        wanted.append((key.strip(), value.strip()))
+    known = {k for r in rows for k in r["overrides"]} | {"seed"}
+    for key, _ in wanted:
+        if rows and key not in known:
+            raise ConfigError(f"--where {key!r} is not a grid key of this sweep: choose one of "
+                              f"{', '.join(sorted(known))}.")
+
+    def text(value: Any) -> str:
+        return f"{value:g}" if isinstance(value, float) else str(value)
+
+    def matches(row: dict[str, Any]) -> bool:
+        values = {**row["overrides"], "seed": row["seed"]}
+        return all(key in values and (text(values[key]) == value or str(values[key]) == value)
+                   for key, value in wanted)
+
+    return [r for r in rows if (status is None or r["status"] == status) and matches(r)]
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return str(value)
+
+
+def list_results(folder: Path, status: str | None, where: list[str],
+                 csv_path: Path | None) -> int:
+    store = Store.read(folder)
+    try:
+        rows = select(store.rows(), status, where)
+        counts = store.counts()
+    finally:
+        store.close()
+    if csv_path is not None:
+        csv_path.write_text(to_csv(rows))
+        print(f"wrote {len(rows)} cells to {csv_path}")
+        return 0
+    table = [["cell", *COLUMNS, "reason"]]
+    for r in rows:
+        m = r["metrics"] or {}
+        table.append([r["name"], r["status"], *(_fmt(m.get(c)) for c in COLUMNS[1:]),
+                      r["reason"] or ""])
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    for row in table:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    print(f"{len(rows)} of {sum(counts.values())} cells shown; " +
+          ", ".join(f"{v} {k}" for k, v in counts.items()), file=sys.stderr)
+    return 0

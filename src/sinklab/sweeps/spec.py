@@ -1,0 +1,226 @@
+"""Sweep specs: a base config, a grid of overrides and seeds, in one TOML file.
+
+    description = "softmax against ReLU at two lengths"
+    seeds = 3                      # or a list of seeds, e.g. [0, 1, 2]
+
+    [base]                         # a run config, as for `sinklab train --config`
+    train.max_steps = 2000
+
+    [grid]                         # section.field = [values]; every combination is a cell
+    "model.attention" = ["softmax", "relu"]
+    "task.seq_len" = [16, 32]
+
+``load_spec`` validates everything before anything runs: an unknown key, an empty grid, a value
+of the wrong type or out of range is a ``SpecError`` naming the key and its line in the file.
+``cells`` expands a spec into cells with deterministic names, in grid order then seed order.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sinklab.config import (
+    SECTIONS,
+    ConfigError,
+    RunConfig,
+    _coerce,
+    _field_type,
+    allowed_keys,
+    build_run_config,
+)
+
+TOP_KEYS = ("description", "seeds", "base", "grid")
+
+
+class SpecError(ConfigError):
+    """A sweep spec that cannot be run; the message names the key and its line."""
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A validated sweep: base values, grid (key -> values, in file order) and seeds."""
+
+    path: str
+    description: str
+    base: dict[str, dict[str, Any]]
+    grid: dict[str, list[Any]]
+    seeds: tuple[int, ...]
+
+    def to_json(self) -> str:
+        """The spec's content (not its path), canonically: two specs that run the same cells
+        have the same text."""
+        return json.dumps({"description": self.description, "base": self.base,
+                           "grid": self.grid, "seeds": list(self.seeds)}, sort_keys=True)
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One run of a sweep."""
+
+    name: str
+    position: int  # order in the sweep
+    overrides: dict[str, Any]  # the grid's values for this cell
+    seed: int
+    config: RunConfig
+
+
+def _line_of(text: str, table: str, key: str) -> int | None:
+    """The 1-based line where ``key`` is set inside ``[table]`` (or at top level for ""), or
+    where the table starts when ``key`` is empty."""
+    current = ""
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        header = re.fullmatch(r"\[\s*([^\[\]]+?)\s*\]", line)
+        if header:
+            current = header.group(1).replace('"', "").replace("'", "")
+            if not key and current == table:
+                return number
+            continue
+        if "=" not in line or not key:
+            continue
+        name = line.split("=", 1)[0].strip().replace('"', "").replace("'", "")
+        full = f"{current}.{name}" if current else name
+        if full == (f"{table}.{key}" if table else key) or (current == table and name == key):
+            return number
+    return None
+
+
+def _at(text: str, table: str, key: str = "") -> str:
+    line = _line_of(text, table, key)
+    return f" (line {line})" if line else ""
+
+
+def _flatten_grid(grid: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Unquoted dotted grid keys, ``{"model": {"attention": [...]}}``, as
+    ``{"model.attention": [...]}``."""
+    flat: dict[str, Any] = {}
+    for key, value in grid.items():
+        full = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(_flatten_grid(value, full + "."))
+        else:
+            flat[full] = value
+    return flat
+
+
+def load_spec(path: str | Path) -> Spec:
+    """Read and validate a sweep spec (see the module docstring for the format)."""
+    path = Path(path)
+    if not path.is_file():
+        raise SpecError(f"sweep spec {str(path)!r} does not exist.")
+    text = path.read_text()
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(f"sweep spec {path} is not valid TOML: {exc}.") from None
+    where = str(path)
+    for key in data:
+        if key not in TOP_KEYS:
+            raise SpecError(f"{where}: unknown key {key!r}{_at(text, '', key)}: a sweep spec has "
+                            f"{', '.join(TOP_KEYS)}.")
+    description = data.get("description", "")
+    if not isinstance(description, str):
+        raise SpecError(f"{where}: description{_at(text, '', 'description')} must be a string.")
+    seeds = _seeds(data.get("seeds", 1), where + _at(text, "", "seeds"))
+
+    base = data.get("base", {})
+    if not isinstance(base, dict):
+        raise SpecError(f"{where}: base{_at(text, '', 'base')} must be a table of run settings, "
+                        "e.g. [base] train.max_steps = 2000.")
+    for section, values in base.items():
+        if section not in SECTIONS or not isinstance(values, dict):
+            raise SpecError(f"{where}: unknown key 'base.{section}'{_at(text, 'base', section)}:"
+                            f" [base] holds the sections {', '.join(SECTIONS)}.")
+        for name in values:
+            if f"{section}.{name}" not in allowed_keys():
+                raise SpecError(f"{where}: unknown key 'base.{section}.{name}'"
+                                f"{_at(text, 'base', f'{section}.{name}')}: allowed keys are "
+                                f"{', '.join(allowed_keys())}.")
+    try:
+        build_run_config(base)
+    except ConfigError as exc:
+        raise SpecError(f"{where}: [base]{_at(text, 'base')}: {exc}") from None
+
+    if "grid" not in data or not isinstance(data["grid"], dict) or not data["grid"]:
+        raise SpecError(f"{where}: the grid{_at(text, 'grid')} is empty or missing: give at "
+                        "least one key with a list of values, e.g. [grid] "
+                        "\"model.attention\" = [\"softmax\", \"relu\"].")
+    grid: dict[str, list[Any]] = {}
+    for key, values in _flatten_grid(data["grid"]).items():
+        at = _at(text, "grid", key)
+        if key not in allowed_keys():
+            raise SpecError(f"{where}: unknown grid key {key!r}{at}: allowed keys are "
+                            f"{', '.join(allowed_keys())}.")
+        if key == "train.seed":
+            raise SpecError(f"{where}: grid key 'train.seed'{at} is not allowed: seeds come from "
+                            "the top-level seeds.")
+        if not isinstance(values, list) or not values:
+            raise SpecError(f"{where}: grid key {key!r}{at} must be a non-empty list of "
+                            "values.")
+        section, name = key.split(".")
+        annotation = _field_type(SECTIONS[section], name)
+        coerced = []
+        for value in values:
+            if isinstance(value, str) and annotation is not str and "str" not in str(annotation):
+                raise SpecError(f"{where}: grid key {key!r}{at}: {value!r} is a string, but "
+                                f"{key} takes {getattr(annotation, '__name__', annotation)}.")
+            try:
+                coerced.append(_coerce(key, value, annotation))
+            except ConfigError as exc:
+                raise SpecError(f"{where}: grid key {key!r}{at}: {exc}") from None
+        if len(set(map(repr, coerced))) != len(coerced):
+            raise SpecError(f"{where}: grid key {key!r}{at} lists a value twice.")
+        grid[key] = coerced
+    spec = Spec(where, description, base, grid, seeds)
+    cells(spec)  # every combination must be a valid run config
+    return spec
+
+
+def _seeds(value: Any, where: str) -> tuple[int, ...]:
+    def is_int(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    if is_int(value) and value >= 1:
+        return tuple(range(value))
+    if isinstance(value, list) and value and all(is_int(v) and v >= 0 for v in value) \
+            and len(set(value)) == len(value):
+        return tuple(value)
+    raise SpecError(f"{where}: seeds={value!r} is not allowed: give a count >= 1 or a list of "
+                    "distinct seeds >= 0.")
+
+
+def _slug(value: Any) -> str:
+    text = f"{value:g}" if isinstance(value, float) else str(value)
+    return re.sub(r"[^A-Za-z0-9.+-]+", "_", text)
+
+
+def cell_name(overrides: dict[str, Any], seed: int) -> str:
+    """``model.attention=relu,task.seq_len=32,seed=1``: the grid values, then the seed."""
+    return ",".join([f"{k}={_slug(v)}" for k, v in overrides.items()] + [f"seed={seed}"])
+
+
+def cells(spec: Spec) -> list[Cell]:
+    """Every cell of ``spec``: the grid's combinations in file order, each with every seed."""
+    result = []
+    keys = list(spec.grid)
+    for combo in itertools.product(*(spec.grid[k] for k in keys)):
+        overrides = dict(zip(keys, combo))
+        for seed in spec.seeds:
+            values = {section: dict(fields) for section, fields in spec.base.items()}
+            for key, value in overrides.items():
+                section, name = key.split(".")
+                values.setdefault(section, {})[name] = value
+            values.setdefault("train", {})["seed"] = seed
+            name = cell_name(overrides, seed)
+            try:
+                config = build_run_config(values)
+            except ConfigError as exc:
+                raise SpecError(f"{spec.path}: cell {name}: {exc}") from None
+            result.append(Cell(name, len(result), overrides, seed, config))
+    return result

@@ -1,0 +1,223 @@
+"""The results store of a sweep: one SQLite database, ``DIR/sweep.db``, beside the run folders.
+
+One row per cell: its status (pending, running, done, failed with a reason), config, grid values,
+summary metrics, timings, attempts and the code version that ran it. Every change is one
+transaction, so a killed sweep leaves the database as it was after the last finished cell.
+Only the process that drives the sweep writes it; workers only compute.
+
+Run folders are written beside it atomically: into ``runs/.partial-NAME`` first, then renamed
+to ``runs/NAME``. A cell is done when its row says so; at the start of a sweep, rows left
+"running" by a killed sweep go back to pending and partial folders are removed.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import shutil
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sinklab.results import ResultsError, write_atomic
+from sinklab.sweeps.spec import Cell, Spec
+
+KIND = "sinklab sweep"
+FORMAT = "1"
+DB = "sweep.db"
+STATUSES = ("pending", "running", "done", "failed")
+METRICS = ("converged", "steps", "linf_error", "mse", "linf_trigger", "linf_nontrigger",
+           "bos_max", "sink_rate", "sink_heads", "train_time_s")
+
+SCHEMA = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE cells (
+    name TEXT PRIMARY KEY,
+    position INTEGER NOT NULL,
+    overrides TEXT NOT NULL,
+    seed INTEGER NOT NULL,
+    config TEXT NOT NULL,
+    status TEXT NOT NULL CHECK (status IN ('pending', 'running', 'done', 'failed')),
+    reason TEXT,
+    metrics TEXT,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    started REAL,
+    finished REAL,
+    seconds REAL,
+    code_version TEXT
+);
+"""
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, timeout=30, isolation_level=None)  # explicit transactions
+    conn.row_factory = sqlite3.Row
+    return conn
+
+
+class Store:
+    """A sweep folder's database. ``Store.create_or_open`` for running, ``Store.read`` for
+    reading; a folder that is not a sweep folder, or holds another sweep, is refused."""
+
+    def __init__(self, folder: Path, conn: sqlite3.Connection) -> None:
+        self.folder, self.conn = folder, conn
+
+    # --------------------------------------------------------------- opening
+
+    @classmethod
+    def read(cls, folder: str | Path) -> Store:
+        """Open an existing sweep folder (the database must be sinklab's and readable)."""
+        folder = Path(folder)
+        db = folder / DB
+        if not db.is_file():
+            raise ResultsError(f"{folder} is not a sweep folder (it has no {DB}).")
+        try:
+            conn = _connect(db)
+            meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+            conn.execute("SELECT name, status FROM cells LIMIT 1").fetchall()
+        except sqlite3.DatabaseError as exc:
+            raise ResultsError(f"{db} is corrupted or not a sinklab database ({exc}); move it "
+                               "away to run the sweep again.") from None
+        if meta.get("kind") != KIND:
+            raise ResultsError(f"{db} is not a sinklab sweep database.")
+        if meta.get("format") != FORMAT:
+            raise ResultsError(f"{db} has format {meta.get('format')!r}; this sinklab reads "
+                               f"format {FORMAT}.")
+        return cls(folder, conn)
+
+    @classmethod
+    def create_or_open(cls, folder: str | Path, spec: Spec, cells: list[Cell],
+                       version: str) -> Store:
+        """Open ``folder`` for ``spec``: create it (empty or absent folder), or reopen it when it
+        holds this same sweep. Anything else is refused before a byte is written."""
+        folder = Path(folder)
+        if (folder / DB).exists():
+            store = cls.read(folder)
+            stored = store.meta().get("spec")
+            if stored != spec.to_json():
+                raise ResultsError(f"{folder} holds another sweep (its spec differs from "
+                                   f"{spec.path}); choose another --out.")
+            return store
+        if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+            raise ResultsError(f"{folder} exists and is not an empty folder or a sinklab sweep "
+                               "folder; nothing was written; choose another --out.")
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f".{DB}.creating"
+        tmp.unlink(missing_ok=True)
+        conn = _connect(tmp)
+        conn.executescript("BEGIN;" + SCHEMA + "COMMIT;")
+        with _transaction(conn):
+            conn.executemany("INSERT INTO meta VALUES (?, ?)", [
+                ("kind", KIND), ("format", FORMAT), ("spec", spec.to_json()),
+                ("spec_path", spec.path), ("created", str(time.time())), ("version", version)])
+            conn.executemany(
+                "INSERT INTO cells (name, position, overrides, seed, config, status) "
+                "VALUES (?, ?, ?, ?, ?, 'pending')",
+                [(c.name, c.position, json.dumps(c.overrides), c.seed,
+                  json.dumps(c.config.to_dict())) for c in cells])
+        conn.close()
+        os.replace(tmp, folder / DB)  # the folder becomes a sweep folder in one step
+        return cls.read(folder)
+
+    # --------------------------------------------------------------- reading
+
+    def meta(self) -> dict[str, str]:
+        return dict(self.conn.execute("SELECT key, value FROM meta").fetchall())
+
+    def rows(self, status: str | None = None) -> list[dict[str, Any]]:
+        """Every cell as a dict, in sweep order (JSON columns decoded)."""
+        query = "SELECT * FROM cells" + (" WHERE status = ?" if status else "") + \
+            " ORDER BY position"
+        out = []
+        for row in self.conn.execute(query, (status,) if status else ()):
+            d = dict(row)
+            for key in ("overrides", "config", "metrics"):
+                d[key] = json.loads(d[key]) if d[key] is not None else None
+            out.append(d)
+        return out
+
+    def counts(self) -> dict[str, int]:
+        found = dict(self.conn.execute(
+            "SELECT status, COUNT(*) FROM cells GROUP BY status").fetchall())
+        return {s: found.get(s, 0) for s in STATUSES}
+
+    # --------------------------------------------------------------- writing
+
+    def recover(self, retry_failed: bool = False) -> int:
+        """Rows left "running" by a killed sweep (and failed ones, on request) back to pending;
+        partial run folders removed. Returns how many rows changed."""
+        statuses = ("running", "failed") if retry_failed else ("running",)
+        with _transaction(self.conn):
+            cur = self.conn.execute(
+                f"UPDATE cells SET status = 'pending', reason = NULL WHERE status IN "
+                f"({', '.join('?' * len(statuses))})", statuses)
+        runs = self.folder / "runs"
+        if runs.is_dir():
+            for partial in runs.glob(".partial-*"):
+                shutil.rmtree(partial, ignore_errors=True)
+        return cur.rowcount
+
+    def mark_running(self, names: list[str]) -> None:
+        with _transaction(self.conn):
+            self.conn.executemany(
+                "UPDATE cells SET status = 'running', attempts = attempts + 1, started = ? "
+                "WHERE name = ?", [(time.time(), n) for n in names])
+
+    def finish(self, name: str, *, files: dict[str, bytes] | None, metrics: dict[str, Any],
+               failed: str | None, seconds: float, version: str) -> None:
+        """Record a cell's outcome: its run folder (renamed into place) and its row, in that
+        order, so a row that says done always has its folder."""
+        if files is not None:
+            runs = self.folder / "runs"
+            partial = runs / f".partial-{name}"
+            shutil.rmtree(partial, ignore_errors=True)
+            partial.mkdir(parents=True)
+            for fname, data in files.items():
+                (partial / fname).write_bytes(data)
+            final = runs / name
+            if final.exists():  # a folder from an attempt whose row was never updated
+                shutil.rmtree(final)
+            os.replace(partial, final)
+        with _transaction(self.conn):
+            self.conn.execute(
+                "UPDATE cells SET status = ?, reason = ?, metrics = ?, finished = ?, "
+                "seconds = ?, code_version = ? WHERE name = ?",
+                ("failed" if failed else "done", failed, json.dumps(metrics), time.time(),
+                 seconds, version, name))
+
+    def export_csv(self, path: Path | None = None) -> Path:
+        """Every cell as one CSV row: name, status, reason, grid values, seed, metrics, times."""
+        path = path or self.folder / "results.csv"
+        write_atomic(path, to_csv(self.rows()).encode())
+        return path
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+@contextmanager
+def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+def to_csv(rows: list[dict[str, Any]]) -> str:
+    grid_keys = list(dict.fromkeys(k for r in rows for k in r["overrides"]))
+    fields = ["name", "status", "reason", *grid_keys, "seed", *METRICS, "attempts", "seconds",
+              "code_version"]
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n", extrasaction="ignore")
+    writer.writeheader()
+    for r in rows:
+        writer.writerow({**r, **r["overrides"], **(r["metrics"] or {})})
+    return buf.getvalue()

@@ -1,0 +1,266 @@
+"""Sweeps: spec validation with locations, the SQLite store, resuming after SIGKILL, failed
+cells, foreign folders, and the same results from the local and the Ray executors."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sinklab.sweeps import spec as spec_mod
+from sinklab.sweeps.store import Store
+from test_cli import run_cli
+
+TINY = """description = "tiny"
+seeds = 2
+
+[base]
+train.max_steps = 30
+
+[grid]
+"model.attention" = ["softmax", "relu"]
+"task.seq_len" = [8, 12]
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "spec.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+# ----------------------------------------------------------------------------- specs
+
+
+def test_cells_expand_the_grid_with_deterministic_names(tmp_path):
+    spec = spec_mod.load_spec(write(tmp_path, TINY))
+    cells = spec_mod.cells(spec)
+    assert [c.name for c in cells[:3]] == [
+        "model.attention=softmax,task.seq_len=8,seed=0",
+        "model.attention=softmax,task.seq_len=8,seed=1",
+        "model.attention=softmax,task.seq_len=12,seed=0"]
+    assert len(cells) == 8 and len({c.name for c in cells}) == 8
+    last = cells[-1]
+    assert (last.config.model.attention, last.config.task.seq_len, last.config.train.seed,
+            last.config.train.max_steps) == ("relu", 12, 1, 30)
+    again = spec_mod.load_spec(write(tmp_path, TINY, "copy.toml"))
+    assert again.to_json() == spec.to_json()  # the content, not the path, names the sweep
+
+
+@pytest.mark.parametrize(("text", "message", "line"), [
+    ("colour = 3\n" + TINY, "unknown key 'colour'", 1),
+    (TINY.replace('"task.seq_len"', '"task.seqlen"'), "unknown grid key 'task.seqlen'", 9),
+    (TINY.replace("[8, 12]", '["eight", 12]'),
+     "'eight' is a string, but task.seq_len takes int", 9),
+    (TINY.replace("[8, 12]", "[]"), "grid key 'task.seq_len' (line 9) must be a non-empty list",
+     9),
+    (TINY.replace("[8, 12]", "[2, 12]"), "task.seq_len=2 is not allowed", None),
+    ("seeds = 2\n[grid]\n", "the grid (line 2) is empty or missing", 2),
+    (TINY.replace("seeds = 2", "seeds = 0"), "seeds=0 is not allowed", 2),
+    (TINY.replace("train.max_steps = 30", "train.max_step = 30"),
+     "unknown key 'base.train.max_step'", 5),
+    (TINY.replace("train.max_steps = 30", "train.max_steps = -1"),
+     "train.max_steps=-1 is not allowed", 4),
+    (TINY + '"train.seed" = [1]\n', "grid key 'train.seed' (line 10) is not allowed", 10),
+    ("seeds = [1, 1]\n[grid]\n\"model.attention\" = [\"relu\"]\n",
+     "seeds=[1, 1] is not allowed", 1),
+    ("[grid\n", "is not valid TOML", None),
+])
+def test_bad_specs_name_the_key_and_line(tmp_path, capsys, text, message, line):
+    path = write(tmp_path, text)
+    with pytest.raises(spec_mod.SpecError) as info:
+        spec_mod.load_spec(path)
+    assert message in str(info.value)
+    if line is not None:
+        assert f"(line {line})" in str(info.value)
+    code, _, err = run_cli(capsys, "sweep", str(path), "--out", str(tmp_path / "o"))
+    assert code == 2 and message in err and "Traceback" not in err
+    assert not (tmp_path / "o").exists()
+
+
+# ------------------------------------------------------------------------- the store
+
+
+def test_sweep_runs_records_and_resumes(tmp_path, capsys):
+    spec, out = write(tmp_path, TINY), tmp_path / "sw"
+    code, _, err = run_cli(capsys, "sweep", str(spec), "--out", str(out), "--workers", "1")
+    assert code == 0, err
+    store = Store.read(out)
+    rows = store.rows()
+    assert [r["status"] for r in rows] == ["done"] * 8
+    assert all(r["attempts"] == 1 and r["code_version"] and r["seconds"] > 0 for r in rows)
+    assert rows[0]["metrics"]["steps"] == 30 and 0 <= rows[0]["metrics"]["bos_max"] <= 1
+    for r in rows:  # each cell's folder, with its own config
+        folder = out / "runs" / r["name"]
+        config = json.loads((folder / "config.json").read_text())
+        assert config == r["config"]
+        assert json.loads((folder / "summary.json").read_text())["steps"] == 30
+    table = list(csv.DictReader((out / "results.csv").read_text().splitlines()))
+    assert len(table) == 8 and table[0]["model.attention"] == "softmax"
+    store.close()
+
+    code, _, err = run_cli(capsys, "sweep", str(spec), "--out", str(out))
+    assert code == 0 and "0 to run in 0 ensembles" in err
+
+    code, stdout, _ = run_cli(capsys, "results", str(out), "--where", "model.attention=relu",
+                              "--where", "task.seq_len=12")
+    assert code == 0 and stdout.count("model.attention=relu,task.seq_len=12") == 2
+    assert "softmax" not in stdout
+    code, _, err = run_cli(capsys, "results", str(out), "--where", "colour=red")
+    assert code == 2 and "not a grid key of this sweep" in err
+    code, stdout, _ = run_cli(capsys, "results", str(out), "--csv", str(tmp_path / "r.csv"))
+    assert code == 0 and len((tmp_path / "r.csv").read_text().splitlines()) == 9
+
+
+def test_other_folders_are_refused_and_left_alone(tmp_path, capsys):
+    spec = write(tmp_path, TINY)
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    code, _, err = run_cli(capsys, "sweep", str(spec), "--out", str(foreign))
+    assert code == 2 and "is not an empty folder or a sinklab sweep folder" in err
+    assert sorted(p.name for p in foreign.iterdir()) == ["notes.txt"]
+
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "sweep.db").write_bytes(b"not a database at all" * 100)
+    code, _, err = run_cli(capsys, "sweep", str(spec), "--out", str(broken))
+    assert code == 2 and "sweep.db is corrupted or not a sinklab database" in err
+    assert (broken / "sweep.db").read_bytes() == b"not a database at all" * 100
+
+    out = tmp_path / "sw"
+    Store.create_or_open(out, spec_mod.load_spec(spec), spec_mod.cells(spec_mod.load_spec(spec)),
+                         "test").close()
+    other = write(tmp_path, TINY.replace("[8, 12]", "[8, 16]"), "other.toml")
+    code, _, err = run_cli(capsys, "sweep", str(other), "--out", str(out))
+    assert code == 2 and "holds another sweep" in err
+    code, _, err = run_cli(capsys, "results", str(foreign))
+    assert code == 2 and "is not a sweep folder" in err
+
+
+def test_a_diverging_cell_fails_with_its_reason_and_the_rest_finish(tmp_path, capsys):
+    spec = write(tmp_path, """seeds = 1
+[base]
+model.attention = "relu"
+train.max_steps = 30
+[grid]
+"train.lr" = [1e-3, 1e6]
+"task.seq_len" = [8, 12]
+""")
+    out = tmp_path / "sw"
+    code, _, err = run_cli(capsys, "sweep", str(spec), "--out", str(out), "--workers", "2")
+    assert code == 1 and "--retry-failed" in err
+    rows = {r["name"]: r for r in Store.read(out).rows()}
+    failed = [r for r in rows.values() if r["status"] == "failed"]
+    assert len(failed) == 2 and all("train.lr=1e+06" in r["name"] for r in failed)
+    assert all(r["reason"].startswith("diverged at step") for r in failed)
+    assert all(r["status"] == "done" for r in rows.values() if "lr=0.001" in r["name"])
+    code, _, err = run_cli(capsys, "sweep", str(spec), "--out", str(out))
+    assert code == 1 and "0 to run" in err  # failed cells stay failed without the flag
+    code, _, err = run_cli(capsys, "sweep", str(spec), "--out", str(out), "--retry-failed")
+    assert code == 1 and "2 to run" in err
+    rows = Store.read(out).rows("failed")
+    assert [r["attempts"] for r in rows] == [2, 2]
+
+
+@pytest.mark.slow
+def test_sigkill_mid_sweep_then_resume_finishes_every_cell_once(tmp_path):
+    spec = write(tmp_path, """seeds = 1
+[base]
+train.max_steps = 400
+[grid]
+"task.seq_len" = [8, 10, 12, 14, 16, 18, 20, 22]
+""")
+    out = tmp_path / "sw"
+    cmd = [sys.executable, "-m", "sinklab", "sweep", str(spec), "--out", str(out),
+           "--workers", "1"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    deadline = time.time() + 120
+    done = 0
+    while time.time() < deadline and done < 2:
+        time.sleep(0.2)
+        if (out / "sweep.db").is_file():
+            with sqlite3.connect(out / "sweep.db") as conn:
+                done = conn.execute("SELECT COUNT(*) FROM cells WHERE status = 'done'"
+                                    ).fetchone()[0]
+    assert done >= 2, "the sweep did not get going"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    store = Store.read(out)
+    before = {r["name"]: r for r in store.rows()}
+    store.close()
+    finished_before = [n for n, r in before.items() if r["status"] == "done"]
+    assert 2 <= len(finished_before) < 8
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    store = Store.read(out)
+    rows = store.rows()
+    assert [r["status"] for r in rows] == ["done"] * 8
+    for r in rows:
+        if r["name"] in finished_before:  # never run twice
+            assert r["attempts"] == 1 and r["finished"] == before[r["name"]]["finished"]
+        folder = out / "runs" / r["name"]
+        for f in folder.glob("*.json"):
+            json.loads(f.read_text())
+    assert sorted(p.name for p in (out / "runs").iterdir()) == sorted(r["name"] for r in rows)
+    list(csv.DictReader((out / "results.csv").read_text().splitlines()))
+
+
+# ------------------------------------------------------------------------------- Ray
+
+
+def test_missing_ray_extra_is_one_sentence(tmp_path, capsys, monkeypatch):
+    import importlib
+
+    from sinklab.sweeps import run as run_mod
+
+    real = importlib.import_module
+
+    def no_ray(name, *a):
+        if name == "ray":
+            raise ImportError(name)
+        return real(name, *a)
+
+    monkeypatch.setattr(run_mod.importlib, "import_module", no_ray)
+    code, _, err = run_cli(capsys, "sweep", str(write(tmp_path, TINY)), "--out",
+                           str(tmp_path / "o"), "--executor", "ray")
+    assert code == 2 and "pip install 'sinklab[ray]'" in err and not (tmp_path / "o").exists()
+    code, _, err = run_cli(capsys, "sweep", str(write(tmp_path, TINY)), "--out",
+                           str(tmp_path / "o"), "--executor", "dask")
+    assert code == 2 and "--executor 'dask' is not allowed: choose one of local, ray" in err
+
+
+@pytest.mark.slow
+def test_ray_and_local_executors_store_the_same_results(tmp_path, capsys):
+    ray = pytest.importorskip("ray")
+    spec = write(tmp_path, TINY)
+    code, _, err = run_cli(capsys, "sweep", str(spec), "--out", str(tmp_path / "local"),
+                           "--workers", "2")
+    assert code == 0, err
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        code, _, err = run_cli(capsys, "sweep", str(spec), "--out", str(tmp_path / "ray"),
+                               "--executor", "ray", "--workers", "2")
+    finally:
+        ray.shutdown()
+    assert code == 0, err
+    local = {r["name"]: r["metrics"] for r in Store.read(tmp_path / "local").rows()}
+    remote = {r["name"]: r["metrics"] for r in Store.read(tmp_path / "ray").rows()}
+    assert local.keys() == remote.keys() and len(local) == 8
+    for name, metrics in local.items():
+        for key, value in metrics.items():
+            if key == "train_time_s":  # the only number that may differ
+                continue
+            if isinstance(value, float):
+                assert remote[name][key] == pytest.approx(value, rel=1e-6, abs=1e-9), (name, key)
+            else:
+                assert remote[name][key] == value, (name, key)
