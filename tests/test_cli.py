@@ -121,6 +121,11 @@ def test_reproduce_quick_report_resume_and_errors(tmp_path, capsys, tiny_reprodu
     assert "## Extensions" in report and "sinklab zoo --out <dir>" in report
     assert "[Real models](real-models.md)" in docs.read_text() and "sinklab lm" in report
 
+    # The runs went through the sweep machinery: the folder's store lists them.
+    code, listing, _ = run_cli(capsys, "results", str(out), "--status", "done")
+    assert code == 0 and listing.count("runs/") == 6 and "runs/1x1_softmax_seed0" in listing
+    assert (out / "results.csv").is_file()
+
     # Resume: nothing is retrained, the report is rebuilt from the finished runs.
     code, _, err = run_cli(capsys, "reproduce", "--quick", "--workers", "1", "--out", str(out))
     assert code == 0 and "0 runs to train in 0 jobs" in err and "6 already finished" in err
@@ -163,8 +168,10 @@ def test_worker_processes_write_the_same_results(tmp_path):
             out.append(rep.Job("2x2", rule, [cfg], [root / rule]))
         return out
 
-    rep.run_all(jobs(tmp_path / "pool"), workers=2, log=lambda line: None)
-    rep.run_all(jobs(tmp_path / "serial"), workers=1, log=lambda line: None)
+    for name, workers in (("pool", 2), ("serial", 1)):
+        rep.prepare_out(tmp_path / name)
+        rep.run_all(jobs(tmp_path / name), workers=workers, log=lambda line: None,
+                    out=tmp_path / name)
     for rule in ("softmax", "relu"):
         a = read_json(tmp_path / "pool" / rule / "summary.json")
         b = read_json(tmp_path / "serial" / rule / "summary.json")

@@ -19,10 +19,8 @@ import shutil
 import sys
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -30,11 +28,13 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from sinklab import plots, report
-from sinklab.config import RunConfig, build_run_config, check_count
+from sinklab.config import RunConfig, SinklabError, build_run_config, check_count
 from sinklab.experiments.reference import PAPER
 from sinklab.metrics import SINK_HEAD_THRESHOLD
 from sinklab.results import ResultsError, read_json, read_npz, write_atomic, write_json
-from sinklab.train import resolve_device, train_runs, versions
+from sinklab.sweeps.run import record, run_local
+from sinklab.sweeps.store import Store
+from sinklab.train import resolve_device, versions
 
 EXPERIMENTS: dict[str, tuple[int, int]] = {"1x1": (1, 1), "2x2": (2, 2), "4x4": (4, 4)}
 RULES = ("softmax", "relu")
@@ -160,18 +160,9 @@ def plan(out: Path, opts: ReproduceOptions) -> tuple[list[Job], int]:
     return jobs, done
 
 
-def _worker_init() -> None:
-    import torch
-
-    torch.set_num_threads(1)  # one core per worker process; tiny tensors gain little from two
-
-
-def run_job(job: Job, progress: bool = False) -> list[dict[str, Any]]:
-    """Train one job's ensemble (in a worker process or in-process)."""
-    return train_runs(job.configs, job.run_dirs, progress=progress, description=job.label)
-
-
 def _describe(job: Job, summaries: list[dict[str, Any]], seconds: float) -> str:
+    if not summaries:
+        return f"{job.label}: failed, {seconds:.0f} s"
     steps = [s["steps"] for s in summaries]
     converged = sum(s["converged"] for s in summaries)
     step_text = f"{steps[0]}" if len(steps) == 1 else f"{min(steps)}-{max(steps)}"
@@ -181,25 +172,41 @@ def _describe(job: Job, summaries: list[dict[str, Any]], seconds: float) -> str:
             f"{seconds:.0f} s{extra}")
 
 
-def run_all(jobs: list[Job], workers: int, log: Callable[[str], None]) -> None:
-    """Run the jobs, in parallel processes when ``workers`` > 1; finished runs are on disk."""
-    total = len(jobs)
-    start = time.perf_counter()
-    if workers <= 1 or total <= 1:
-        for i, job in enumerate(jobs, start=1):
-            t = time.perf_counter()
-            summaries = run_job(job, progress=None)
-            log(f"[{i}/{total}] {_describe(job, summaries, time.perf_counter() - t)}")
+def run_all(jobs: list[Job], workers: int, log: Callable[[str], None], out: Path) -> None:
+    """Run the jobs through the sweep machinery (``sinklab.sweeps``): worker processes only
+    compute, this process writes each run folder atomically and records the run in the
+    folder's store (``out/sweep.db``, which ``sinklab results`` reads). A job that raised is
+    recorded as failed and reported once all jobs are done; rerunning retries it."""
+    if not jobs:
         return
-    ctx = get_context("spawn")
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx,
-                             initializer=_worker_init) as pool:
-        futures = {pool.submit(run_job, job): job for job in jobs}
-        for i, future in enumerate(as_completed(futures), start=1):
-            job = futures[future]
-            summaries = future.result()
-            log(f"[{i}/{total}] {_describe(job, summaries, time.perf_counter() - start)} "
+    out = Path(out)
+    store = Store.attach(out, origin=read_json(out / MARKER).get("kind", "experiment"))
+    version = versions()["sinklab"]
+    errors: list[str] = []
+    try:
+        store.recover()
+        names = [[os.path.relpath(p, out) for p in job.run_dirs] for job in jobs]
+        store.add_pending([(n, c.to_dict()) for job, ns in zip(jobs, names)
+                           for n, c in zip(ns, job.configs)])
+        sweep_jobs = [list(zip(ns, (c.to_dict() for c in job.configs)))
+                      for job, ns in zip(jobs, names)]
+        by_first = {ns[0]: job for job, ns in zip(jobs, names)}
+        for ns in names:
+            store.mark_running(ns)
+        start = time.perf_counter()
+        for i, (done_job, results) in enumerate(run_local(sweep_jobs, workers), start=1):
+            record(store, results, version)
+            errors += [f"{r['name']}: {r['error']}" for r in results if "error" in r]
+            summaries = [r["summary"] for r in results if "summary" in r]
+            job = by_first[done_job[0][0]]
+            log(f"[{i}/{len(jobs)}] {_describe(job, summaries, time.perf_counter() - start)} "
                 "(elapsed)")
+        store.export_csv()
+    finally:
+        store.close()
+    if errors:
+        raise SinklabError(f"{len(errors)} run(s) failed, the first {errors[0]}; the others "
+                           "are kept: rerun the same command to retry the failed ones.")
 
 
 def collect(out: Path, opts: ReproduceOptions) -> list[dict[str, Any]]:
@@ -230,7 +237,7 @@ def reproduce(out: Path, opts: ReproduceOptions, *, log: Callable[[str], None] |
     log(f"reproduce: {n_runs} runs to train in {len(jobs)} jobs on {workers} worker(s); "
         f"{done} already finished in {out}")
     start = time.perf_counter()
-    run_all(jobs, workers, log)
+    run_all(jobs, workers, log, out)
     wall = time.perf_counter() - start
 
     runs = collect(out, opts)

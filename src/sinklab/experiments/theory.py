@@ -182,7 +182,7 @@ def run_theory(out: Path, opts: TheoryOptions, *, log: Callable[[str], None] | N
     n_runs = sum(len(j.configs) for j in jobs)
     log(f"theory: {n_runs} denied-sink runs to train in {len(jobs)} jobs on {workers} "
         f"worker(s); {done} already finished")
-    rep.run_all(jobs, workers, log)
+    rep.run_all(jobs, workers, log, out)
     denied = denied_results(out, opts)
 
     if opts.reproduce is None:

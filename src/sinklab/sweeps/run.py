@@ -71,7 +71,7 @@ def compute(job: Job) -> list[dict[str, Any]]:
     tmp = Path(tempfile.mkdtemp(prefix="sinklab-sweep-"))
     try:
         cfgs = [build_run_config(config) for _, config in job]
-        dirs = [tmp / name for name, _ in job]
+        dirs = [tmp / f"cell{i}" for i in range(len(job))]
         try:
             train_runs(cfgs, dirs, progress=False)
         except Exception as exc:  # a job's failure is recorded, the sweep goes on
@@ -186,6 +186,27 @@ def run_ray(jobs: list[Job], workers: int,
 # ------------------------------------------------------------------------------- driver
 
 
+def record(store: Store, results: list[dict[str, Any]], version: str) -> tuple[int, int]:
+    """Write one job's results into the store (run folders, then rows); return how many
+    cells ended done and failed. A diverged run keeps its folder and is marked failed."""
+    done = failed = 0
+    for r in results:
+        if "error" in r:
+            store.finish(r["name"], files=None, metrics={}, failed=r["error"], seconds=0.0,
+                         version=version)
+            failed += 1
+            continue
+        summary = r["summary"]
+        reason = None
+        if summary["status"] == "diverged":
+            reason = f"diverged at step {summary['steps']}: the loss is not finite"
+        store.finish(r["name"], files=r["files"], metrics=metrics_of(summary), failed=reason,
+                     seconds=summary.get("wall_time_s", 0.0), version=version)
+        failed += reason is not None
+        done += reason is None
+    return done, failed
+
+
 class Progress:
     """A live line on a terminal (done / failed / total, ETA); plain log lines otherwise."""
 
@@ -238,27 +259,9 @@ def run_sweep(spec_path: str | Path, out: str | Path, opts: SweepOptions, *,
         progress = Progress(len(cells), counts["done"], counts["failed"], log)
         runner = run_ray(jobs, workers, opts.ray_address) if opts.executor == "ray" \
             else run_local(jobs, workers)
-        start = time.perf_counter()
         try:
             for _, results in runner:
-                done = failed = 0
-                for r in results:
-                    if "error" in r:
-                        store.finish(r["name"], files=None, metrics={}, failed=r["error"],
-                                     seconds=time.perf_counter() - start, version=version)
-                        failed += 1
-                        continue
-                    summary = r["summary"]
-                    reason = None
-                    if summary["status"] == "diverged":
-                        reason = (f"diverged at step {summary['steps']}: the loss is not "
-                                  "finite")
-                    store.finish(r["name"], files=r["files"], metrics=metrics_of(summary),
-                                 failed=reason, seconds=summary.get("wall_time_s", 0.0),
-                                 version=version)
-                    failed += reason is not None
-                    done += reason is None
-                progress.update(done, failed)
+                progress.update(*record(store, results, version))
         finally:
             progress.close()
         store.export_csv()

@@ -1,13 +1,17 @@
 """The results store of a sweep: one SQLite database, ``DIR/sweep.db``, beside the run folders.
 
-One row per cell: its status (pending, running, done, failed with a reason), config, grid values,
-summary metrics, timings, attempts and the code version that ran it. Every change is one
-transaction, so a killed sweep leaves the database as it was after the last finished cell.
+One row per cell: its status (pending, running, done, failed with a reason), run folder, config,
+grid values, summary metrics, timings, attempts and the code version that ran it. Every change is
+one transaction, so a killed sweep leaves the database as it was after the last finished cell.
 Only the process that drives the sweep writes it; workers only compute.
 
-Run folders are written beside it atomically: into ``runs/.partial-NAME`` first, then renamed
-to ``runs/NAME``. A cell is done when its row says so; at the start of a sweep, rows left
-"running" by a killed sweep go back to pending and partial folders are removed.
+Run folders are written beside it atomically: into ``.partial-NAME`` next to the final folder
+first, then renamed into place. A cell is done when its row says so; at the start of a sweep, rows
+left "running" by a killed sweep go back to pending and partial folders are removed.
+
+``sinklab sweep`` folders hold exactly one spec (``create_or_open``). The experiment commands
+(``reproduce``, ``theory``, ``zoo``) keep their own folders and attach a store to them
+(``attach``), with their run folders' paths as cell names.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ SCHEMA = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE cells (
     name TEXT PRIMARY KEY,
+    path TEXT NOT NULL,
     position INTEGER NOT NULL,
     overrides TEXT NOT NULL,
     seed INTEGER NOT NULL,
@@ -107,22 +112,48 @@ class Store:
             raise ResultsError(f"{folder} exists and is not an empty folder or a sinklab sweep "
                                "folder; nothing was written; choose another --out.")
         folder.mkdir(parents=True, exist_ok=True)
+        rows = [(c.name, f"runs/{c.name}", c.position, json.dumps(c.overrides), c.seed,
+                 json.dumps(c.config.to_dict())) for c in cells]
+        return cls._create(folder, {"origin": "sweep", "spec": spec.to_json(),
+                                    "spec_path": spec.path, "version": version}, rows)
+
+    @classmethod
+    def attach(cls, folder: str | Path, origin: str) -> Store:
+        """The store of an experiment folder (``origin``: reproduce, theory, zoo), created on
+        first use; the folder itself is claimed by the experiment (its marker file)."""
+        folder = Path(folder)
+        if (folder / DB).exists():
+            return cls.read(folder)
+        return cls._create(folder, {"origin": origin}, [])
+
+    @classmethod
+    def _create(cls, folder: Path, meta: dict[str, str], rows: list[tuple[Any, ...]]) -> Store:
         tmp = folder / f".{DB}.creating"
         tmp.unlink(missing_ok=True)
         conn = _connect(tmp)
         conn.executescript("BEGIN;" + SCHEMA + "COMMIT;")
         with _transaction(conn):
             conn.executemany("INSERT INTO meta VALUES (?, ?)", [
-                ("kind", KIND), ("format", FORMAT), ("spec", spec.to_json()),
-                ("spec_path", spec.path), ("created", str(time.time())), ("version", version)])
+                ("kind", KIND), ("format", FORMAT), ("created", str(time.time())),
+                *meta.items()])
             conn.executemany(
-                "INSERT INTO cells (name, position, overrides, seed, config, status) "
-                "VALUES (?, ?, ?, ?, ?, 'pending')",
-                [(c.name, c.position, json.dumps(c.overrides), c.seed,
-                  json.dumps(c.config.to_dict())) for c in cells])
+                "INSERT INTO cells (name, path, position, overrides, seed, config, status) "
+                "VALUES (?, ?, ?, ?, ?, ?, 'pending')", rows)
         conn.close()
-        os.replace(tmp, folder / DB)  # the folder becomes a sweep folder in one step
+        os.replace(tmp, folder / DB)  # the store appears in one step
         return cls.read(folder)
+
+    def add_pending(self, cells: list[tuple[str, dict[str, Any]]]) -> None:
+        """Experiment runs about to be trained, (run folder relative to the store, config): new
+        rows, or existing rows set back to pending (their folders are not finished)."""
+        with _transaction(self.conn):
+            start = self.conn.execute("SELECT COUNT(*) FROM cells").fetchone()[0]
+            for i, (name, config) in enumerate(cells):
+                self.conn.execute(
+                    "INSERT INTO cells (name, path, position, overrides, seed, config, status) "
+                    "VALUES (?, ?, ?, '{}', ?, ?, 'pending') ON CONFLICT(name) DO UPDATE SET "
+                    "status = 'pending', reason = NULL, config = excluded.config",
+                    (name, name, start + i, config["train"]["seed"], json.dumps(config)))
 
     # --------------------------------------------------------------- reading
 
@@ -156,9 +187,10 @@ class Store:
             cur = self.conn.execute(
                 f"UPDATE cells SET status = 'pending', reason = NULL WHERE status IN "
                 f"({', '.join('?' * len(statuses))})", statuses)
-        runs = self.folder / "runs"
-        if runs.is_dir():
-            for partial in runs.glob(".partial-*"):
+        parents = {(self.folder / r[0]).parent
+                   for r in self.conn.execute("SELECT path FROM cells").fetchall()}
+        for parent in parents:
+            for partial in parent.glob(".partial-*"):
                 shutil.rmtree(partial, ignore_errors=True)
         return cur.rowcount
 
@@ -173,13 +205,14 @@ class Store:
         """Record a cell's outcome: its run folder (renamed into place) and its row, in that
         order, so a row that says done always has its folder."""
         if files is not None:
-            runs = self.folder / "runs"
-            partial = runs / f".partial-{name}"
+            (path,) = self.conn.execute("SELECT path FROM cells WHERE name = ?",
+                                        (name,)).fetchone()
+            final = self.folder / path
+            partial = final.parent / f".partial-{final.name}"
             shutil.rmtree(partial, ignore_errors=True)
             partial.mkdir(parents=True)
             for fname, data in files.items():
                 (partial / fname).write_bytes(data)
-            final = runs / name
             if final.exists():  # a folder from an attempt whose row was never updated
                 shutil.rmtree(final)
             os.replace(partial, final)
