@@ -264,3 +264,45 @@ def test_ray_and_local_executors_store_the_same_results(tmp_path, capsys):
                 assert remote[name][key] == pytest.approx(value, rel=1e-6, abs=1e-9), (name, key)
             else:
                 assert remote[name][key] == value, (name, key)
+
+
+# ---------------------------------------------------------------------------- report
+
+
+def test_report_gathers_every_result_into_markdown_and_a_self_contained_page(
+        tmp_path, capsys, monkeypatch):
+    import re
+
+    from sinklab.experiments import zoo
+
+    monkeypatch.setattr(zoo, "QUICK_STEPS", {"1x1": 20, "2x2": 10})
+    root = tmp_path / "results"
+    code, _, err = run_cli(capsys, "sweep", str(write(tmp_path, TINY)), "--out",
+                           str(root / "sweep"), "--workers", "1")
+    assert code == 0, err
+    code, _, err = run_cli(capsys, "zoo", "--quick", "--no-extensions", "--rules", "softmax,relu",
+                           "--workers", "1", "--out", str(root / "zoo"))
+    assert code == 0, err
+    code, stdout, err = run_cli(capsys, "report", str(root))
+    assert code == 0, err
+    assert "zoo" in stdout and "sweep" in stdout
+    text = (root / "report" / "REPORT.md").read_text()
+    # the zoo's report first, then the sweep's section, written from its store
+    assert text.index("## Zoo (") < text.index("## Sweep (")
+    assert "### Zoo: which attention rules need a sink" in text
+    assert "`sinklab sweep " in text and "8 done" in text
+    assert "- [Zoo (" in text  # the contents
+    links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
+    assert links and all((root / "report" / link).resolve().is_file() for link in links)
+    page = (root / "report" / "REPORT.html").read_text()
+    assert "<script" not in page and 'class="toc"' in page and "<table>" in page
+    assert page.count('src="data:image/png;base64,') == len(links)
+    assert "http://" not in page and "https://" not in page
+
+
+def test_report_of_a_folder_without_results_is_one_sentence(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    code, _, err = run_cli(capsys, "report", str(tmp_path / "empty"))
+    assert code == 2 and "holds no sinklab results" in err
+    code, _, err = run_cli(capsys, "report", str(tmp_path / "missing"))
+    assert code == 2 and "is not a folder" in err

@@ -183,6 +183,16 @@ def build_parser() -> argparse.ArgumentParser:
                          "matches; repeat to combine")
     rs.add_argument("--csv", default=None, metavar="FILE", help="write the cells as CSV instead")
 
+    rp = sub.add_parser(
+        "report", help="gather every result under a folder into one HTML page and REPORT.md",
+        description="Find the reproduce, theory, zoo, lm and sweep folders in DIR (and up to two "
+                    "levels below) and gather their reports, with the commands and versions "
+                    "behind every number, into one self-contained HTML page (figures embedded, "
+                    "a table of contents, no JavaScript) and REPORT.md.")
+    rp.add_argument("dir", metavar="DIR", help="a folder holding sinklab results")
+    rp.add_argument("--out", default=None, metavar="FOLDER",
+                    help="where to write REPORT.html and REPORT.md (default: DIR/report)")
+
     sub.add_parser("rules", help="list the attention rules",
                    description="List the registered attention rules with their descriptions.")
     return parser
@@ -307,6 +317,17 @@ def cmd_results(args: argparse.Namespace) -> int:
                         Path(args.csv) if args.csv else None)
 
 
+def cmd_report(args: argparse.Namespace, argv: list[str]) -> int:
+    from sinklab.experiments.gather import run_report
+
+    command = "sinklab " + " ".join(shlex.quote(a) for a in argv)
+    result = run_report(Path(args.dir), Path(args.out) if args.out else None, command)
+    for kind, folder in result["found"]:
+        print(f"  {kind:9s} {folder}")
+    print(f"wrote {Path(result['out']) / 'REPORT.html'} and REPORT.md")
+    return 0
+
+
 def cmd_rules() -> int:
     from sinklab.attention import RULES, has_parameters
 
@@ -336,6 +357,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_sweep(args)
         if args.command == "results":
             return cmd_results(args)
+        if args.command == "report":
+            return cmd_report(args, argv)
         return cmd_rules()
     except SinklabError as exc:
         print(f"sinklab: error: {exc}", file=sys.stderr)

@@ -325,7 +325,7 @@ def render(models: list[dict[str, Any]], meta: dict[str, Any], prefix: str) -> s
             "",
             f"![sweeps]({prefix}/fig_lm_{name}_sweeps.png)",
             "",
-            "<details><summary>Per layer (mean over heads; sink rate at eps "
+            "<details markdown=\"1\"><summary>Per layer (mean over heads; sink rate at eps "
             f"{MAIN_EPS})</summary>",
             "",
             layer_table(m),

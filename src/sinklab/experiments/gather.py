@@ -1,0 +1,178 @@
+"""``sinklab report DIR``: every result under DIR in one Markdown report and one self-contained
+HTML page.
+
+It finds the folders sinklab wrote (reproduce, theory, zoo and lm folders by their
+``sinklab.json`` marker, sweeps by their ``sweep.db``) in DIR and the folders below it, and
+gathers their reports in that order: each report already says the command, date and versions
+behind its numbers. A sweep's section is written here from its store. The HTML page embeds every
+figure (base64 PNG), has a table of contents, and uses no JavaScript and no network.
+
+Writes ``OUT/REPORT.md`` (figures linked where they are) and ``OUT/REPORT.html``; OUT defaults to
+``DIR/report``.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import os
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sinklab import report
+from sinklab.results import ResultsError, read_json, write_atomic
+from sinklab.sweeps.store import DB, Store
+from sinklab.train import versions
+
+ORDER = ("reproduce", "theory", "zoo", "lm", "sweep")
+REPORT_FILE = {"reproduce": "REPORT.md", "theory": "THEORY.md", "zoo": "ZOO.md", "lm": "LM.md"}
+TITLE = {"reproduce": "Reproduction", "theory": "Theory", "zoo": "Zoo", "lm": "Real models",
+         "sweep": "Sweep"}
+
+
+@dataclass(frozen=True)
+class Found:
+    kind: str
+    folder: Path
+
+
+def find(root: Path, depth: int = 2) -> list[Found]:
+    """sinklab result folders in ``root`` and up to ``depth`` levels below, in report order."""
+    found = []
+    queue = [(root, 0)]
+    while queue:
+        folder, level = queue.pop(0)
+        marker = folder / "sinklab.json"
+        kind = None
+        if marker.is_file():
+            kind = read_json(marker).get("kind")
+        elif (folder / DB).is_file():
+            kind = "sweep"
+        if kind in ORDER:
+            found.append(Found(kind, folder))
+        if level < depth:
+            queue += [(p, level + 1) for p in sorted(folder.iterdir())
+                      if p.is_dir() and not p.name.startswith(".") and p.name != "runs"]
+    return sorted(found, key=lambda f: (ORDER.index(f.kind), str(f.folder)))
+
+
+def _demote(text: str) -> str:
+    """Every Markdown heading one level down (the gathered report has its own headings)."""
+    return re.sub(r"^(#{1,5}) ", r"#\1 ", text, flags=re.MULTILINE)
+
+
+def _relink(text: str, source: Path, out: Path) -> str:
+    """Image links of a report in ``source`` made relative to ``out``."""
+    def fix(match: re.Match[str]) -> str:
+        target = match.group(2)
+        if re.match(r"[a-z]+:", target) or target.startswith("/"):
+            return match.group(0)
+        return f"![{match.group(1)}]({os.path.relpath(source / target, out)})"
+
+    return re.sub(r"!\[([^\]]*)\]\(([^)]+)\)", fix, text)
+
+
+def sweep_section(folder: Path) -> str:
+    """A sweep's report from its store: the command, the counts, every cell."""
+    store = Store.read(folder)
+    try:
+        meta, rows, counts = store.meta(), store.rows(), store.counts()
+    finally:
+        store.close()
+    spec = meta.get("spec_path", "?")
+    lines = [f"# Sweep {folder.name}", "",
+             f"- Command: `sinklab sweep {spec} --out {folder}` (sinklab "
+             f"{meta.get('version', '?')}); `sinklab results {folder}` lists the same cells.",
+             "- Cells: " + ", ".join(f"{v} {k}" for k, v in counts.items()), ""]
+    if meta.get("origin") != "sweep":
+        lines[2] = (f"- The runs of the {meta.get('origin')} folder {folder}, recorded by its "
+                    "store.")
+    table = []
+    for r in rows:
+        m = r["metrics"] or {}
+        table.append([r["name"], r["status"], m.get("converged", "-"), m.get("steps", "-"),
+                      report.sci(m.get("linf_error")), report.fixed(m.get("bos_max"), 3),
+                      r["reason"] or ""])
+    lines.append(report.table(["cell", "status", "converged", "steps", "test L∞",
+                               "BOS mass (most sinking head)", "reason"], table))
+    return "\n".join(lines) + "\n"
+
+
+def gather(root: Path, out: Path, command: str) -> tuple[str, list[Found]]:
+    """The combined Markdown (image links relative to ``out``) and what it gathered."""
+    found = find(root)
+    if not found:
+        raise ResultsError(f"{root} holds no sinklab results (reproduce, theory, zoo, lm or "
+                           "sweep folders); run one of those commands with --out inside it.")
+    v = versions()
+    lines = ["# sinklab report", "",
+             f"- Gathered by `{command}` on {datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')}"
+             f" (sinklab {v['sinklab']}, torch {v['torch']}, Python {v['python']}); each "
+             "section names the command and versions behind its own numbers.",
+             "- Contents: " + ", ".join(f"{TITLE[f.kind]} (`{f.folder}`)" for f in found), "",
+             "[TOC]", ""]
+    for f in found:
+        if f.kind == "sweep":
+            text = sweep_section(f.folder)
+        else:
+            path = f.folder / REPORT_FILE[f.kind]
+            if not path.is_file():
+                raise ResultsError(f"{f.folder} is a {f.kind} folder without {path.name}; rerun "
+                                   f"its command to write it.")
+            text = path.read_text()
+        lines += [f"## {TITLE[f.kind]} (`{f.folder}`)", "",
+                  _demote(_demote(_relink(text, f.folder, out))), ""]
+    return "\n".join(lines), found
+
+
+def contents(text: str) -> str:
+    """A Markdown list of the second-level headings, linked with GitHub's anchors."""
+    items = []
+    for title in re.findall(r"^## (.+)$", text, flags=re.MULTILINE):
+        anchor = re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")
+        items.append(f"- [{title}](#{anchor})")
+    return "\n".join(items) + "\n"
+
+
+CSS = """body{font-family:sans-serif;max-width:72rem;margin:2rem auto;padding:0 1rem;
+line-height:1.45;color:#222}table{border-collapse:collapse;margin:1rem 0;font-size:.85rem}
+th,td{border:1px solid #ccc;padding:.2rem .45rem;text-align:left}th{background:#f3f3f3}
+img{max-width:100%}code{background:#f3f3f3;padding:0 .2rem}.toc{background:#fafafa;
+border:1px solid #ddd;padding:.5rem 1rem}"""
+
+
+def to_html(markdown_text: str, out: Path) -> str:
+    """A standalone page: Markdown rendered, every local PNG embedded as a data URI."""
+    import markdown
+
+    body = markdown.markdown(markdown_text, extensions=["tables", "toc", "md_in_html",
+                                                         "fenced_code"],
+                             extension_configs={"toc": {"toc_depth": "2-2"}})
+
+    def embed(match: re.Match[str]) -> str:
+        src = html.unescape(match.group(1))
+        path = (out / src).resolve()
+        if re.match(r"[a-z]+:", src) or not path.is_file():
+            return match.group(0)
+        data = base64.b64encode(path.read_bytes()).decode()
+        return f'src="data:image/png;base64,{data}"'
+
+    body = re.sub(r'src="([^"]+)"', embed, body)
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>sinklab report</title><style>{CSS}</style></head><body>\n{body}\n"
+            "</body></html>\n")
+
+
+def run_report(root: Path, out: Path | None = None, command: str | None = None) -> dict[str, Any]:
+    root = Path(root)
+    if not root.is_dir():
+        raise ResultsError(f"{root} is not a folder; give a folder that holds sinklab results.")
+    out = Path(out) if out is not None else root / "report"
+    text, found = gather(root, out, command or f"sinklab report {root}")
+    out.mkdir(parents=True, exist_ok=True)
+    write_atomic(out / "REPORT.md", text.replace("[TOC]\n", contents(text)).encode())
+    write_atomic(out / "REPORT.html", to_html(text, out).encode())
+    return {"found": [(f.kind, str(f.folder)) for f in found], "out": str(out)}
