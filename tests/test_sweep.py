@@ -306,3 +306,20 @@ def test_report_of_a_folder_without_results_is_one_sentence(tmp_path, capsys):
     assert code == 2 and "holds no sinklab results" in err
     code, _, err = run_cli(capsys, "report", str(tmp_path / "missing"))
     assert code == 2 and "is not a folder" in err
+
+
+def test_progress_is_a_live_line_on_a_terminal_and_log_lines_otherwise(monkeypatch, capsys):
+    from sinklab.sweeps.run import Progress
+
+    lines: list[str] = []
+    plain = Progress(total=4, done=1, failed=0, log=lines.append)
+    plain.update(1, 1)
+    plain.close()
+    assert len(lines) == 1 and lines[0].startswith("sweep: 2 done, 1 failed, 4 cells; ETA")
+    monkeypatch.setattr("sys.stderr.isatty", lambda: True)
+    live = Progress(total=4, done=1, failed=0, log=lines.append)
+    live.update(2, 0)
+    live.close()
+    err = capsys.readouterr().err
+    assert len(lines) == 1  # no log line: the bar shows it
+    assert "3/4" in err and "done=3" in err and "failed=0" in err
