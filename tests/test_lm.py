@@ -40,28 +40,29 @@ def _tokenizer(path: Path, encoder: bool):
     return len(vocab)
 
 
+def _tiny_model(folder: Path, encoder: bool) -> Path:
+    """A randomly initialised 2-layer, 4-head Llama (decoder) or BERT (encoder) saved with a
+    word-level tokenizer in ``folder``: a Hugging Face model folder built without a download."""
+    vocab = _tokenizer(folder, encoder=encoder)
+    torch.manual_seed(0)
+    sizes = dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                 num_attention_heads=4, max_position_embeddings=256)
+    if encoder:
+        transformers.BertModel(transformers.BertConfig(**sizes)).save_pretrained(folder)
+    else:
+        config = transformers.LlamaConfig(num_key_value_heads=2, **sizes)
+        transformers.LlamaForCausalLM(config).save_pretrained(folder)
+    return folder
+
+
 @pytest.fixture
 def tiny_llama(tmp_path):
-    path = tmp_path / "tiny-llama"
-    vocab = _tokenizer(path, encoder=False)
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64,
-                                      num_hidden_layers=2, num_attention_heads=4,
-                                      num_key_value_heads=2, max_position_embeddings=256)
-    transformers.LlamaForCausalLM(config).save_pretrained(path)
-    return path
+    return _tiny_model(tmp_path / "tiny-llama", encoder=False)
 
 
 @pytest.fixture
 def tiny_bert(tmp_path):
-    path = tmp_path / "tiny-bert"
-    vocab = _tokenizer(path, encoder=True)
-    torch.manual_seed(0)
-    config = transformers.BertConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64,
-                                     num_hidden_layers=2, num_attention_heads=4,
-                                     max_position_embeddings=256)
-    transformers.BertModel(config).save_pretrained(path)
-    return path
+    return _tiny_model(tmp_path / "tiny-bert", encoder=True)
 
 
 def test_pipeline_on_a_tiny_llama(tmp_path, capsys, tiny_llama):

@@ -147,10 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="random-token probes (default: 100)")
     lmp.add_argument("--batch-size", type=int, default=None, metavar="N",
                      help="probes per forward pass (default: 16)")
-    lmp.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
-    lmp.add_argument("--docs", default=None, metavar="FILE",
-                     help="also write the report to FILE (e.g. docs/real-models.md), with its "
-                          "figures in a folder of the same name")
+    _add_run_options(lmp, "the report", "docs/real-models.md", workers=False)
 
     sw = sub.add_parser(
         "sweep", help="run a declared grid of runs (TOML spec), resumably, locally or on Ray",
@@ -198,10 +195,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_run_options(parser: argparse.ArgumentParser, what: str, example: str) -> None:
-    """--workers, --device and --docs, shared by the commands that run many trainings."""
-    parser.add_argument("--workers", type=int, default=None, metavar="N",
-                        help="parallel worker processes (default: one per CPU core)")
+def _add_run_options(parser: argparse.ArgumentParser, what: str, example: str,
+                     workers: bool = True) -> None:
+    """--workers, --device and --docs, shared by the commands that write a report."""
+    if workers:
+        parser.add_argument("--workers", type=int, default=None, metavar="N",
+                            help="parallel worker processes (default: one per CPU core)")
     parser.add_argument("--device", default="auto",
                         help="auto, cpu, cuda or cuda:N (default: auto)")
     parser.add_argument("--docs", default=None, metavar="FILE",

@@ -236,11 +236,11 @@ def allowed_keys() -> list[str]:
     return [f"{s}.{f.name}" for s, cls in SECTIONS.items() for f in dataclasses.fields(cls)]
 
 
-def _field_type(cls: type, name: str) -> Any:
+def field_type(cls: type, name: str) -> Any:
     return typing.get_type_hints(cls)[name]
 
 
-def _coerce(key: str, value: Any, annotation: Any) -> Any:
+def coerce(key: str, value: Any, annotation: Any) -> Any:
     """Turn a TOML value or a command-line string into the field's type, or raise ConfigError."""
     optional = False
     if isinstance(annotation, types.UnionType):
@@ -336,7 +336,7 @@ def build_run_config(values: dict[str, Any] | None = None) -> RunConfig:
             if name not in names:
                 raise ConfigError(f"unknown config key {key!r}: allowed keys are "
                                   f"{', '.join(allowed_keys())}.")
-            kwargs[name] = _coerce(key, raw, _field_type(cls, name))
+            kwargs[name] = coerce(key, raw, field_type(cls, name))
         parts[section] = cls(**kwargs)
     return RunConfig(**parts)
 

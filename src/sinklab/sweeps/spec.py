@@ -29,10 +29,10 @@ from sinklab.config import (
     SECTIONS,
     ConfigError,
     RunConfig,
-    _coerce,
-    _field_type,
     allowed_keys,
     build_run_config,
+    coerce,
+    field_type,
 )
 
 TOP_KEYS = ("description", "seeds", "base", "grid")
@@ -164,14 +164,14 @@ def load_spec(path: str | Path) -> Spec:
             raise SpecError(f"{where}: grid key {key!r}{at} must be a non-empty list of "
                             "values.")
         section, name = key.split(".")
-        annotation = _field_type(SECTIONS[section], name)
+        annotation = field_type(SECTIONS[section], name)
         coerced = []
         for value in values:
             if isinstance(value, str) and annotation is not str and "str" not in str(annotation):
                 raise SpecError(f"{where}: grid key {key!r}{at}: {value!r} is a string, but "
                                 f"{key} takes {getattr(annotation, '__name__', annotation)}.")
             try:
-                coerced.append(_coerce(key, value, annotation))
+                coerced.append(coerce(key, value, annotation))
             except ConfigError as exc:
                 raise SpecError(f"{where}: grid key {key!r}{at}: {exc}") from None
         if len(set(map(repr, coerced))) != len(coerced):
