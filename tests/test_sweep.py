@@ -96,7 +96,10 @@ def test_sweep_runs_records_and_resumes(tmp_path, capsys):
     store = Store.read(out)
     rows = store.rows()
     assert [r["status"] for r in rows] == ["done"] * 8
-    assert all(r["attempts"] == 1 and r["code_version"] and r["seconds"] > 0 for r in rows)
+    from sinklab import __version__
+
+    assert all(r["attempts"] == 1 and r["code_version"].startswith(__version__)
+               and r["seconds"] > 0 for r in rows)
     assert rows[0]["metrics"]["steps"] == 30 and 0 <= rows[0]["metrics"]["bos_max"] <= 1
     for r in rows:  # each cell's folder, with its own config
         folder = out / "runs" / r["name"]
@@ -136,9 +139,15 @@ def test_other_folders_are_refused_and_left_alone(tmp_path, capsys):
     assert code == 2 and "sweep.db is corrupted or not a sinklab database" in err
     assert (broken / "sweep.db").read_bytes() == b"not a database at all" * 100
 
+    half = tmp_path / "half"  # a sweep killed while creating its database
+    half.mkdir()
+    (half / ".sweep.db.creating").write_bytes(b"partial")
+    loaded = spec_mod.load_spec(spec)
+    Store.create_or_open(half, loaded, spec_mod.cells(loaded), "test").close()
+    assert sorted(p.name for p in half.iterdir()) == ["sweep.db"]
+
     out = tmp_path / "sw"
-    Store.create_or_open(out, spec_mod.load_spec(spec), spec_mod.cells(spec_mod.load_spec(spec)),
-                         "test").close()
+    Store.create_or_open(out, loaded, spec_mod.cells(loaded), "test").close()
     other = write(tmp_path, TINY.replace("[8, 12]", "[8, 16]"), "other.toml")
     code, _, err = run_cli(capsys, "sweep", str(other), "--out", str(out))
     assert code == 2 and "holds another sweep" in err
@@ -163,6 +172,8 @@ train.max_steps = 30
     assert len(failed) == 2 and all("train.lr=1e+06" in r["name"] for r in failed)
     assert all(r["reason"].startswith("diverged at step") for r in failed)
     assert all(r["status"] == "done" for r in rows.values() if "lr=0.001" in r["name"])
+    code, listing, _ = run_cli(capsys, "results", str(out), "--where", "train.lr=1e-3")
+    assert code == 0 and listing.count("train.lr=0.001") == 2 and "1e+06" not in listing
     code, _, err = run_cli(capsys, "sweep", str(spec), "--out", str(out))
     assert code == 1 and "0 to run" in err  # failed cells stay failed without the flag
     code, _, err = run_cli(capsys, "sweep", str(spec), "--out", str(out), "--retry-failed")

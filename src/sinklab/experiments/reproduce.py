@@ -32,7 +32,7 @@ from sinklab.config import RunConfig, SinklabError, build_run_config, check_coun
 from sinklab.experiments.reference import PAPER
 from sinklab.metrics import SINK_HEAD_THRESHOLD
 from sinklab.results import ResultsError, read_json, read_npz, write_atomic, write_json
-from sinklab.sweeps.run import record, run_local
+from sinklab.sweeps.run import code_version, record, run_local
 from sinklab.sweeps.store import Store
 from sinklab.train import resolve_device, versions
 
@@ -181,7 +181,7 @@ def run_all(jobs: list[Job], workers: int, log: Callable[[str], None], out: Path
         return
     out = Path(out)
     store = Store.attach(out, origin=read_json(out / MARKER).get("kind", "experiment"))
-    version = versions()["sinklab"]
+    version = code_version()
     errors: list[str] = []
     try:
         store.recover()

@@ -34,10 +34,17 @@ def select(rows: list[dict[str, Any]], status: str | None,
     def text(value: Any) -> str:
         return f"{value:g}" if isinstance(value, float) else str(value)
 
+    def same(stored: Any, value: str) -> bool:
+        if text(stored) == value or str(stored) == value:
+            return True
+        try:  # 1e-3 matches 0.001
+            return not isinstance(stored, str) and float(stored) == float(value)
+        except ValueError:
+            return False
+
     def matches(row: dict[str, Any]) -> bool:
         values = {**row["overrides"], "seed": row["seed"]}
-        return all(key in values and (text(values[key]) == value or str(values[key]) == value)
-                   for key, value in wanted)
+        return all(key in values and same(values[key], value) for key, value in wanted)
 
     return [r for r in rows if (status is None or r["status"] == status) and matches(r)]
 

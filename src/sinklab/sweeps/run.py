@@ -124,6 +124,23 @@ def _job_cost(job: Job) -> float:
 # ---------------------------------------------------------------------------- executors
 
 
+def code_version() -> str:
+    """sinklab's version, and the git commit of the checkout it runs from (``+dirty`` with
+    uncommitted changes), so a stored result names the code that computed it."""
+    import subprocess
+
+    version = versions()["sinklab"]
+    here = Path(__file__).resolve().parents[1]  # the sinklab package
+    try:
+        commit = subprocess.run(["git", "-C", str(here), "rev-parse", "--short", "HEAD"],
+                                capture_output=True, text=True, timeout=5, check=True)
+        dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--", "."],
+                               capture_output=True, text=True, timeout=5, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return version  # an installed package, no git
+    return f"{version}+{commit.stdout.strip()}" + ("-dirty" if dirty.stdout.strip() else "")
+
+
 def _worker_init() -> None:
     import torch
 
@@ -243,7 +260,7 @@ def run_sweep(spec_path: str | Path, out: str | Path, opts: SweepOptions, *,
         ray_module()  # a missing extra is reported before the folder is touched
     for device in {c.config.train.device for c in cells}:
         resolve_device(device)
-    version = versions()["sinklab"]
+    version = code_version()
     store = Store.create_or_open(out, spec, cells, version)
     try:
         reset = store.recover(opts.retry_failed)

@@ -108,7 +108,9 @@ class Store:
                 raise ResultsError(f"{folder} holds another sweep (its spec differs from "
                                    f"{spec.path}); choose another --out.")
             return store
-        if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+        creating = folder / f".{DB}.creating"  # left by a sweep killed while creating it
+        if folder.exists() and (not folder.is_dir()
+                                or any(p != creating for p in folder.iterdir())):
             raise ResultsError(f"{folder} exists and is not an empty folder or a sinklab sweep "
                                "folder; nothing was written; choose another --out.")
         folder.mkdir(parents=True, exist_ok=True)
