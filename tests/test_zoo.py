@@ -139,3 +139,27 @@ def test_sinking_is_judged_by_the_bos_share_of_rows_that_are_on():
     assert verdict([gated, gated]).startswith("sinks on BOS whenever it solves the task (2/2")
     assert verdict([relu, gated]).startswith("solves the task without a BOS sink (1/2")
     assert verdict([run([0.0], [0.0], [3.0], "relu", converged=False)]).startswith("no verdict")
+
+
+@pytest.mark.slow
+def test_zoo_on_ray_stores_what_the_local_executor_stores(tmp_path, capsys, tiny_zoo):
+    ray = pytest.importorskip("ray")
+    from sinklab.sweeps.store import Store
+
+    args = ["zoo", "--quick", "--no-extensions", "--rules", "softmax,relu", "--workers", "2"]
+    code, _, err = run_cli(capsys, *args, "--out", str(tmp_path / "local"))
+    assert code == 0, err
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        code, _, err = run_cli(capsys, *args, "--executor", "ray", "--out",
+                               str(tmp_path / "ray"))
+    finally:
+        ray.shutdown()
+    assert code == 0, err
+    local = {r["name"]: r["metrics"] for r in Store.read(tmp_path / "local").rows()}
+    remote = {r["name"]: r["metrics"] for r in Store.read(tmp_path / "ray").rows()}
+    assert len(local) == 4 and local.keys() == remote.keys()
+    for name in local:
+        assert remote[name]["linf_error"] == pytest.approx(local[name]["linf_error"], rel=1e-6)
+        assert remote[name]["steps"] == local[name]["steps"]
+    assert "## 1x1" in (tmp_path / "ray" / "ZOO.md").read_text()

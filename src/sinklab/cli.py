@@ -158,11 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "ones run again. Exit status 1 when a cell failed.")
     sw.add_argument("spec", metavar="SPEC", help="the sweep spec, a TOML file")
     sw.add_argument("--out", required=True, metavar="DIR", help="the sweep folder")
-    sw.add_argument("--executor", default="local",
-                    help="local (processes on this machine, default) or ray (extra sinklab[ray])")
-    sw.add_argument("--ray-address", default=None, metavar="ADDR",
-                    help="a running Ray cluster (e.g. auto or ray://host:10001); default: start "
-                         "a local Ray instance for the sweep")
+    _add_executor_options(sw)
     sw.add_argument("--workers", type=int, default=None, metavar="N",
                     help="parallel workers (default: one per CPU core)")
     sw.add_argument("--retry-failed", action="store_true",
@@ -195,12 +191,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_executor_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--executor", default="local",
+                        help="local (processes on this machine, default) or ray (extra "
+                             "sinklab[ray]; see docs/sweeps.md)")
+    parser.add_argument("--ray-address", default=None, metavar="ADDR",
+                        help="a running Ray cluster (e.g. auto or ray://host:10001); default: "
+                             "start a local Ray instance for the run")
+
+
 def _add_run_options(parser: argparse.ArgumentParser, what: str, example: str,
                      workers: bool = True) -> None:
     """--workers, --device and --docs, shared by the commands that write a report."""
     if workers:
         parser.add_argument("--workers", type=int, default=None, metavar="N",
                             help="parallel worker processes (default: one per CPU core)")
+        _add_executor_options(parser)
     parser.add_argument("--device", default="auto",
                         help="auto, cpu, cuda or cuda:N (default: auto)")
     parser.add_argument("--docs", default=None, metavar="FILE",
@@ -258,7 +264,8 @@ def cmd_reproduce(args: argparse.Namespace, argv: list[str]) -> int:
     from sinklab.experiments.reproduce import ReproduceOptions, reproduce
 
     opts = ReproduceOptions(seeds=args.seeds, quick=args.quick, workers=args.workers,
-                            device=args.device)
+                            device=args.device, executor=args.executor,
+                            ray_address=args.ray_address)
     return _run_experiment(reproduce, opts, args, argv, "REPORT.md")
 
 
@@ -276,7 +283,8 @@ def cmd_theory(args: argparse.Namespace, argv: list[str]) -> int:
 
     extra = {"eps": parse_eps(args.eps)} if args.eps is not None else {}
     opts = TheoryOptions(seeds=args.seeds, quick=args.quick, steps=args.steps,
-                         workers=args.workers, device=args.device,
+                         workers=args.workers, device=args.device, executor=args.executor,
+                         ray_address=args.ray_address,
                          reproduce=Path(args.reproduce) if args.reproduce else None,
                          seq_len=args.seq_len, d_model=args.d_model, **extra)
     return _run_experiment(run_theory, opts, args, argv, "THEORY.md")
@@ -287,7 +295,8 @@ def cmd_zoo(args: argparse.Namespace, argv: list[str]) -> int:
 
     extra = {"rules": parse_rules(args.rules)} if args.rules is not None else {}
     opts = ZooOptions(seeds=args.seeds, quick=args.quick, workers=args.workers,
-                      device=args.device, extensions=args.extensions, **extra)
+                      device=args.device, extensions=args.extensions, executor=args.executor,
+                      ray_address=args.ray_address, **extra)
     return _run_experiment(run_zoo, opts, args, argv, "ZOO.md")
 
 

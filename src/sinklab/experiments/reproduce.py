@@ -32,7 +32,7 @@ from sinklab.config import RunConfig, SinklabError, build_run_config, check_coun
 from sinklab.experiments.reference import PAPER
 from sinklab.metrics import SINK_HEAD_THRESHOLD
 from sinklab.results import ResultsError, read_json, read_npz, write_atomic, write_json
-from sinklab.sweeps.run import code_version, record, run_local
+from sinklab.sweeps.run import check_executor, code_version, record, runner
 from sinklab.sweeps.store import Store
 from sinklab.train import resolve_device, versions
 
@@ -53,6 +53,8 @@ class RunOptions:
     quick: bool = False
     workers: int | None = None  # None: one process per CPU core (one on a GPU)
     device: str = "auto"
+    executor: str = "local"  # or "ray" (sinklab.sweeps.run)
+    ray_address: str | None = None
     quick_seeds: ClassVar[int] = 1
 
     def __post_init__(self) -> None:
@@ -62,6 +64,7 @@ class RunOptions:
         if self.workers is not None:
             check_count("--workers", self.workers)
         build_run_config({"train": {"device": self.device}})  # validates the device name
+        check_executor(self.executor, self.ray_address)
 
 
 @dataclass
@@ -172,8 +175,10 @@ def _describe(job: Job, summaries: list[dict[str, Any]], seconds: float) -> str:
             f"{seconds:.0f} s{extra}")
 
 
-def run_all(jobs: list[Job], workers: int, log: Callable[[str], None], out: Path) -> None:
-    """Run the jobs through the sweep machinery (``sinklab.sweeps``): worker processes only
+def run_all(jobs: list[Job], workers: int, log: Callable[[str], None], out: Path,
+            opts: RunOptions | None = None) -> None:
+    """Run the jobs through the sweep machinery (``sinklab.sweeps``), on ``opts.executor``
+    (local processes, or Ray at ``opts.ray_address``): workers only
     compute, this process writes each run folder atomically and records the run in the
     folder's store (``out/sweep.db``, which ``sinklab results`` reads). A job that raised is
     recorded as failed and reported once all jobs are done; rerunning retries it."""
@@ -194,7 +199,9 @@ def run_all(jobs: list[Job], workers: int, log: Callable[[str], None], out: Path
         for ns in names:
             store.mark_running(ns)
         start = time.perf_counter()
-        for i, (done_job, results) in enumerate(run_local(sweep_jobs, workers), start=1):
+        executor, address = (opts.executor, opts.ray_address) if opts else ("local", None)
+        results_in = runner(executor, sweep_jobs, workers, address)
+        for i, (done_job, results) in enumerate(results_in, start=1):
             record(store, results, version)
             errors += [f"{r['name']}: {r['error']}" for r in results if "error" in r]
             summaries = [r["summary"] for r in results if "summary" in r]
@@ -237,7 +244,7 @@ def reproduce(out: Path, opts: ReproduceOptions, *, log: Callable[[str], None] |
     log(f"reproduce: {n_runs} runs to train in {len(jobs)} jobs on {workers} worker(s); "
         f"{done} already finished in {out}")
     start = time.perf_counter()
-    run_all(jobs, workers, log, out)
+    run_all(jobs, workers, log, out, opts)
     wall = time.perf_counter() - start
 
     runs = collect(out, opts)

@@ -182,14 +182,16 @@ def run_theory(out: Path, opts: TheoryOptions, *, log: Callable[[str], None] | N
     n_runs = sum(len(j.configs) for j in jobs)
     log(f"theory: {n_runs} denied-sink runs to train in {len(jobs)} jobs on {workers} "
         f"worker(s); {done} already finished")
-    rep.run_all(jobs, workers, log, out)
+    rep.run_all(jobs, workers, log, out, opts)
     denied = denied_results(out, opts)
 
     if opts.reproduce is None:
         rdir = out / "reproduce"
         log(f"theory: the trained models come from a reproduction in {rdir}")
         rep.reproduce(rdir, rep.ReproduceOptions(seeds=opts.seeds, quick=opts.quick,
-                                                 workers=opts.workers, device=opts.device),
+                                                 workers=opts.workers, device=opts.device,
+                                                 executor=opts.executor,
+                                                 ray_address=opts.ray_address),
                       log=log)
     else:
         rdir = Path(opts.reproduce)

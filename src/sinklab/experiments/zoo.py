@@ -268,7 +268,7 @@ def run_zoo(out: Path, opts: ZooOptions, *, log: Callable[[str], None] | None = 
     log(f"zoo: {n_runs} runs to train in {len(jobs)} jobs on {workers} worker(s); {done} "
         f"already finished in {out}")
     start = time.perf_counter()
-    rep.run_all(jobs, workers, log, out)
+    rep.run_all(jobs, workers, log, out, opts)
     entries = collect(out, opts)
     ext = None
     if opts.extensions:

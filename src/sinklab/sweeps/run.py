@@ -52,14 +52,29 @@ class SweepOptions:
     retry_failed: bool = False
 
     def __post_init__(self) -> None:
-        if self.executor not in EXECUTORS:
-            raise ConfigError(f"--executor {self.executor!r} is not allowed: choose one of "
-                              f"{', '.join(EXECUTORS)}.")
+        check_executor(self.executor, self.ray_address)
         if self.workers is not None and (not isinstance(self.workers, int) or self.workers < 1):
             raise ConfigError(f"--workers={self.workers!r} is not allowed: it must be an integer "
                               ">= 1.")
-        if self.ray_address and self.executor != "ray":
-            raise ConfigError("--ray-address needs --executor ray.")
+
+
+def check_executor(executor: str, ray_address: str | None) -> None:
+    """Raise ConfigError unless ``executor`` is known (and, for Ray, the extra is installed)."""
+    if executor not in EXECUTORS:
+        raise ConfigError(f"--executor {executor!r} is not allowed: choose one of "
+                          f"{', '.join(EXECUTORS)}.")
+    if ray_address and executor != "ray":
+        raise ConfigError("--ray-address needs --executor ray.")
+    if executor == "ray":
+        ray_module()
+
+
+def runner(executor: str, jobs: list[Job], workers: int,
+           ray_address: str | None) -> Iterator[tuple[Job, list[dict[str, Any]]]]:
+    """The jobs' results as they finish, from the chosen executor."""
+    if executor == "ray":
+        return run_ray(jobs, workers, ray_address)
+    return run_local(jobs, workers)
 
 
 # ------------------------------------------------------------------------------ compute
@@ -256,8 +271,6 @@ def run_sweep(spec_path: str | Path, out: str | Path, opts: SweepOptions, *,
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
     spec = spec_mod.load_spec(spec_path)
     cells = spec_mod.cells(spec)
-    if opts.executor == "ray":
-        ray_module()  # a missing extra is reported before the folder is touched
     for device in {c.config.train.device for c in cells}:
         resolve_device(device)
     version = code_version()
@@ -274,10 +287,8 @@ def run_sweep(spec_path: str | Path, out: str | Path, opts: SweepOptions, *,
         for job in jobs:
             store.mark_running([name for name, _ in job])
         progress = Progress(len(cells), counts["done"], counts["failed"], log)
-        runner = run_ray(jobs, workers, opts.ray_address) if opts.executor == "ray" \
-            else run_local(jobs, workers)
         try:
-            for _, results in runner:
+            for _, results in runner(opts.executor, jobs, workers, opts.ray_address):
                 progress.update(*record(store, results, version))
         finally:
             progress.close()
