@@ -58,6 +58,10 @@ class LMOptions:
                               "integer >= 8.")
         resolve_device(self.device)
 
+    def settings(self) -> dict[str, Any]:
+        """What a model's analysis depends on (every option but the list of models)."""
+        return asdict(self) | {"models": None}
+
 
 def folder_name(spec: str) -> str:
     """A model's subfolder: its short name, or the path's last part made file-name safe."""
@@ -112,7 +116,7 @@ def analyse_model(spec: str, opts: LMOptions, log: Callable[[str], None]) -> dic
         "architecture": type(loaded.model).__name__, "n_layers": loaded.n_layers,
         "n_heads": loaded.n_heads, "causal": results[0]["causal"],
         "special_tokens": loaded.special_names, "tokenizer_adds_them": loaded.adds_specials,
-        "settings": asdict(opts) | {"models": None},
+        "settings": opts.settings(),
         "load_s": load_s, "total_s": time.perf_counter() - start, "device": str(device),
         "results": results, "trigger_heads": finder,
     }
@@ -129,8 +133,7 @@ def run_lm(out: Path, opts: LMOptions, *, log: Callable[[str], None] | None = No
     models = []
     for spec in opts.models:
         path = out / folder_name(spec) / "lm.json"
-        settings = asdict(opts) | {"models": None}
-        if path.is_file() and read_json(path).get("settings") == settings:
+        if path.is_file() and read_json(path).get("settings") == opts.settings():
             log(f"lm: {spec}: already analysed in {path.parent}")
             models.append(read_json(path))
             continue

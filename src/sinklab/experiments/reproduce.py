@@ -32,7 +32,7 @@ from sinklab.config import RunConfig, SinklabError, build_run_config, check_coun
 from sinklab.experiments.reference import PAPER
 from sinklab.metrics import SINK_HEAD_THRESHOLD
 from sinklab.results import ResultsError, read_json, read_npz, write_atomic, write_json
-from sinklab.sweeps.run import check_executor, code_version, record, runner
+from sinklab.sweeps.run import check_executor, code_version, execute
 from sinklab.sweeps.store import Store
 from sinklab.train import resolve_device, versions
 
@@ -196,19 +196,15 @@ def run_all(jobs: list[Job], workers: int, log: Callable[[str], None], out: Path
         sweep_jobs = [list(zip(ns, (c.to_dict() for c in job.configs)))
                       for job, ns in zip(jobs, names)]
         by_first = {ns[0]: job for job, ns in zip(jobs, names)}
-        for ns in names:
-            store.mark_running(ns)
         start = time.perf_counter()
         executor, address = (opts.executor, opts.ray_address) if opts else ("local", None)
-        results_in = runner(executor, sweep_jobs, workers, address)
-        for i, (done_job, results) in enumerate(results_in, start=1):
-            record(store, results, version)
+        finished = execute(store, sweep_jobs, executor, workers, address, version)
+        for i, (done_job, results, _) in enumerate(finished, start=1):
             errors += [f"{r['name']}: {r['error']}" for r in results if "error" in r]
             summaries = [r["summary"] for r in results if "summary" in r]
             job = by_first[done_job[0][0]]
             log(f"[{i}/{len(jobs)}] {_describe(job, summaries, time.perf_counter() - start)} "
                 "(elapsed)")
-        store.export_csv()
     finally:
         store.close()
     if errors:

@@ -218,6 +218,18 @@ def run_ray(jobs: list[Job], workers: int,
 # ------------------------------------------------------------------------------- driver
 
 
+def execute(store: Store, jobs: list[Job], executor: str, workers: int,
+            ray_address: str | None, version: str
+            ) -> Iterator[tuple[Job, list[dict[str, Any]], tuple[int, int]]]:
+    """Run ``jobs`` and record each one's results in ``store`` as it finishes; yields the job,
+    its results and (cells done, cells failed). ``results.csv`` is rewritten at the end."""
+    for job in jobs:
+        store.mark_running([name for name, _ in job])
+    for job, results in runner(executor, jobs, workers, ray_address):
+        yield job, results, record(store, results, version)
+    store.export_csv()
+
+
 def record(store: Store, results: list[dict[str, Any]], version: str) -> tuple[int, int]:
     """Write one job's results into the store (run folders, then rows); return how many
     cells ended done and failed. A diverged run keeps its folder and is marked failed."""
@@ -284,15 +296,13 @@ def run_sweep(spec_path: str | Path, out: str | Path, opts: SweepOptions, *,
         log(f"sweep: {len(cells)} cells in {out}: {counts['done']} done, {counts['failed']} "
             f"failed, {len(pending)} to run in {len(jobs)} ensembles on {opts.executor} "
             f"({workers} worker(s))" + (f"; {reset} reset to pending" if reset else ""))
-        for job in jobs:
-            store.mark_running([name for name, _ in job])
         progress = Progress(len(cells), counts["done"], counts["failed"], log)
         try:
-            for _, results in runner(opts.executor, jobs, workers, opts.ray_address):
-                progress.update(*record(store, results, version))
+            for _, _, outcome in execute(store, jobs, opts.executor, workers, opts.ray_address,
+                                         version):
+                progress.update(*outcome)
         finally:
             progress.close()
-        store.export_csv()
         counts = store.counts()
         log(f"sweep: {counts['done']} done, {counts['failed']} failed of {len(cells)}; wrote "
             f"{Path(out) / 'results.csv'}"
