@@ -237,15 +237,15 @@ def collect(out: Path, opts: zoo.ZooOptions) -> dict[str, Any]:
                                         "runs": runs})
             # the paper's models (attention blocks at L = 16): tested longer, and their curves
             paths = [_run_path(out, config, rule, s) for s in seeds]
+            base = [_run(p) for p in paths]
             result["length"].append({"config": config, "rule": rule,
-                                     "runs": [{"seed": s, "converged": _run(p)["converged"],
+                                     "runs": [{"seed": b["seed"], "converged": b["converged"],
                                                "tests": length_evaluation(p)}
-                                              for s, p in zip(seeds, paths)]})
+                                              for b, p in zip(base, paths)]})
             result["emergence"].append({"config": config, "rule": rule,
-                                        "runs": [{"seed": s, "steps": _run(p)["steps"],
-                                                  "converged": _run(p)["converged"],
-                                                  **emergence(p)}
-                                                 for s, p in zip(seeds, paths)]})
+                                        "runs": [{"seed": b["seed"], "steps": b["steps"],
+                                                  "converged": b["converged"], **emergence(p)}
+                                                 for b, p in zip(base, paths)]})
     for entry in result["block"]:
         entry["fate"] = sink_fate(entry, result["block"])
     return result
