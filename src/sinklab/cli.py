@@ -2,6 +2,7 @@
 
     sinklab train model.attention=relu model.n_layers=2 model.n_heads=2 --out runs/relu-2x2
     sinklab reproduce --out results/reproduce
+    sinklab sweep examples/tiny.toml --out results/sweep-tiny
     sinklab rules
 
 ``main(argv)`` returns the exit status, so tests call it in-process. Input errors print one
@@ -40,7 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sinklab",
         description="Study attention sinks: train models on the trigger-conditional task, "
-                    "measure their sinks, and reproduce Ran-Milo (2026).")
+                    "measure their sinks, reproduce Ran-Milo (2026), compare attention rules, "
+                    "measure real pretrained models, and run resumable sweeps.")
     parser.add_argument("--version", action="version", version=f"sinklab {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
