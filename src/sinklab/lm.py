@@ -280,7 +280,7 @@ def query_features(weights: Tensor) -> dict[str, Tensor]:
     first = w[..., 0]
     prev = w.gather(-1, (pos - 1).view(1, 1, 1, -1, 1).expand(layers, batch, heads, -1, 1))[..., 0]
     self_w = w.gather(-1, pos.view(1, 1, 1, -1, 1).expand(layers, batch, heads, -1, 1))[..., 0]
-    rest = w[..., 1:].clone()  # keys 1..T-1
+    rest = w[..., 1:]  # keys 1..T-1 (read only)
     top, arg = rest.max(dim=-1)
     offset = pos.view(1, 1, 1, -1) - (arg + 1)
     share = rest / rest.sum(-1, keepdim=True).clamp(min=1e-12)

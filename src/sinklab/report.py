@@ -20,14 +20,33 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     return "\n".join(lines)
 
 
-def spread(values: Sequence[float], digits: int = 3) -> str:
-    """"mean ± sd" over seeds (sample sd), or the single value when there is one seed."""
-    arr = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=float)
+def finite(values: Sequence[float | None]) -> np.ndarray:
+    """The finite numbers among ``values`` (None, NaN and inf dropped)."""
+    return np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=float)
+
+
+def finite_mean(values: Sequence[float | None]) -> float:
+    """The mean of the finite values, NaN when there are none."""
+    arr = finite(values)
+    return float(arr.mean()) if arr.size else float("nan")
+
+
+def finite_sd(values: Sequence[float | None]) -> float:
+    """The sample sd of the finite values, NaN with fewer than two."""
+    arr = finite(values)
+    return float(arr.std(ddof=1)) if arr.size > 1 else float("nan")
+
+
+def spread(values: Sequence[float | None], digits: int = 3, fmt: str | None = None) -> str:
+    """"mean ± sd" over seeds (sample sd), or the single value when there is one seed; ``fmt``
+    (e.g. ".2e") replaces the default ``digits`` decimals."""
+    spec = fmt or f".{digits}f"
+    arr = finite(values)
     if arr.size == 0:
         return "n/a"
     if arr.size == 1:
-        return f"{arr[0]:.{digits}f}"
-    return f"{arr.mean():.{digits}f} ± {arr.std(ddof=1):.{digits}f}"
+        return f"{arr[0]:{spec}}"
+    return f"{arr.mean():{spec}} ± {arr.std(ddof=1):{spec}}"
 
 
 def sci(value: float | None) -> str:

@@ -258,9 +258,9 @@ def sink_fate(entry: dict[str, Any], entries: list[dict[str, Any]]) -> str:
         return "baseline"
     base = next(e for e in entries if (e["config"], e["rule"], e["block"])
                 == (entry["config"], entry["rule"], "attention"))
-    had = _mean([r["bos_max"] for r in base["runs"]]) >= zoo.SINK_SHARE
-    bos = _mean([r["bos_max"] for r in entry["runs"]])
-    self_mass = _mean([r["self_max"] for r in entry["runs"]])
+    had = report.finite_mean([r["bos_max"] for r in base["runs"]]) >= zoo.SINK_SHARE
+    bos = report.finite_mean([r["bos_max"] for r in entry["runs"]])
+    self_mass = report.finite_mean([r["self_max"] for r in entry["runs"]])
     if bos >= zoo.SINK_SHARE:
         return "survives" if had else "appears"
     if self_mass >= MOVED:
@@ -269,14 +269,6 @@ def sink_fate(entry: dict[str, Any], entries: list[dict[str, Any]]) -> str:
 
 
 # ------------------------------------------------------------------------------ outputs
-
-
-def _mean(values: list[float]) -> float:
-    return zoo._mean(values)
-
-
-def _pm(values: list[float], fmt: str) -> str:
-    return zoo._pm(_mean(values), zoo._sd(values), fmt)
 
 
 def _conv(runs: list[dict[str, Any]]) -> str:
@@ -326,9 +318,9 @@ def to_csv(ext: dict[str, Any]) -> str:
 def seq_len_table(ext: dict[str, Any]) -> str:
     rows = [[e["rule"], e["seq_len"], _conv(e["runs"]),
              _median([r["steps"] for r in e["runs"]]),
-             _pm([r["linf"] for r in e["runs"]], ".2e"),
-             _pm([r["linf_nontrigger"] for r in e["runs"]], ".2e"),
-             _pm([r["bos_max"] for r in e["runs"]], ".3f")] for e in ext["seq_len"]]
+             report.spread([r["linf"] for r in e["runs"]], fmt=".2e"),
+             report.spread([r["linf_nontrigger"] for r in e["runs"]], fmt=".2e"),
+             report.spread([r["bos_max"] for r in e["runs"]], fmt=".3f")] for e in ext["seq_len"]]
     return report.table(["rule", "seq_len", "converged", "steps (median)", "test L∞",
                          "L∞ non-trigger rows", "BOS mass (most sinking head)"], rows)
 
@@ -339,10 +331,10 @@ def trigger_table(ext: dict[str, Any]) -> str:
         runs = e["runs"]
         mixed = [r["mixed"] for r in runs]
         rows.append([e["rule"], f"{e['no_trigger_prob']:g}", e["max_triggers"], _conv(runs),
-                     _pm([r["linf"] for r in runs], ".2e"),
-                     *[_pm([m[f"linf_{g}"] for m in mixed], ".2e")
+                     report.spread([r["linf"] for r in runs], fmt=".2e"),
+                     *[report.spread([m[f"linf_{g}"] for m in mixed], fmt=".2e")
                        for g in ("none", "one", "several")],
-                     _pm([r["bos_max"] for r in runs], ".3f")])
+                     report.spread([r["bos_max"] for r in runs], fmt=".3f")])
     return report.table(["rule", "P(no trigger)", "max triggers", "converged",
                          "test L∞ (paper test set)", "mixed: L∞ no trigger", "mixed: L∞ one",
                          "mixed: L∞ several", "BOS mass (paper test set)"], rows)
@@ -355,9 +347,9 @@ def length_table(ext: dict[str, Any]) -> str:
         for key in dict.fromkeys((t["seq_len"], t["trigger"]) for t in tests):
             sel = [t for t in tests if (t["seq_len"], t["trigger"]) == key]
             rows.append([e["config"], e["rule"], _conv(e["runs"]), key[0], key[1],
-                         _pm([t["linf_nontrigger"] for t in sel], ".2e"),
-                         _pm([t["linf_trigger"] for t in sel], ".2e"),
-                         _pm([t["bos_max"] for t in sel], ".3f")])
+                         report.spread([t["linf_nontrigger"] for t in sel], fmt=".2e"),
+                         report.spread([t["linf_trigger"] for t in sel], fmt=".2e"),
+                         report.spread([t["bos_max"] for t in sel], fmt=".3f")])
     return report.table(["config", "rule", "converged (L = 16)", "test seq_len", "trigger at",
                          "L∞ non-trigger rows", "L∞ trigger row", "BOS mass (most sinking head)"],
                         rows)
@@ -365,10 +357,10 @@ def length_table(ext: dict[str, Any]) -> str:
 
 def block_table(ext: dict[str, Any]) -> str:
     rows = [[e["config"], e["rule"], e["block"], _conv(e["runs"]),
-             _pm([r["linf"] for r in e["runs"]], ".2e"),
-             _pm([r["bos_max"] for r in e["runs"]], ".3f"),
-             _pm([r["self_max"] for r in e["runs"]], ".3f"),
-             _pm([r["sink_heads"] for r in e["runs"]], ".1f"), e["fate"]]
+             report.spread([r["linf"] for r in e["runs"]], fmt=".2e"),
+             report.spread([r["bos_max"] for r in e["runs"]], fmt=".3f"),
+             report.spread([r["self_max"] for r in e["runs"]], fmt=".3f"),
+             report.spread([r["sink_heads"] for r in e["runs"]], fmt=".1f"), e["fate"]]
             for e in ext["block"]]
     return report.table(["config", "rule", "block", "converged", "test L∞",
                          "BOS mass (most sinking head)", "self mass (most self-attending head)",
@@ -380,7 +372,7 @@ def emergence_table(ext: dict[str, Any]) -> str:
     for e in ext["emergence"]:
         runs = e["runs"]
         rows.append([e["config"], e["rule"], _conv(runs),
-                     f"{_mean([r['bos_max'][0] for r in runs]):.3f}",
+                     f"{report.finite_mean([r['bos_max'][0] for r in runs]):.3f}",
                      *[_median([r[f"bos{level:g}_step"] for r in runs])
                        for level in SINK_STEP_LEVELS],
                      _median([r["error_drop_step"] for r in runs]),
@@ -398,7 +390,7 @@ def write_figures(out: Path, ext: dict[str, Any]) -> list[Path]:
                      label: str) -> None:
         for x, values in zip(xs, per_x):
             ax.scatter([x] * len(values), values, color=colors[rule], s=10, alpha=0.6)
-        ax.plot(xs, [_mean(v) for v in per_x], color=colors[rule], label=label)
+        ax.plot(xs, [report.finite_mean(v) for v in per_x], color=colors[rule], label=label)
 
     fig = Figure(figsize=(11, 3.8))
     ax_bos, ax_err = fig.subplots(1, 2)
@@ -425,9 +417,9 @@ def write_figures(out: Path, ext: dict[str, Any]) -> list[Path]:
     for i, rule in enumerate(RULES):
         sel = [e for e in ext["trigger"] if e["rule"] == rule]
         xs = np.arange(len(sel)) + (i - 0.5) * width
-        ax_bos.bar(xs, [_mean([r["bos_max"] for r in e["runs"]]) for e in sel], width,
+        ax_bos.bar(xs, [report.finite_mean([r["bos_max"] for r in e["runs"]]) for e in sel], width,
                    color=colors[rule], label=rule)
-        ax_err.bar(xs, [_mean([r["linf"] for r in e["runs"]]) for e in sel], width,
+        ax_err.bar(xs, [report.finite_mean([r["linf"] for r in e["runs"]]) for e in sel], width,
                    color=colors[rule], label=rule)
     labels = [f"p={e['no_trigger_prob']:g}\nk<={e['max_triggers']}"
               for e in ext["trigger"] if e["rule"] == RULES[0]]
@@ -450,7 +442,7 @@ def write_figures(out: Path, ext: dict[str, Any]) -> list[Path]:
             for far, style in ((False, "-"), (True, ":")):
                 sel = [t for t in tests if (t["trigger"] == t["seq_len"] - 1) == far]
                 xs = sorted({t["seq_len"] for t in sel})
-                ys = [_mean([t["linf_nontrigger"] for t in sel if t["seq_len"] == x])
+                ys = [report.finite_mean([t["linf_nontrigger"] for t in sel if t["seq_len"] == x])
                       for x in xs]
                 where = "at L - 1" if far else "at 7"
                 ax.plot(xs, ys, style, marker="o", color=colors[e["rule"]],
@@ -473,7 +465,7 @@ def write_figures(out: Path, ext: dict[str, Any]) -> list[Path]:
                            (ax_self, "self_max", "self mass, most self-attending head")):
         for x, e in enumerate(ext["block"]):
             values = [r[key] for r in e["runs"]]
-            ax.bar(x, _mean(values), color=colors[e["rule"]],
+            ax.bar(x, report.finite_mean(values), color=colors[e["rule"]],
                    alpha=1.0 if e["block"] == "attention" else 0.5)
             ax.scatter([x] * len(values), values, color="black", s=8)
         ax.set_xticks(range(len(labels)), labels, fontsize=7)

@@ -59,9 +59,10 @@ def find(root: Path, depth: int = 2) -> list[Found]:
     return sorted(found, key=lambda f: (ORDER.index(f.kind), str(f.folder)))
 
 
-def _demote(text: str) -> str:
-    """Every Markdown heading one level down (the gathered report has its own headings)."""
-    return re.sub(r"^(#{1,5}) ", r"#\1 ", text, flags=re.MULTILINE)
+def _demote(text: str, levels: int) -> str:
+    """Every Markdown heading ``levels`` levels down (the gathered report has its own)."""
+    return re.sub(r"^(#{1,6}) ", lambda m: "#" * min(6, len(m.group(1)) + levels) + " ",
+                  text, flags=re.MULTILINE)
 
 
 def _relink(text: str, source: Path, out: Path) -> str:
@@ -124,7 +125,7 @@ def gather(root: Path, out: Path, command: str) -> tuple[str, list[Found]]:
                                    f"its command to write it.")
             text = path.read_text()
         lines += [f"## {TITLE[f.kind]} (`{f.folder}`)", "",
-                  _demote(_demote(_relink(text, f.folder, out))), ""]
+                  _demote(_relink(text, f.folder, out), 2), ""]
     return "\n".join(lines), found
 
 

@@ -37,6 +37,7 @@ from sinklab.experiments import reproduce as rep
 from sinklab.metrics import GU_EPS, default_source
 from sinklab.model import AttentionStack
 from sinklab.results import read_json, write_atomic, write_json
+from sinklab.sweeps.run import ensemble_cost
 from sinklab.train import load_model, resolve_device, versions
 
 CONFIGS = {"1x1": (1, 1), "2x2": (2, 2)}
@@ -142,12 +143,7 @@ def plan(out: Path, opts: ZooOptions) -> tuple[list[rep.Job], int]:
     jobs = [rep.Job(g[0].config, g[0].rule, [c.cfg for c in g], [c.path for c in g],
                     tag=g[0].tag) for g in groups.values()]
 
-    def cost(job: rep.Job) -> int:  # longest first keeps both workers busy to the end
-        c = job.configs[0]
-        return (c.model.n_layers * c.model.n_heads * c.task.seq_len**2 * c.train.max_steps
-                * (2 if c.model.block == "standard" else 1) * len(job.configs))
-
-    jobs.sort(key=cost, reverse=True)
+    jobs.sort(key=lambda job: ensemble_cost(job.configs[0], len(job.configs)), reverse=True)
     return jobs, done
 
 
@@ -304,16 +300,6 @@ def run_zoo(out: Path, opts: ZooOptions, *, log: Callable[[str], None] | None = 
 # ------------------------------------------------------------------------------- outputs
 
 
-def _mean(values: list[float]) -> float:
-    finite = [v for v in values if v is not None and np.isfinite(v)]
-    return float(np.mean(finite)) if finite else float("nan")
-
-
-def _sd(values: list[float]) -> float:
-    finite = [v for v in values if v is not None and np.isfinite(v)]
-    return float(np.std(finite, ddof=1)) if len(finite) > 1 else float("nan")
-
-
 CSV_FIELDS = ("config", "rule", "row_kind", "lr", "converged", "n", "linf_mean", "linf_sd",
               "mse_mean", "mse_sd", "bos_max_mean", "bos_max_sd", "row_sum_nontrigger_mean",
               "row_sum_trigger_mean", "sink_rate_mean", "sink_rate_relative_mean",
@@ -325,13 +311,14 @@ def _row(entry: dict[str, Any]) -> dict[str, Any]:
     return {
         "config": entry["config"], "rule": entry["rule"], "row_kind": entry["row_kind"],
         "lr": entry["lr"], "converged": c["converged"], "n": c["n"],
-        "linf_mean": _mean(c["linf"]), "linf_sd": _sd(c["linf"]),
-        "mse_mean": _mean(c["mse"]), "mse_sd": _sd(c["mse"]),
-        "bos_max_mean": _mean(c["bos_max"]), "bos_max_sd": _sd(c["bos_max"]),
-        "row_sum_nontrigger_mean": _mean(c["row_sum_nontrigger"]),
-        "row_sum_trigger_mean": _mean(c["row_sum_trigger"]),
-        "sink_rate_mean": _mean(c["sink_rate"]),
-        "sink_rate_relative_mean": _mean(c["sink_rate_relative"]),
+        "linf_mean": report.finite_mean(c["linf"]), "linf_sd": report.finite_sd(c["linf"]),
+        "mse_mean": report.finite_mean(c["mse"]), "mse_sd": report.finite_sd(c["mse"]),
+        "bos_max_mean": report.finite_mean(c["bos_max"]),
+        "bos_max_sd": report.finite_sd(c["bos_max"]),
+        "row_sum_nontrigger_mean": report.finite_mean(c["row_sum_nontrigger"]),
+        "row_sum_trigger_mean": report.finite_mean(c["row_sum_trigger"]),
+        "sink_rate_mean": report.finite_mean(c["sink_rate"]),
+        "sink_rate_relative_mean": report.finite_mean(c["sink_rate_relative"]),
         "uses_bos_sink": c["uses_bos_sink"],
         "default_from": "; ".join(f"{k} {v}/{c['n_heads']}" for k, v in c["sources"].items()),
     }
@@ -346,23 +333,17 @@ def to_csv(entries: list[dict[str, Any]]) -> str:
     return buf.getvalue()
 
 
-def _pm(mean: float, sd: float, fmt: str) -> str:
-    if not np.isfinite(mean):
-        return "n/a"
-    return f"{mean:{fmt}}" + (f" ± {sd:{fmt}}" if np.isfinite(sd) else "")
-
-
 def table(entries: list[dict[str, Any]], config: str) -> str:
     rows = []
     for entry in entries:
         if entry["config"] != config:
             continue
-        r = _row(entry)
+        r, c = _row(entry), entry["chosen"]
         relative = r["row_kind"] != "simplex"
         rows.append([
             r["rule"], f"{r['lr']:g}", f"{r['converged']}/{r['n']}",
-            _pm(r["linf_mean"], r["linf_sd"], ".2e"), _pm(r["mse_mean"], r["mse_sd"], ".2e"),
-            _pm(r["bos_max_mean"], r["bos_max_sd"], ".3f"),
+            report.spread(c["linf"], fmt=".2e"), report.spread(c["mse"], fmt=".2e"),
+            report.spread(c["bos_max"], fmt=".3f"),
             f"{r['row_sum_nontrigger_mean']:.3f} / {r['row_sum_trigger_mean']:.3f}",
             f"{r['sink_rate_mean']:.0f}%"
             + (f" ({r['sink_rate_relative_mean']:.0f}%)" if relative else ""),
@@ -380,7 +361,8 @@ def ablation_table(entries: list[dict[str, Any]]) -> str:
     rows = []
     for e in entries:
         a = e["chosen"]["ablation"]
-        cells = [f"{_mean(a[k]['intact']):.2e} -> {_mean(a[k]['ablated']):.2e}"
+        cells = [f"{report.finite_mean(a[k]['intact']):.2e} -> "
+                 f"{report.finite_mean(a[k]['ablated']):.2e}"
                  for k in ("linf_nontrigger", "linf_trigger")]
         rows.append([e["config"], e["rule"], f"{e['chosen']['converged']}/{e['chosen']['n']}",
                      *cells])

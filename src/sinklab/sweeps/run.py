@@ -31,7 +31,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from sinklab.config import ConfigError, build_run_config
+from sinklab.config import ConfigError, RunConfig, build_run_config
 from sinklab.sweeps import spec as spec_mod
 from sinklab.sweeps.store import METRICS, Store
 from sinklab.train import _shared, resolve_device, train_runs, versions
@@ -130,10 +130,15 @@ def plan_jobs(rows: list[dict[str, Any]], workers: int) -> list[Job]:
     return jobs
 
 
+def ensemble_cost(cfg: RunConfig, members: int) -> float:
+    """A job's work at most, in attention weights times steps (a standard block's MLP counted
+    as much again): jobs start longest first, so the last ones to finish are short."""
+    return (cfg.model.n_layers * cfg.model.n_heads * cfg.task.seq_len ** 2 * cfg.train.max_steps
+            * (2 if cfg.model.block == "standard" else 1) * members)
+
+
 def _job_cost(job: Job) -> float:
-    cfg = build_run_config(job[0][1])
-    return (cfg.model.n_layers * cfg.model.n_heads * cfg.task.seq_len ** 2
-            * cfg.train.max_steps * len(job))
+    return ensemble_cost(build_run_config(job[0][1]), len(job))
 
 
 # ---------------------------------------------------------------------------- executors
