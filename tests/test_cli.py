@@ -8,9 +8,10 @@ import sys
 
 import pytest
 
+from sinklab import folders
 from sinklab.cli import main
 from sinklab.experiments import reproduce as rep
-from sinklab.results import read_json, read_metrics
+from sinklab.results import read_json, read_metrics, write_json
 
 
 def run_cli(capsys, *argv):
@@ -130,8 +131,11 @@ def test_reproduce_quick_report_resume_and_errors(tmp_path, capsys, tiny_reprodu
     code, _, err = run_cli(capsys, "reproduce", "--quick", "--workers", "1", "--out", str(out))
     assert code == 0 and "0 runs to train in 0 jobs" in err and "6 already finished" in err
 
-    # An interrupted run (config and log written, no summary yet) is trained again.
-    (out / "runs" / "2x2_relu_seed0" / "summary.json").unlink()
+    # An interrupted run (marker, config and log written, no completion record) is trained
+    # again.
+    interrupted = out / "runs" / "2x2_relu_seed0"
+    (interrupted / "summary.json").unlink()
+    write_json(interrupted / "sinklab.json", {"kind": "run", "format": 1})
     code, _, err = run_cli(capsys, "reproduce", "--quick", "--workers", "1", "--out", str(out))
     assert code == 0 and "1 runs to train in 1 jobs" in err and "5 already finished" in err
     assert read_json(out / "runs" / "2x2_relu_seed0" / "summary.json")["steps"] == 20
@@ -142,12 +146,23 @@ def test_reproduce_quick_report_resume_and_errors(tmp_path, capsys, tiny_reprodu
     code, _, err = run_cli(capsys, "reproduce", "--seeds", "1", "--out", str(out))
     assert code == 2 and "holds a run with different settings" in err
 
-    # A corrupted result is named, not overwritten.
-    bad = out / "runs" / "1x1_relu_seed0" / "summary.json"
-    bad.write_text('{"attention": ')
+    # A damaged finished run is named, not reused and not overwritten: a truncated model.pt,
+    # a missing file, a changed summary, each checked against the run's completion record.
+    run = out / "runs" / "1x1_relu_seed0"
+    weights = (run / "model.pt").read_bytes()
+    (run / "model.pt").write_bytes(weights[:100])
     code, _, err = run_cli(capsys, "reproduce", "--quick", "--out", str(out))
-    assert code == 2 and "1x1_relu_seed0/summary.json is corrupted" in err
-    assert bad.read_text() == '{"attention": '
+    assert code == 2 and err.count("\n") == 1
+    assert f"{run / 'model.pt'} is 100 bytes, not the {len(weights)} it had" in err
+    assert (run / "model.pt").read_bytes() == weights[:100]
+    (run / "model.pt").write_bytes(weights)
+    summary_text = (run / "summary.json").read_text()
+    (run / "summary.json").write_text(summary_text.replace('"relu"', '"RELU"'))
+    code, _, err = run_cli(capsys, "reproduce", "--quick", "--out", str(out))
+    assert code == 2 and "summary.json has changed since the run finished" in err
+    (run / "summary.json").unlink()
+    code, _, err = run_cli(capsys, "reproduce", "--quick", "--out", str(out))
+    assert code == 2 and "summary.json is missing from a finished run" in err
 
 
 def test_reproduce_refuses_a_foreign_folder(tmp_path, capsys):
@@ -169,9 +184,9 @@ def test_worker_processes_write_the_same_results(tmp_path):
         return out
 
     for name, workers in (("pool", 2), ("serial", 1)):
-        rep.prepare_out(tmp_path / name)
-        rep.run_all(jobs(tmp_path / name), workers=workers, log=lambda line: None,
-                    out=tmp_path / name)
+        with folders.writing(tmp_path / name, "reproduce"):
+            rep.run_all(jobs(tmp_path / name), workers=workers, log=lambda line: None,
+                        out=tmp_path / name)
     for rule in ("softmax", "relu"):
         a = read_json(tmp_path / "pool" / rule / "summary.json")
         b = read_json(tmp_path / "serial" / rule / "summary.json")
@@ -223,7 +238,7 @@ def test_train_seeds_runs_an_ensemble_equal_to_single_runs(tmp_path, capsys):
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("keep")
     code, _, err = run_cli(capsys, "train", "--seeds", "2", "--out", str(tmp_path / "mine"))
-    assert code == 2 and "holds other things than the seed folders seed0, seed1" in err
+    assert code == 2 and "is not an empty folder or a sinklab folder of seed runs" in err
     assert sorted(p.name for p in (tmp_path / "mine").iterdir()) == ["notes.txt"]
 
 

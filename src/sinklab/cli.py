@@ -5,23 +5,48 @@
     sinklab sweep examples/tiny.toml --out results/sweep-tiny
     sinklab rules
 
-``main(argv)`` returns the exit status, so tests call it in-process. Input errors print one
-sentence (``sinklab: error: ...``) and return 2; a diverged training run returns 1.
+``main(argv)`` returns the exit status, so tests call it in-process. Every error that reaches
+it is one sentence on stderr (``sinklab: error: ...``): bad input, a file system error or a
+refused folder return 2, a diverged training run or failed sweep cell 1, an interrupt 130, and an
+error inside sinklab itself 3. ``--debug`` (or ``SINKLAB_DEBUG=1``) also prints the traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
+import os
+import re
 import shlex
+import sqlite3
 import sys
+import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from sinklab import __version__
 from sinklab.config import SECTIONS, SinklabError
 
-EXIT_INPUT, EXIT_DIVERGED, EXIT_INTERRUPTED = 2, 1, 130
+EXIT_INPUT, EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_INTERNAL = 2, 1, 130, 3
+DEBUG_ENV = "SINKLAB_DEBUG"
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with its errors as one sentence (argparse prints the usage first)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_INPUT, f"sinklab: error: {message} (see `{self.prog} --help`).\n")
+
+
+LIMITS_TEXT = """\
+Every writer of a folder locks it (a second one is refused, naming the first one's process), and
+writes only into a folder that is absent, empty or sinklab's own of the same kind. Sizes are
+checked before anything is allocated: SINKLAB_MAX_MEMORY (default: half this machine's memory,
+e.g. SINKLAB_MAX_MEMORY=64G) and SINKLAB_MAX_CELLS (default 100000 runs per sweep or experiment)
+raise the limits.
+Exit status: 0 done, 1 a run diverged or a sweep cell failed, 2 bad input or a refused folder,
+3 an error inside sinklab, 130 interrupted."""
 
 
 def _defaults_text() -> str:
@@ -38,16 +63,23 @@ def _defaults_text() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="sinklab",
         description="Study attention sinks: train models on the trigger-conditional task, "
                     "measure their sinks, reproduce Ran-Milo (2026), compare attention rules, "
-                    "measure real pretrained models, and run resumable sweeps.")
+                    "measure real pretrained models, and run resumable sweeps.",
+        epilog=LIMITS_TEXT, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"sinklab {__version__}")
+    parser.add_argument("--debug", action="store_true",
+                        help=f"show the traceback of an error (also {DEBUG_ENV}=1)")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help=f"show the traceback of an error (also {DEBUG_ENV}=1)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     train = sub.add_parser(
-        "train", help="train one model (or --seeds N of them) and write run folders",
+        "train", parents=[common],
+        help="train one model (or --seeds N of them) and write run folders",
         description="Train with the paper's protocol and write config.json, metrics.jsonl, "
                     "summary.json, attention.npz, model.pt and attention.png into --out.",
         epilog=_defaults_text(), formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -63,7 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="show a progress bar (default: only on a terminal)")
 
     rep = sub.add_parser(
-        "reproduce", help="reproduce the paper: 1x1, 2x2, 4x4, softmax and ReLU, several seeds",
+        "reproduce", parents=[common],
+        help="reproduce the paper: 1x1, 2x2, 4x4, softmax and ReLU, several seeds",
         description="Train 1x1, 2x2 and 4x4 models with softmax and ReLU attention under the "
                     "paper's protocol and write runs, figures, summary.json and REPORT.md. "
                     "Rerunning with the same --out resumes: finished runs are kept.")
@@ -77,7 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_options(rep, "the report", "docs/reproduction.md")
 
     th = sub.add_parser(
-        "theory", help="check the theorem numerically: constructions, sink family, denied sinks",
+        "theory", parents=[common],
+        help="check the theorem numerically: constructions, sink family, denied sinks",
         description="Build an exact ReLU solution without a sink and the softmax sink family, "
                     "train 1x1 models whose sink is removed or capped, and measure the "
                     "error-BOS frontier and per-head contributions of reproduced models. "
@@ -106,7 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_options(th, "the section", "docs/theory.md")
 
     zoo = sub.add_parser(
-        "zoo", help="train every attention rule on the task and tabulate where its zero comes from",
+        "zoo", parents=[common],
+        help="train every attention rule on the task and tabulate where its zero comes from",
         description="Train every registered attention rule (or --rules) 1x1 and 2x2 with the "
                     "paper's protocol, the same step budget and a shared learning-rate grid "
                     "(the best rate per rule chosen on validation sequences), then the "
@@ -130,7 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_options(zoo, "the report", "docs/zoo.md")
 
     lmp = sub.add_parser(
-        "lm", help="measure sinks in real pretrained models (SmolLM2, MiniLM, any local model)",
+        "lm", parents=[common],
+        help="measure sinks in real pretrained models (SmolLM2, MiniLM, any local model)",
         description="Run the project's natural English probes and random-token probes, with and "
                     "without the tokenizer's BOS, through real pretrained models loaded from "
                     "local files, and write per (layer, head) first-token mass, Gu sink rates and "
@@ -152,7 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_options(lmp, "the report", "docs/real-models.md", workers=False)
 
     sw = sub.add_parser(
-        "sweep", help="run a declared grid of runs (TOML spec), resumably, locally or on Ray",
+        "sweep", parents=[common],
+        help="run a declared grid of runs (TOML spec), resumably, locally or on Ray",
         description="Expand a sweep spec (a base config, a grid of section.field values and "
                     "seeds; see examples/) into cells and train them, batched into ensembles. "
                     "Results go to DIR/sweep.db (SQLite), DIR/runs/ and DIR/results.csv. "
@@ -167,7 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="run the cells that failed before again")
 
     rs = sub.add_parser(
-        "results", help="list and filter the cells of a sweep folder",
+        "results", parents=[common],
+        help="list and filter the cells of a sweep folder",
         description="Print the cells of a sweep folder (sweep.db) with their status and summary "
                     "metrics, optionally filtered, or write them as CSV.")
     rs.add_argument("dir", metavar="DIR", help="a sweep folder")
@@ -179,7 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("--csv", default=None, metavar="FILE", help="write the cells as CSV instead")
 
     rp = sub.add_parser(
-        "report", help="gather every result under a folder into one HTML page and REPORT.md",
+        "report", parents=[common],
+        help="gather every result under a folder into one HTML page and REPORT.md",
         description="Find the reproduce, theory, zoo, lm and sweep folders in DIR (and up to two "
                     "levels below) and gather their reports, with the commands and versions "
                     "behind every number, into one self-contained HTML page (figures embedded, "
@@ -188,7 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--out", default=None, metavar="FOLDER",
                     help="where to write REPORT.html and REPORT.md (default: DIR/report)")
 
-    sub.add_parser("rules", help="list the attention rules",
+    sub.add_parser("rules", parents=[common], help="list the attention rules",
                    description="List the registered attention rules with their descriptions.")
     return parser
 
@@ -217,28 +256,30 @@ def _add_run_options(parser: argparse.ArgumentParser, what: str, example: str,
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    import dataclasses
-
+    from sinklab import folders, limits
     from sinklab.config import check_count, config_from_cli
-    from sinklab.plots import plot_run
-    from sinklab.results import prepare_run_dir
+    from sinklab.results import ResultsError
     from sinklab.train import train_runs
 
     cfg = config_from_cli(args.overrides, args.config)
     check_count("--seeds", args.seeds)
+    limits.check_cells(args.seeds, f"--seeds {args.seeds}")
+    limits.check_run(cfg, args.seeds)
     out = Path(args.out)
     # One seed writes DIR itself; several seeds train as one ensemble into DIR/seed{s}.
     seeds = [cfg.train.seed + i for i in range(args.seeds)]
     cfgs = [dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, seed=s))
             for s in seeds]
     dirs = [out] if len(seeds) == 1 else [out / f"seed{s}" for s in seeds]
-    if len(seeds) > 1:
-        prepare_run_dir(out, allowed={d.name for d in dirs})
     for d in dirs:
-        prepare_run_dir(d)
-    summaries = train_runs(cfgs, dirs, progress=args.progress,
-                           description=f"{cfg.model.attention} "
-                                       f"{cfg.model.n_layers}x{cfg.model.n_heads}")
+        folders.check_writable(d, "run")
+        if folders.check_complete(d):
+            raise ResultsError(f"{d} already holds a finished run; choose another --out or "
+                               "delete it.")
+    with folders.writing(out, "run" if len(seeds) == 1 else "runs"):
+        summaries = train_runs(cfgs, dirs, progress=args.progress, figures=True,
+                               description=f"{cfg.model.attention} "
+                                           f"{cfg.model.n_layers}x{cfg.model.n_heads}")
     code = 0
     for summary, run_dir in zip(summaries, dirs):
         name = f"{summary['attention']} {summary['n_layers']}x{summary['n_heads']}, " \
@@ -248,7 +289,6 @@ def cmd_train(args: argparse.Namespace) -> int:
                   f"finite); its logs are kept in {run_dir}.", file=sys.stderr)
             code = EXIT_DIVERGED
             continue
-        plot_run(run_dir)
         verb = "converged after" if summary["converged"] else "stopped without converging at"
         bos = [[round(v, 4) for v in layer] for layer in summary["bos_mass_nontrigger"]]
         n_heads = summary["n_layers"] * summary["n_heads"]
@@ -258,7 +298,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"  non-trigger BOS mass [layer][head]: {bos}")
         print(f"  sink heads: {summary['sink_heads']} of {n_heads}")
         print(f"  wrote {run_dir}/: config.json metrics.jsonl summary.json attention.npz "
-              "model.pt attention.png")
+              "model.pt attention.png sinklab.json")
     return code
 
 
@@ -349,9 +389,52 @@ def cmd_rules() -> int:
     return 0
 
 
+def _one_line(text: str) -> str:
+    return re.sub(r"\s*\n\s*", " ", str(text)).strip()
+
+
+OS_HINTS = {
+    errno.ENOSPC: "free some space and run the same command again; finished work is kept",
+    errno.EDQUOT: "free some space and run the same command again; finished work is kept",
+    errno.EACCES: "choose a place you may write to",
+    errno.EPERM: "choose a place you may write to",
+    errno.EROFS: "the file system is read-only; choose another place",
+    errno.ENAMETOOLONG: "the name is longer than the file system allows; choose a shorter one",
+    errno.ENOTDIR: "a part of that path is a file, not a folder",
+    errno.EISDIR: "that is a folder; give a file name",
+    errno.EEXIST: "it exists already",
+    errno.ENOENT: "it does not exist",
+}
+
+
+def describe_error(exc: BaseException) -> tuple[str, int]:
+    """The one sentence ``main`` prints for an error, and the exit status."""
+    if isinstance(exc, SinklabError):
+        return _one_line(exc), EXIT_INPUT
+    if isinstance(exc, OSError):
+        where = " -> ".join(str(f) for f in (exc.filename, exc.filename2) if f is not None)
+        reason = exc.strerror or type(exc).__name__
+        hint = OS_HINTS.get(exc.errno or 0)
+        return _one_line(f"{where + ': ' if where else ''}{reason}"
+                         + (f" ({hint})" if hint else "") + "."), EXIT_INPUT
+    if isinstance(exc, MemoryError):
+        return ("ran out of memory; lower the sizes, or SINKLAB_MAX_MEMORY so that sinklab "
+                "refuses such runs before it starts them."), EXIT_INPUT
+    if isinstance(exc, sqlite3.Error):
+        return _one_line(f"the results database failed ({type(exc).__name__}: {exc}); finished "
+                         "cells are kept, run the same command again."), EXIT_INPUT
+    first = _one_line(str(exc).split("\n")[0])[:300]
+    return (f"internal error ({type(exc).__name__}: {first}); run again with --debug for the "
+            "traceback, and please report it."), EXIT_INTERNAL
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # --help, --version, or a usage error already printed
+        return exc.code if isinstance(exc.code, int) else EXIT_INPUT
+    debug = args.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0")
     try:
         if args.command == "train":
             return cmd_train(args)
@@ -370,9 +453,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "report":
             return cmd_report(args, argv)
         return cmd_rules()
-    except SinklabError as exc:
-        print(f"sinklab: error: {exc}", file=sys.stderr)
-        return EXIT_INPUT
     except KeyboardInterrupt:
         print("sinklab: interrupted; finished runs are kept on disk.", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except Exception as exc:  # every error ends as one sentence; tracebacks only on request
+        if debug:
+            traceback.print_exc()
+        sentence, code = describe_error(exc)
+        print(f"sinklab: error: {sentence}", file=sys.stderr)
+        return code

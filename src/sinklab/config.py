@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
+import re
 import tomllib
 import types
 import typing
@@ -37,6 +39,14 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _check_finite(obj: Any, section: str) -> None:
+    """Refuse NaN and infinities in every float field: no setting means anything at inf."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        _check(not isinstance(value, float) or math.isfinite(value),
+               f"{section}.{f.name}={value!r} is not allowed: it must be a finite number.")
+
+
 def check_count(name: str, value: Any) -> None:
     """Raise ConfigError unless ``value`` (given as ``name``, e.g. ``--seeds``) is an int >= 1."""
     _check(_is_int(value) and value >= 1,
@@ -56,7 +66,6 @@ def derive_seed(seed: int, stream: str) -> int:
 TARGETS = ("auto", "plain", "residual")
 BOS_MODES = ("visible", "removed", "capped", "ablated")
 BLOCKS = ("attention", "standard")
-DEVICES = ("auto", "cpu", "cuda")
 
 
 @dataclass
@@ -76,6 +85,7 @@ class TaskConfig:
     max_triggers: int = 1
 
     def __post_init__(self) -> None:
+        _check_finite(self, "task")
         _check(_is_int(self.seq_len) and self.seq_len >= 4,
                f"task.seq_len={self.seq_len!r} is not allowed: it must be an integer >= 4.")
         _check(_is_int(self.d_model) and self.d_model >= 4,
@@ -127,6 +137,7 @@ class ModelConfig:
     block: str = "attention"
 
     def __post_init__(self) -> None:
+        _check_finite(self, "model")
         _check(self.attention in RULES,
                f"model.attention={self.attention!r} is not a known attention rule: choose one of "
                f"{', '.join(sorted(RULES))}.")
@@ -160,6 +171,7 @@ class TrainConfig:
     device: str = "auto"
 
     def __post_init__(self) -> None:
+        _check_finite(self, "train")
         _check(self.lr is None or self.lr > 0,
                f"train.lr={self.lr!r} is not allowed: the learning rate must be > 0 (or auto).")
         for name in ("batch_size", "max_steps", "log_every"):
@@ -174,8 +186,8 @@ class TrainConfig:
                f"train.adam_eps={self.adam_eps!r} is not allowed: it must be > 0.")
         _check(_is_int(self.seed) and self.seed >= 0,
                f"train.seed={self.seed!r} is not allowed: it must be an integer >= 0.")
-        base = self.device.split(":")[0]
-        _check(base in DEVICES,
+        _check(isinstance(self.device, str) and re.fullmatch(r"auto|cpu|cuda(:[0-9]+)?",
+                                                             self.device) is not None,
                f"train.device={self.device!r} is not allowed: choose one of auto, cpu, cuda, "
                "cuda:N.")
 
@@ -188,6 +200,7 @@ class EvalConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        _check_finite(self, "eval")
         _check(_is_int(self.n_sequences) and self.n_sequences >= 1,
                f"eval.n_sequences={self.n_sequences!r} is not allowed: it must be an integer >= 1.")
         _check(_is_int(self.seed) and self.seed >= 0,
@@ -267,7 +280,11 @@ def coerce(key: str, value: Any, annotation: Any) -> Any:
     if value is None and optional:
         return None
     if annotation is float and _is_int(value):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:
+            raise ConfigError(f"{key}={value!r} is not allowed: it is too large to be a "
+                              "number.") from None
     if annotation is bool and isinstance(value, bool):
         return value
     if annotation is int and _is_int(value):
@@ -298,14 +315,30 @@ def parse_overrides(items: list[str]) -> dict[str, dict[str, str]]:
 
 def load_toml(path: str | Path) -> dict[str, Any]:
     """Read a TOML config file with [task], [model], [train] and [eval] tables."""
+    return read_toml(path, "config file")
+
+
+def read_toml(path: str | Path, what: str) -> dict[str, Any]:
+    """A TOML file's table; a missing file, a folder, text that is not UTF-8 or not TOML is a
+    ConfigError naming ``what`` (e.g. "config file") and the path."""
+    return read_toml_text(path, what)[1]
+
+
+def read_toml_text(path: str | Path, what: str) -> tuple[str, dict[str, Any]]:
+    """A TOML file's text and table, checked as ``read_toml`` does."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{what} {str(path)!r} is a folder, not a TOML file.")
     if not path.is_file():
-        raise ConfigError(f"config file {str(path)!r} does not exist.")
+        raise ConfigError(f"{what} {str(path)!r} does not exist.")
     try:
-        with path.open("rb") as f:
-            return tomllib.load(f)
+        text = path.read_bytes().decode("utf-8")
+        return text, tomllib.loads(text)
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{what} {str(path)!r} is not UTF-8 text (byte {exc.start} cannot be "
+                          "decoded); save it as UTF-8.") from None
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}.") from None
+        raise ConfigError(f"{what} {str(path)!r} is not valid TOML: {exc}.") from None
 
 
 def merge(*layers: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -2,16 +2,19 @@
 
 A run directory holds ``config.json``, ``metrics.jsonl`` (one JSON object per logged step),
 ``summary.json``, ``attention.npz`` (mean and std maps over the evaluation set), ``model.pt``
-(the final weights) and figures.
-``summary.json`` is written last and atomically, so its presence marks a finished run.
+(the final weights), figures, and ``sinklab.json``, whose completion record (written last, see
+``sinklab.folders``) marks a finished run. Binary files are written byte for byte the same for
+the same arrays, so two identical runs leave identical files.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
 import uuid
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -73,7 +76,8 @@ def write_json(path: Path, obj: Any) -> None:
 def read_json(path: Path) -> Any:
     """Read a JSON file, turning a missing or corrupted file into one clear ResultsError."""
     if not path.is_file():
-        raise ResultsError(f"{path} does not exist.")
+        raise ResultsError(f"{path} is a folder, not a JSON file." if path.is_dir()
+                           else f"{path} does not exist.")
     try:
         return json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -81,14 +85,27 @@ def read_json(path: Path) -> Any:
                            "that result.") from None
 
 
+# A fixed time stamp for the members of .npz archives, so that the same arrays give the same
+# bytes (numpy's own savez stamps each member with the current time).
+ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
+
+
+def npz_bytes(**arrays: np.ndarray) -> bytes:
+    """A compressed ``.npz`` archive of ``arrays`` as bytes, the same for the same arrays."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        for name, array in arrays.items():
+            info = zipfile.ZipInfo(f"{name}.npy", date_time=ZIP_EPOCH)
+            info.compress_type = zipfile.ZIP_DEFLATED
+            info.external_attr = 0o644 << 16
+            with archive.open(info, "w", force_zip64=True) as f:
+                np.lib.format.write_array(f, np.asanyarray(array), allow_pickle=False)
+    return buf.getvalue()
+
+
 def write_npz(path: Path, **arrays: np.ndarray) -> None:
-    """Atomically write arrays to a compressed ``.npz`` file."""
-
-    def write(tmp: Path) -> None:
-        with tmp.open("xb") as f:
-            np.savez_compressed(f, **arrays)
-
-    replace_from(temporary_path(path), path, write)
+    """Atomically write arrays to a compressed ``.npz`` file (deterministic bytes)."""
+    write_atomic(path, npz_bytes(**arrays))
 
 
 def read_npz(path: Path) -> dict[str, np.ndarray]:
@@ -96,32 +113,11 @@ def read_npz(path: Path) -> dict[str, np.ndarray]:
     if not path.is_file():
         raise ResultsError(f"{path} does not exist.")
     try:
-        with np.load(path) as data:
+        with np.load(path, allow_pickle=False) as data:
             return {k: data[k] for k in data.files}
-    except (OSError, ValueError) as exc:
-        raise ResultsError(f"{path} is corrupted ({exc}); delete it to redo that result.") from None
-
-
-def prepare_run_dir(path: Path, allowed: set[str] | None = None) -> None:
-    """Check that ``path`` may receive a new run: absent, empty, or an unfinished run folder.
-
-    A finished run (one with ``summary.json``) and a folder that is not sinklab's are refused,
-    never overwritten. With ``allowed`` (the per-seed subfolders of ``train --seeds``), ``path``
-    is a parent folder and may hold only entries of those names.
-    """
-    if (path / "summary.json").exists():
-        raise ResultsError(f"{path} already holds a finished run; choose another --out or "
-                           "delete it.")
-    if allowed is not None:
-        foreign = path.is_dir() and any(p.name not in allowed for p in path.iterdir())
-        if foreign or (path.exists() and not path.is_dir()):
-            raise ResultsError(f"{path} exists and holds other things than the seed folders "
-                               f"{', '.join(sorted(allowed))}; choose another --out.")
-        return
-    if path.exists() and (not path.is_dir() or (any(path.iterdir())
-                                                and not (path / "config.json").exists())):
-        raise ResultsError(f"{path} exists and is not an empty folder or a sinklab run folder; "
-                           "choose another --out.")
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as exc:
+        raise ResultsError(f"{path} is corrupted ({type(exc).__name__}: {exc}); delete it, or "
+                           "its run folder, to redo that result.") from None
 
 
 class MetricsLog:
@@ -145,7 +141,10 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         raise ResultsError(f"{path} does not exist.")
     rows = []
-    lines = path.read_text().splitlines()
+    try:
+        lines = path.read_text().splitlines()
+    except UnicodeDecodeError:
+        raise ResultsError(f"{path} is corrupted (not text).") from None
     for n, line in enumerate(lines, start=1):
         try:
             rows.append(json.loads(line))

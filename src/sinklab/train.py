@@ -17,6 +17,7 @@ every member that had already finished.
 
 from __future__ import annotations
 
+import io
 import math
 import sys
 import time
@@ -28,7 +29,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from sinklab import metrics
+from sinklab import folders, limits, metrics
 from sinklab.config import ConfigError, RunConfig, build_run_config, derive_seed
 from sinklab.evaluate import eval_batch, evaluate
 from sinklab.model import AttentionStack
@@ -36,8 +37,7 @@ from sinklab.results import (
     MetricsLog,
     ResultsError,
     read_json,
-    replace_from,
-    temporary_path,
+    write_atomic,
     write_json,
     write_npz,
 )
@@ -206,9 +206,15 @@ def _select(model: AttentionStack, members: list[int]) -> AttentionStack:
 
 
 def save_member(model: AttentionStack, member: int, path: Path) -> None:
-    """Save one member's weights (without the member axis) to ``path`` atomically."""
+    """Save one member's weights (without the member axis) to ``path`` atomically.
+
+    The archive is built in memory: saved to a file name, torch would store that (temporary)
+    name inside it, and two identical runs would leave different bytes.
+    """
     state = {name: p[member].detach().cpu().clone() for name, p in model.named_parameters()}
-    replace_from(temporary_path(path), path, lambda tmp: torch.save(state, tmp))
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    write_atomic(path, buf.getvalue())
 
 
 def load_model(run_dir: Path, device: str = "cpu") -> tuple[RunConfig, AttentionStack]:
@@ -234,12 +240,14 @@ def train_runs(
     *,
     progress: bool | None = None,
     description: str = "train",
+    figures: bool = False,
 ) -> list[dict[str, Any]]:
     """Train one model per config as one ensemble; return each run's summary dict.
 
     See ``train_ensemble``, which also returns the trained ensemble.
     """
-    return train_ensemble(cfgs, run_dirs, progress=progress, description=description)[0]
+    return train_ensemble(cfgs, run_dirs, progress=progress, description=description,
+                          figures=figures)[0]
 
 
 def train_ensemble(
@@ -248,26 +256,31 @@ def train_ensemble(
     *,
     progress: bool | None = None,
     description: str = "train",
+    figures: bool = False,
 ) -> tuple[list[dict[str, Any]], AttentionStack]:
     """Train one model per config as one ensemble; return the summaries and the ensemble.
 
-    With ``run_dirs``, run e writes ``config.json`` at the start, a ``metrics.jsonl`` row every
-    ``train.log_every`` steps and at its stop step, and ``attention.npz``, ``model.pt`` and
-    ``summary.json`` (last) when it stops. ``progress=None`` shows a bar only when stderr is a
-    terminal. A tiny step trains with one thread (``step_threads``); the caller's thread setting
-    is restored afterwards.
+    With ``run_dirs``, run e marks its folder (``sinklab.json``) and writes ``config.json`` at
+    the start, a ``metrics.jsonl`` row every ``train.log_every`` steps and at its stop step, and
+    ``attention.npz``, ``model.pt``, ``summary.json`` (and with ``figures`` ``attention.png``)
+    when it stops, then its completion record, last (``sinklab.folders.seal``).
+    ``progress=None`` shows a bar only when stderr is a terminal. A tiny step trains with one
+    thread (``step_threads``); the caller's thread setting is restored afterwards. An ensemble
+    that would not fit in memory (``sinklab.limits``) is refused before anything is allocated.
     """
     cfgs = list(cfgs)
     check_compatible(cfgs)
     cfg = cfgs[0]
     n = len(cfgs)
     device = resolve_device(cfg.train.device)
+    limits.check_run(cfg, n, device=device)
     model = build_ensemble(cfgs, device)
     test = eval_batch(cfg, device)
 
     logs: list[MetricsLog | None] = [None] * n
     if run_dirs is not None:
         for e, run_dir in enumerate(run_dirs):
+            folders.mark(Path(run_dir), "run")
             write_json(Path(run_dir) / "config.json", cfgs[e].to_dict())
             logs[e] = MetricsLog(Path(run_dir) / "metrics.jsonl")
 
@@ -322,11 +335,16 @@ def train_ensemble(
             }
             summaries[e] = summary
             if run_dirs is not None:
-                write_npz(Path(run_dirs[e]) / "attention.npz", mean=maps["mean"][i],
-                          std=maps["std"][i])
-                save_member(finished, i, Path(run_dirs[e]) / "model.pt")
-                write_json(Path(run_dirs[e]) / "summary.json", summary)
+                folder = Path(run_dirs[e])
+                write_npz(folder / "attention.npz", mean=maps["mean"][i], std=maps["std"][i])
+                save_member(finished, i, folder / "model.pt")
+                write_json(folder / "summary.json", summary)
                 logs[e].close()
+                if figures and summary["status"] != "diverged":
+                    from sinklab.plots import plot_run
+
+                    plot_run(folder)
+                folders.seal(folder)  # last: the run is finished once this is written
 
     try:
         for step in range(max_steps + 1):

@@ -1,14 +1,15 @@
 """``sinklab report DIR``: every result under DIR in one Markdown report and one self-contained
 HTML page.
 
-It finds the folders sinklab wrote (reproduce, theory, zoo and lm folders by their
-``sinklab.json`` marker, sweeps by their ``sweep.db``) in DIR and the folders below it, and
+It finds the folders sinklab wrote (reproduce, theory, zoo, lm and sweep folders by their
+``sinklab.json`` marker, older sweeps by their ``sweep.db``) in DIR and the folders below it, and
 gathers their reports in that order: each report already says the command, date and versions
 behind its numbers. A sweep's section is written here from its store. The HTML page embeds every
 figure (base64 PNG), has a table of contents, and uses no JavaScript and no network.
 
 Writes ``OUT/REPORT.md`` (figures linked where they are) and ``OUT/REPORT.html``; OUT defaults to
-``DIR/report``.
+``DIR/report``, and is a report folder of its own (marked and locked like every folder sinklab
+writes), so a folder that is not sinklab's is never written into.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sinklab import report
-from sinklab.results import ResultsError, read_json, write_atomic
+from sinklab import folders, report
+from sinklab.results import ResultsError, write_atomic
 from sinklab.sweeps.store import DB, Store
 from sinklab.train import versions
 
@@ -45,11 +46,8 @@ def find(root: Path, depth: int = 2) -> list[Found]:
     queue = [(root, 0)]
     while queue:
         folder, level = queue.pop(0)
-        marker = folder / "sinklab.json"
-        kind = None
-        if marker.is_file():
-            kind = read_json(marker).get("kind")
-        elif (folder / DB).is_file():
+        kind = folders.kind_of(folder)
+        if kind is None and (folder / DB).is_file():  # a sweep folder from before markers
             kind = "sweep"
         if kind in ORDER:
             found.append(Found(kind, folder))
@@ -172,8 +170,9 @@ def run_report(root: Path, out: Path | None = None, command: str | None = None) 
     if not root.is_dir():
         raise ResultsError(f"{root} is not a folder; give a folder that holds sinklab results.")
     out = Path(out) if out is not None else root / "report"
+    folders.check_writable(out, "report")
     text, found = gather(root, out, command or f"sinklab report {root}")
-    out.mkdir(parents=True, exist_ok=True)
-    write_atomic(out / "REPORT.md", text.replace("[TOC]\n", contents(text)).encode())
-    write_atomic(out / "REPORT.html", to_html(text, out).encode())
+    with folders.writing(out, "report"):
+        write_atomic(out / "REPORT.md", text.replace("[TOC]\n", contents(text)).encode())
+        write_atomic(out / "REPORT.html", to_html(text, out).encode())
     return {"found": [(f.kind, str(f.folder)) for f in found], "out": str(out)}

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from sinklab import lm, plots, report
+from sinklab import folders, limits, lm, plots, report
 from sinklab.config import ConfigError, check_count
 from sinklab.experiments import reproduce as rep
 from sinklab.results import read_json, write_atomic, write_json
@@ -80,6 +80,18 @@ def conditions(loaded: lm.LoadedModel) -> list[tuple[str, bool]]:
     return [(f"with {added}", True), (f"without {added}", False)]
 
 
+def probe_bytes(loaded: lm.LoadedModel, opts: LMOptions, natural: tuple[int, ...]) -> int:
+    """Memory of the probes and of one batch's attention weights (every layer's, kept by the
+    model and stacked here), beyond the model itself."""
+    n_natural, tokens = natural
+    tokens += 2  # BOS, or [CLS] and [SEP]
+    ids = 8 * tokens * (n_natural + 2 * opts.n_random)
+    batch = min(opts.batch_size, max(n_natural, opts.n_random))
+    weights = 4 * batch * loaded.n_layers * loaded.n_heads * tokens * tokens
+    per_query = 4 * 8 * loaded.n_layers * loaded.n_heads * n_natural * tokens  # the finder's
+    return ids + 4 * weights + per_query
+
+
 def analyse_model(spec: str, opts: LMOptions, log: Callable[[str], None]) -> dict[str, Any]:
     """Load one model, run every probe set and condition, and return its results."""
     start = time.perf_counter()
@@ -90,6 +102,9 @@ def analyse_model(spec: str, opts: LMOptions, log: Callable[[str], None]) -> dic
     log(f"lm: {spec}: loaded {loaded.n_layers} layers x {loaded.n_heads} heads in "
         f"{load_s:.0f} s")
     natural = lm.natural_ids(loaded, lm.natural_texts(), opts.n_tokens)
+    limits.check_memory(probe_bytes(loaded, opts, natural.shape),
+                        f"--model {spec} with --random {opts.n_random} and --batch-size "
+                        f"{opts.batch_size}", device)
     probes = {"natural": natural, "random": lm.random_ids(loaded, opts.n_random,
                                                           natural.shape[1])}
     results, finder = [], None
@@ -129,7 +144,12 @@ def run_lm(out: Path, opts: LMOptions, *, log: Callable[[str], None] | None = No
     out = Path(out)
     for spec in opts.models:  # every model must be findable before anything is written
         lm.locate(spec)
-    rep.prepare_out(out, kind="lm")
+    with folders.writing(out, "lm"):
+        return _run_lm(out, opts, log, docs, command)
+
+
+def _run_lm(out: Path, opts: LMOptions, log: Callable[[str], None], docs: Path | None,
+            command: str | None) -> dict[str, Any]:
     models = []
     for spec in opts.models:
         path = out / folder_name(spec) / "lm.json"

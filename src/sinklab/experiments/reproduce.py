@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 import numpy as np
 from matplotlib.figure import Figure
 
-from sinklab import plots, report
+from sinklab import folders, limits, plots, report
 from sinklab.config import RunConfig, SinklabError, build_run_config, check_count
 from sinklab.experiments.reference import PAPER
 from sinklab.metrics import SINK_HEAD_THRESHOLD
@@ -42,7 +42,7 @@ QUICK_MAX_STEPS = 1500  # --quick caps multi-layer runs here; they are not expec
 SINK_MIN_1X1 = 0.95  # acceptance bounds of the reproduction (issue "reproduce the paper")
 RELU_MAX_BOS = 0.05
 AGREE = 0.05  # |ours - paper| within this counts as agreement (the figures are read to +-0.01)
-MARKER = "sinklab.json"
+MARKER = folders.MARKER
 
 
 @dataclass
@@ -65,6 +65,11 @@ class RunOptions:
             check_count("--workers", self.workers)
         build_run_config({"train": {"device": self.device}})  # validates the device name
         check_executor(self.executor, self.ray_address)
+        limits.check_cells(self.seeds * self.runs_per_seed(), f"--seeds {self.seeds}")
+
+    def runs_per_seed(self) -> int:
+        """How many runs each seed adds (for the size limit, before anything is planned)."""
+        return len(EXPERIMENTS) * len(RULES)
 
 
 @dataclass
@@ -111,30 +116,15 @@ def run_dir(out: Path, experiment: str, rule: str, seed: int) -> Path:
 
 
 def is_finished(path: Path, cfg: RunConfig) -> bool:
-    """True when ``path`` holds a finished run of ``cfg``; a foreign or broken run is an error."""
-    if not (path / "summary.json").exists():
+    """True when ``path`` holds a finished run of ``cfg`` whose files match its completion
+    record; a run with other settings, or a missing, truncated or changed file, is an error."""
+    if not folders.check_complete(path):
         return False
     if build_run_config(read_json(path / "config.json")) != cfg:
         raise ResultsError(f"{path} holds a run with different settings (for example --quick "
                            "versus the default); use another --out or delete that folder.")
     read_json(path / "summary.json")
     return True
-
-
-def prepare_out(out: Path, kind: str = "reproduce") -> None:
-    """Claim ``out`` for results of ``kind``, refusing a non-empty folder that is not one."""
-    marker = out / MARKER
-    if marker.exists():
-        found = read_json(marker).get("kind") if marker.is_file() else None
-        if found != kind:
-            raise ResultsError(f"{out} is a sinklab folder of kind {found!r}, not a {kind} "
-                               "folder; choose another --out.")
-        return
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ResultsError(f"{out} exists and is not an empty folder or a sinklab {kind} "
-                           "folder; choose another --out.")
-    out.mkdir(parents=True, exist_ok=True)
-    write_json(marker, {"kind": kind, "format": 1})
 
 
 def plan(out: Path, opts: ReproduceOptions) -> tuple[list[Job], int]:
@@ -185,7 +175,15 @@ def run_all(jobs: list[Job], workers: int, log: Callable[[str], None], out: Path
     if not jobs:
         return
     out = Path(out)
-    store = Store.attach(out, origin=read_json(out / MARKER).get("kind", "experiment"))
+    jobs = [part for job in jobs for part in _fitting(job)]
+    if opts is None or opts.executor == "local":
+        sizes = [limits.run_bytes(job.configs[0], len(job.configs)) for job in jobs]
+        fitting = limits.workers_that_fit(sizes, workers, explicit=bool(opts and opts.workers))
+        if fitting < workers:
+            log(f"{len(jobs)} jobs on {fitting} worker(s): more would not fit in memory "
+                f"({limits.MEMORY_ENV})")
+        workers = fitting
+    store = Store.attach(out, origin=folders.kind_of(out) or "experiment")
     version = code_version()
     errors: list[str] = []
     try:
@@ -212,6 +210,14 @@ def run_all(jobs: list[Job], workers: int, log: Callable[[str], None], out: Path
                            "are kept: rerun the same command to retry the failed ones.")
 
 
+def _fitting(job: Job) -> list[Job]:
+    """``job`` split into ensembles small enough for the memory limit (refused when one run
+    alone is too large)."""
+    size = limits.members_that_fit(job.configs[0], len(job.configs), job.label)
+    return [Job(job.experiment, job.rule, job.configs[i:i + size], job.run_dirs[i:i + size],
+                job.tag) for i in range(0, len(job.configs), size)]
+
+
 def collect(out: Path, opts: ReproduceOptions) -> list[dict[str, Any]]:
     """Every run's summary in plan order, tagged with its experiment."""
     runs = []
@@ -232,7 +238,12 @@ def reproduce(out: Path, opts: ReproduceOptions, *, log: Callable[[str], None] |
     """
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
     out = Path(out)
-    prepare_out(out)
+    with folders.writing(out, "reproduce"):
+        return _reproduce(out, opts, log, docs, command)
+
+
+def _reproduce(out: Path, opts: ReproduceOptions, log: Callable[[str], None],
+               docs: Path | None, command: str | None) -> dict[str, Any]:
     jobs, done = plan(out, opts)
     device = resolve_device(opts.device)
     workers = worker_count(opts.workers, device, len(jobs))
@@ -253,9 +264,7 @@ def reproduce(out: Path, opts: ReproduceOptions, *, log: Callable[[str], None] |
     }
     # The folder's history: every invocation that finished, so a resumed folder still shows
     # how long its runs took to train and on what.
-    marker = read_json(out / MARKER)
-    marker["invocations"] = [*marker.get("invocations", []), invocation]
-    write_json(out / MARKER, marker)
+    marker = record_invocation(out, invocation)
     meta = {**invocation, "seeds": opts.seeds, "quick": opts.quick,
             "history": marker["invocations"]}
     summary = {"runs": runs, **meta}
@@ -268,6 +277,12 @@ def reproduce(out: Path, opts: ReproduceOptions, *, log: Callable[[str], None] |
                                            "real-models.md"))
     log(f"reproduce: wrote {out / 'REPORT.md'} ({wall:.0f} s of training)")
     return summary
+
+
+def record_invocation(out: Path, invocation: dict[str, Any]) -> dict[str, Any]:
+    """Add a finished invocation to the folder's history in its marker; return the marker."""
+    marker = folders.read_marker(out) or {}
+    return folders.update_marker(out, invocations=[*marker.get("invocations", []), invocation])
 
 
 def worker_count(requested: int | None, device: Any, n_jobs: int) -> int:
@@ -529,11 +544,10 @@ def _agreement(runs: list[dict[str, Any]], experiment: str, quick: bool) -> list
 
 
 def link_theory(out: Path, theory_report: Path) -> None:
-    """Record where the theory section for the runs in ``out`` is, and rewrite REPORT.md."""
+    """Record where the theory section for the runs in ``out`` is, and rewrite REPORT.md.
+    The caller holds ``out``'s lock (``sinklab theory --reproduce DIR`` takes DIR's)."""
     out = Path(out)
-    marker = read_json(out / MARKER)
-    marker["theory"] = os.path.relpath(theory_report, out)
-    write_json(out / MARKER, marker)
+    marker = folders.update_marker(out, theory=os.path.relpath(theory_report, out))
     summary = read_json(out / "summary.json")
     runs = summary.pop("runs")
     write_atomic(out / "REPORT.md", render(runs, summary, "figures", marker["theory"]).encode())

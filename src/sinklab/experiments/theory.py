@@ -16,6 +16,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,7 +26,7 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
-from sinklab import plots, report, theory
+from sinklab import folders, limits, plots, report, theory
 from sinklab.config import ConfigError, check_count
 from sinklab.experiments import reproduce as rep
 from sinklab.results import ResultsError, read_json, read_metrics, write_atomic, write_json
@@ -64,6 +65,10 @@ class TheoryOptions(rep.RunOptions):
             if not 0 < eps < 1:
                 raise ConfigError(f"--eps value {eps!r} is not allowed: every eps must lie in "
                                   "(0, 1), the BOS share being capped at 1 - eps.")
+
+    def runs_per_seed(self) -> int:
+        own = len(RULES) * len(theory.denied_settings(self.eps))
+        return own + (len(rep.EXPERIMENTS) * len(rep.RULES) if self.reproduce is None else 0)
 
 
 def parse_eps(text: str) -> tuple[float, ...]:
@@ -164,12 +169,39 @@ def heads(rdir: Path, runs: list[dict[str, Any]], n_sequences: int) -> list[dict
 
 def run_theory(out: Path, opts: TheoryOptions, *, log: Callable[[str], None] | None = None,
                docs: Path | None = None, command: str | None = None) -> dict[str, Any]:
-    """Run (or resume) every theory experiment in ``out``; write theory.json, figures, THEORY.md."""
+    """Run (or resume) every theory experiment in ``out``; write theory.json, figures, THEORY.md.
+
+    ``out`` is claimed and locked; so is the ``--reproduce`` folder, whose report gains a link
+    to the theory section (no other process may write it meanwhile).
+    """
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
     out = Path(out)
-    if opts.reproduce is not None and not (Path(opts.reproduce) / "summary.json").is_file():
-        reproduce_runs(Path(opts.reproduce))  # fail before any work with the reason
-    rep.prepare_out(out, kind="theory")
+    if opts.reproduce is not None:
+        rdir = Path(opts.reproduce)
+        reproduce_runs(rdir)  # fail before any work with the reason
+        if folders.kind_of(rdir) != "reproduce":
+            raise ResultsError(f"--reproduce {rdir} is not a sinklab reproduce folder (its "
+                               f"{folders.MARKER} does not say so).")
+    limits.check_memory(construction_bytes(opts), f"the constructions at --seq-len "
+                        f"{opts.seq_len} and --d-model {opts.d_model}")
+    with folders.writing(out, "theory"), ExitStack() as held:
+        if opts.reproduce is not None:
+            held.enter_context(folders.hold(Path(opts.reproduce)))
+        return _run_theory(out, opts, log, docs, command)
+
+
+def construction_bytes(opts: TheoryOptions) -> int:
+    """Memory of the largest construction check (the softmax family's test set in float32,
+    the ReLU construction's in float64)."""
+    sizes = [*RELU_SIZES, (opts.seq_len, opts.d_model)]
+    return max([limits.forward_bytes(theory.construction_config("softmax", n, d), 256,
+                                     itemsize=8) for n, d in sizes]
+               + [limits.forward_bytes(theory.construction_config("softmax", opts.seq_len,
+                                                                  opts.d_model), 2000)])
+
+
+def _run_theory(out: Path, opts: TheoryOptions, log: Callable[[str], None], docs: Path | None,
+                command: str | None) -> dict[str, Any]:
     start = time.perf_counter()
 
     log("theory: ReLU construction and softmax sink family")
@@ -213,7 +245,11 @@ def run_theory(out: Path, opts: TheoryOptions, *, log: Callable[[str], None] | N
     write_json(out / "theory.json", result)
     figures = write_figures(out, result)
     write_atomic(out / "THEORY.md", render(result, "figures").encode())
-    rep.link_theory(rdir, out / "THEORY.md")
+    if opts.reproduce is None:  # the reproduction inside out: its own lock, taken again here
+        with folders.hold(rdir):
+            rep.link_theory(rdir, out / "THEORY.md")
+    else:
+        rep.link_theory(rdir, out / "THEORY.md")
     if docs is not None:
         rep.copy_to_docs(Path(docs), figures, lambda prefix: render(result, prefix))
     log(f"theory: wrote {out / 'THEORY.md'} ({wall:.0f} s)")

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
-from sinklab import plots, report
+from sinklab import folders, plots, report
 from sinklab.attention import ROW_KIND, RULES
 from sinklab.config import ConfigError, RunConfig, build_run_config
 from sinklab.evaluate import eval_batch, evaluate
@@ -63,6 +63,15 @@ class ZooOptions(rep.RunOptions):
             if rule not in RULES:
                 raise ConfigError(f"--rules: {rule!r} is not a known attention rule: choose from "
                                   f"{', '.join(sorted(RULES))}.")
+
+    def runs_per_seed(self) -> int:
+        runs = len(self.rules) * sum(len(self.lrs(c)) for c in CONFIGS)
+        if self.extensions:
+            from sinklab.experiments import extensions as ext
+
+            runs += len(ext.RULES) * (len(ext.seq_lens(self)) + len(ext.frequencies(self))
+                                      + len(ext.block_configs(self)) * len(ext.BLOCKS))
+        return runs
 
     def steps(self, config: str) -> int:
         return (QUICK_STEPS if self.quick else STEPS)[config]
@@ -257,7 +266,12 @@ def run_zoo(out: Path, opts: ZooOptions, *, log: Callable[[str], None] | None = 
     """Run (or resume) the zoo in ``out``; write zoo.json, zoo.csv, figures and ZOO.md."""
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
     out = Path(out)
-    rep.prepare_out(out, kind="zoo")
+    with folders.writing(out, "zoo"):
+        return _run_zoo(out, opts, log, docs, command)
+
+
+def _run_zoo(out: Path, opts: ZooOptions, log: Callable[[str], None], docs: Path | None,
+             command: str | None) -> dict[str, Any]:
     jobs, done = plan(out, opts)
     workers = rep.worker_count(opts.workers, resolve_device(opts.device), len(jobs))
     n_runs = sum(len(j.configs) for j in jobs)
@@ -276,9 +290,7 @@ def run_zoo(out: Path, opts: ZooOptions, *, log: Callable[[str], None] | None = 
                   "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
                   "wall_time_s": wall, "runs_trained": n_runs, "runs_reused": done,
                   "workers": workers}
-    marker = read_json(out / rep.MARKER)  # the folder's history, as for reproduce
-    marker["invocations"] = [*marker.get("invocations", []), invocation]
-    write_json(out / rep.MARKER, marker)
+    marker = rep.record_invocation(out, invocation)  # the folder's history, as for reproduce
     result = {
         **invocation, "history": marker["invocations"],
         "versions": versions(), "quick": opts.quick, "seeds": opts.seeds,

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from sinklab.config import ConfigError
+from sinklab.results import write_atomic
 from sinklab.sweeps.store import STATUSES, Store, to_csv
 
 COLUMNS = ("status", "converged", "steps", "linf_error", "bos_max", "sink_heads")
@@ -66,7 +67,9 @@ def list_results(folder: Path, status: str | None, where: list[str],
     finally:
         store.close()
     if csv_path is not None:
-        csv_path.write_text(to_csv(rows))
+        if csv_path.is_dir():
+            raise ConfigError(f"--csv {csv_path} is a folder; give the name of a file to write.")
+        write_atomic(csv_path, to_csv(rows).encode())
         print(f"wrote {len(rows)} cells to {csv_path}")
         return 0
     table = [["cell", *COLUMNS, "reason"]]

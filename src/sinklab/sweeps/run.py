@@ -8,22 +8,31 @@ cell by cell as jobs finish. Killing the driver at any moment loses only the job
 rerunning the same command resumes.
 
 - ``local`` (default): one process per core (``--workers``), as ``sinklab reproduce`` does.
+  Workers end when the driver dies; a job whose worker died (killed, out of memory) is run
+  again in a fresh pool, twice at most, then recorded as failed.
 - ``ray`` (extra ``sinklab[ray]``): each job is a Ray task with one CPU, on the cluster at
-  ``--ray-address`` or on a local Ray instance started for the sweep.
+  ``--ray-address`` or on a local Ray instance started for the sweep; Ray runs a task again when
+  its worker dies (three times at most).
+
+The sweep folder is locked while a driver writes it (``sinklab.folders``), and every ensemble is
+checked against the memory limit (``sinklab.limits``) before anything runs.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
+import logging
 import math
 import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
@@ -31,13 +40,16 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from sinklab import folders, limits
 from sinklab.config import ConfigError, RunConfig, build_run_config
 from sinklab.sweeps import spec as spec_mod
-from sinklab.sweeps.store import METRICS, Store
+from sinklab.sweeps.store import DB, METRICS, Store
 from sinklab.train import _shared, resolve_device, train_runs, versions
 
 EXECUTORS = ("local", "ray")
 MAX_MEMBERS = 32  # cells per ensemble at most
+POOL_RETRIES = 2  # times a job whose worker process died is run again (local executor)
+RAY_RETRIES = 3  # the same, for a Ray task (Ray's own retries)
 
 Job = list[tuple[str, dict[str, Any]]]  # (cell name, config dict) of one ensemble
 
@@ -105,23 +117,38 @@ def compute(job: Job) -> list[dict[str, Any]]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and math.isfinite(value)
+
+
 def metrics_of(summary: dict[str, Any]) -> dict[str, Any]:
-    """The store's summary numbers of a run (non-finite numbers as None)."""
-    bos = summary.get("bos_mass_nontrigger") or [[float("nan")]]
+    """The store's summary numbers of a run; a number that is missing or not finite (a
+    diverged run's, stored in JSON as null) is None."""
     values = {key: summary.get(key) for key in METRICS if key != "bos_max"}
-    values["bos_max"] = max(max(layer) for layer in bos)
+    bos = [v for layer in summary.get("bos_mass_nontrigger") or [] for v in layer if _finite(v)]
+    values["bos_max"] = max(bos) if bos else None
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
             for k, v in values.items()}
 
 
 def plan_jobs(rows: list[dict[str, Any]], workers: int) -> list[Job]:
     """Pending cells as ensembles: cells whose configs differ only in seed and learning rate
-    train together (at most ``MAX_MEMBERS``); groups are split until every worker has a job."""
+    train together (at most ``MAX_MEMBERS``, fewer when that many would not fit in memory);
+    groups are split until every worker has a job. A cell too large to train even alone is a
+    ConfigError."""
     groups: dict[str, Job] = {}
+    configs: dict[str, RunConfig] = {}
     for row in rows:
-        key = json.dumps(_shared(build_run_config(row["config"])), sort_keys=True)
+        cfg = build_run_config(row["config"])
+        key = json.dumps(_shared(cfg), sort_keys=True)
         groups.setdefault(key, []).append((row["name"], row["config"]))
-    jobs = [g[i:i + MAX_MEMBERS] for g in groups.values() for i in range(0, len(g), MAX_MEMBERS)]
+        configs.setdefault(key, cfg)
+    jobs = []
+    for key, group in groups.items():
+        size = limits.members_that_fit(configs[key], min(len(group), MAX_MEMBERS),
+                                       f"cell {group[0][0]}")
+        jobs += [group[i:i + size] for i in range(0, len(group), size)]
     while len(jobs) < workers and max((len(j) for j in jobs), default=1) > 1:
         jobs.sort(key=len)
         largest = jobs.pop()
@@ -161,24 +188,71 @@ def code_version() -> str:
     return f"{version}+{commit.stdout.strip()}" + ("-dirty" if dirty.stdout.strip() else "")
 
 
+def exit_with_parent(poll_s: float = 0.5) -> None:
+    """End this process soon after the process that started it dies.
+
+    A worker of a local pool waits on its parent for work; if the parent is killed (SIGKILL
+    gives it no chance to stop its pool), the worker would wait, or train, forever. A daemon
+    thread notices that the parent is gone (the worker is handed to another parent) and exits.
+    """
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="sinklab-exit-with-parent", daemon=True).start()
+
+
 def _worker_init() -> None:
     import torch
 
     torch.set_num_threads(1)
+    exit_with_parent()
+
+
+def _lost(job: Job, reason: str) -> list[dict[str, Any]]:
+    return [{"name": name, "error": reason} for name, _ in job]
 
 
 def run_local(jobs: list[Job], workers: int) -> Iterator[tuple[Job, list[dict[str, Any]]]]:
-    """Each job's results as it finishes: in this process (one worker) or in a process pool."""
+    """Each job's results as it finishes: in this process (one worker) or in a process pool.
+
+    When a worker process dies (killed, out of memory) the pool breaks and every job still in
+    it is lost; those jobs run again in a fresh pool, up to ``POOL_RETRIES`` times each, then
+    come back as failed."""
     if workers <= 1 or len(jobs) <= 1:
         for job in jobs:
             yield job, compute(job)
         return
     ctx = get_context("spawn")
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx,
-                             initializer=_worker_init) as pool:
-        futures = {pool.submit(compute, job): job for job in jobs}
-        for future in as_completed(futures):
-            yield futures[future], future.result()
+    tries = {id(job): 0 for job in jobs}
+    queue = list(jobs)
+    while queue:
+        pool = ProcessPoolExecutor(max_workers=min(workers, len(queue)), mp_context=ctx,
+                                   initializer=_worker_init)
+        lost = []
+        try:
+            futures = {pool.submit(compute, job): job for job in queue}
+            for future in as_completed(futures):
+                job = futures[future]
+                try:
+                    results = future.result()
+                except BrokenProcessPool:
+                    lost.append(job)
+                    continue
+                yield job, results
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+        queue = []
+        for job in lost:
+            tries[id(job)] += 1
+            if tries[id(job)] > POOL_RETRIES:
+                yield job, _lost(job, f"its worker process died {tries[id(job)]} times "
+                                      "(killed, or out of memory)")
+            else:
+                queue.append(job)
 
 
 def ray_module() -> Any:
@@ -198,12 +272,14 @@ def run_ray(jobs: list[Job], workers: int,
     if started:
         kwargs: dict[str, Any] = {"address": address} if address else {"num_cpus": workers}
         try:
-            ray.init(include_dashboard=False, log_to_driver=False, **kwargs)
-        except Exception as exc:  # a wrong address, an unreachable cluster
-            raise ConfigError(f"--executor ray could not connect to Ray"
-                              f"{' at ' + address if address else ''}: {exc}.") from None
+            ray.init(include_dashboard=False, log_to_driver=False,
+                     logging_level=logging.ERROR, **kwargs)
+        except Exception as exc:  # a wrong address, an unreachable cluster, a refused token
+            raise ConfigError(ray_refusal(exc, address)) from None
     try:
-        task = ray.remote(num_cpus=1)(compute)
+        # A task whose worker process dies is run again by Ray; an error raised inside
+        # compute is not (compute returns it as the job's failure).
+        task = ray.remote(num_cpus=1, max_retries=RAY_RETRIES, retry_exceptions=False)(compute)
         pending = {task.remote(job): job for job in jobs}
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1)
@@ -218,6 +294,19 @@ def run_ray(jobs: list[Job], workers: int,
     finally:
         if started:
             ray.shutdown()
+
+
+def ray_refusal(exc: BaseException, address: str | None) -> str:
+    """One sentence for Ray refusing or failing to start or connect."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    where = f" at {address}" if address else ""
+    lowered = text.lower()
+    if "auth" in lowered or "token" in lowered:
+        return (f"Ray refused the connection{where}: the cluster uses token authentication "
+                f"and this process has no matching token ({text[:200]}); give it the cluster's "
+                "token with RAY_AUTH_MODE=token and RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH), "
+                "as on every node (docs/sweeps.md).")
+    return f"--executor ray could not start or connect to Ray{where}: {text[:300]}."
 
 
 # ------------------------------------------------------------------------------- driver
@@ -247,10 +336,14 @@ def record(store: Store, results: list[dict[str, Any]], version: str) -> tuple[i
             continue
         summary = r["summary"]
         reason = None
-        if summary["status"] == "diverged":
-            reason = f"diverged at step {summary['steps']}: the loss is not finite"
-        store.finish(r["name"], files=r["files"], metrics=metrics_of(summary), failed=reason,
-                     seconds=summary.get("wall_time_s", 0.0), version=version)
+        if summary.get("status") == "diverged":
+            reason = f"diverged at step {summary.get('steps')}: the loss is not finite"
+        try:
+            values = metrics_of(summary)
+        except Exception as exc:  # one cell's odd summary must not cost its ensemble-mates
+            values, reason = {}, f"its summary could not be read ({type(exc).__name__}: {exc})"
+        store.finish(r["name"], files=r["files"], metrics=values, failed=reason,
+                     seconds=summary.get("wall_time_s") or 0.0, version=version)
         failed += reason is not None
         done += reason is None
     return done, failed
@@ -282,36 +375,66 @@ class Progress:
         self.bar.close()
 
 
+def _adopt_legacy(out: Path) -> None:
+    """Mark a sweep folder written before folders had markers (it has a sinklab sweep
+    database of its own, and nothing says otherwise)."""
+    if (out / DB).is_file() and not (out / folders.MARKER).exists():
+        store = Store.read(out)
+        try:
+            if store.meta().get("origin") == "sweep":
+                folders.mark(out, "sweep")
+        finally:
+            store.close()
+
+
 def run_sweep(spec_path: str | Path, out: str | Path, opts: SweepOptions, *,
               log: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Run (or resume) the sweep of ``spec_path`` in ``out``; return the store's counts."""
+    """Run (or resume) the sweep of ``spec_path`` in ``out``; return the store's counts.
+
+    Everything is checked before the folder is touched: the spec, the devices, and that every
+    cell fits in memory. The folder is then claimed and locked for as long as this runs.
+    """
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
     spec = spec_mod.load_spec(spec_path)
     cells = spec_mod.cells(spec)
     for device in {c.config.train.device for c in cells}:
         resolve_device(device)
+    plan_jobs([{"name": c.name, "config": c.config.to_dict()} for c in cells], 1)  # sizes
+    out = Path(out)
+    _adopt_legacy(out)
     version = code_version()
-    store = Store.create_or_open(out, spec, cells, version)
-    try:
-        reset = store.recover(opts.retry_failed)
-        counts = store.counts()
-        pending = store.rows("pending")
-        workers = opts.workers or max(1, min(os.cpu_count() or 1, len(pending)))
-        jobs = sorted(plan_jobs(pending, workers), key=_job_cost, reverse=True)
-        log(f"sweep: {len(cells)} cells in {out}: {counts['done']} done, {counts['failed']} "
-            f"failed, {len(pending)} to run in {len(jobs)} ensembles on {opts.executor} "
-            f"({workers} worker(s))" + (f"; {reset} reset to pending" if reset else ""))
-        progress = Progress(len(cells), counts["done"], counts["failed"], log)
+    with folders.writing(out, "sweep"):
+        store = Store.create_or_open(out, spec, cells, version)
         try:
-            for _, _, outcome in execute(store, jobs, opts.executor, workers, opts.ray_address,
-                                         version):
-                progress.update(*outcome)
+            return _drive(store, spec, cells, out, opts, version, log)
         finally:
-            progress.close()
-        counts = store.counts()
-        log(f"sweep: {counts['done']} done, {counts['failed']} failed of {len(cells)}; wrote "
-            f"{Path(out) / 'results.csv'}"
-            + ("; `--retry-failed` reruns the failed cells" if counts["failed"] else ""))
-        return counts
+            store.close()
+
+
+def _drive(store: Store, spec: spec_mod.Spec, cells: list[spec_mod.Cell], out: Path,
+           opts: SweepOptions, version: str, log: Callable[[str], None]) -> dict[str, Any]:
+    reset = store.recover(opts.retry_failed)
+    for name, problem in store.verify_done():
+        log(f"sweep: {name}: {problem}; it runs again")
+    counts = store.counts()
+    pending = store.rows("pending")
+    workers = opts.workers or max(1, min(os.cpu_count() or 1, len(pending)))
+    jobs = sorted(plan_jobs(pending, workers), key=_job_cost, reverse=True)
+    if opts.executor == "local":
+        sizes = [limits.run_bytes(build_run_config(job[0][1]), len(job)) for job in jobs]
+        workers = limits.workers_that_fit(sizes, workers, explicit=opts.workers is not None)
+    log(f"sweep: {len(cells)} cells in {out}: {counts['done']} done, {counts['failed']} "
+        f"failed, {len(pending)} to run in {len(jobs)} ensembles on {opts.executor} "
+        f"({workers} worker(s))" + (f"; {reset} reset to pending" if reset else ""))
+    progress = Progress(len(cells), counts["done"], counts["failed"], log)
+    try:
+        for _, _, outcome in execute(store, jobs, opts.executor, workers, opts.ray_address,
+                                     version):
+            progress.update(*outcome)
     finally:
-        store.close()
+        progress.close()
+    counts = store.counts()
+    log(f"sweep: {counts['done']} done, {counts['failed']} failed of {len(cells)}; wrote "
+        f"{out / 'results.csv'}"
+        + ("; `--retry-failed` reruns the failed cells" if counts["failed"] else ""))
+    return counts

@@ -17,14 +17,16 @@ of the wrong type or out of range is a ``SpecError`` naming the key and its line
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
+import math
 import re
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sinklab import limits
 from sinklab.config import (
     SECTIONS,
     ConfigError,
@@ -33,6 +35,7 @@ from sinklab.config import (
     build_run_config,
     coerce,
     field_type,
+    read_toml_text,
 )
 
 TOP_KEYS = ("description", "seeds", "base", "grid")
@@ -112,13 +115,10 @@ def _flatten_grid(grid: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def load_spec(path: str | Path) -> Spec:
     """Read and validate a sweep spec (see the module docstring for the format)."""
     path = Path(path)
-    if not path.is_file():
-        raise SpecError(f"sweep spec {str(path)!r} does not exist.")
-    text = path.read_text()
     try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise SpecError(f"sweep spec {path} is not valid TOML: {exc}.") from None
+        text, data = read_toml_text(path, "sweep spec")
+    except ConfigError as exc:
+        raise SpecError(str(exc)) from None
     where = str(path)
     for key in data:
         if key not in TOP_KEYS:
@@ -177,6 +177,8 @@ def load_spec(path: str | Path) -> Spec:
         if len(set(map(repr, coerced))) != len(coerced):
             raise SpecError(f"{where}: grid key {key!r}{at} lists a value twice.")
         grid[key] = coerced
+    total = math.prod(len(v) for v in grid.values()) * len(seeds)
+    limits.check_cells(total, f"{where}: the grid")
     spec = Spec(where, description, base, grid, seeds)
     cells(spec)  # every combination must be a valid run config
     return spec
@@ -187,6 +189,7 @@ def _seeds(value: Any, where: str) -> tuple[int, ...]:
         return isinstance(v, int) and not isinstance(v, bool)
 
     if is_int(value) and value >= 1:
+        limits.check_cells(value, f"{where}: seeds={value}")
         return tuple(range(value))
     if isinstance(value, list) and value and all(is_int(v) and v >= 0 for v in value) \
             and len(set(value)) == len(value):
@@ -196,8 +199,24 @@ def _seeds(value: Any, where: str) -> tuple[int, ...]:
 
 
 def _slug(value: Any) -> str:
-    text = f"{value:g}" if isinstance(value, float) else str(value)
+    """A value as it appears in a cell name: floats short (``1e-06``) where that is exact,
+    else with every digit they need (``0.0010000001``), so different values never share one."""
+    text = str(value)
+    if isinstance(value, float):
+        short = f"{value:g}"
+        text = short if float(short) == value else repr(value)
     return re.sub(r"[^A-Za-z0-9.+-]+", "_", text)
+
+
+NAME_BYTES = 200  # longest run-folder name; most file systems allow 255 bytes
+
+
+def folder_name(name: str) -> str:
+    """The run folder of a cell: its name, or for a very long one a prefix and a hash of it."""
+    if len(name.encode()) <= NAME_BYTES:
+        return name
+    digest = hashlib.blake2b(name.encode(), digest_size=8).hexdigest()
+    return name.encode()[:NAME_BYTES - 17].decode(errors="ignore") + "-" + digest
 
 
 def cell_name(overrides: dict[str, Any], seed: int) -> str:
@@ -223,4 +242,9 @@ def cells(spec: Spec) -> list[Cell]:
             except ConfigError as exc:
                 raise SpecError(f"{spec.path}: cell {name}: {exc}") from None
             result.append(Cell(name, len(result), overrides, seed, config))
+    names = [c.name for c in result]
+    if len(set(names)) != len(names):
+        twice = next(n for n in names if names.count(n) > 1)
+        raise SpecError(f"{spec.path}: two cells would both be named {twice!r}; make the grid's "
+                        "values differ in more than punctuation.")
     return result

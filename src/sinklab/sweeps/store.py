@@ -7,7 +7,9 @@ Only the process that drives the sweep writes it; workers only compute.
 
 Run folders are written beside it atomically: into ``.partial-NAME`` next to the final folder
 first, then renamed into place. A cell is done when its row says so; at the start of a sweep, rows
-left "running" by a killed sweep go back to pending and partial folders are removed.
+left "running" by a killed sweep go back to pending, partial folders are removed, and every done
+cell's run folder is checked against its completion record (``verify_done``): a missing,
+truncated or changed file sends the cell back to pending.
 
 ``sinklab sweep`` folders hold exactly one spec (``create_or_open``). The experiment commands
 (``reproduce``, ``theory``, ``zoo``) keep their own folders and attach a store to them
@@ -28,8 +30,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from sinklab import folders
 from sinklab.results import ResultsError, write_atomic
-from sinklab.sweeps.spec import Cell, Spec
+from sinklab.sweeps.spec import Cell, Spec, folder_name
 
 KIND = "sinklab sweep"
 FORMAT = "1"
@@ -108,14 +111,16 @@ class Store:
                 raise ResultsError(f"{folder} holds another sweep (its spec differs from "
                                    f"{spec.path}); choose another --out.")
             return store
-        creating = folder / f".{DB}.creating"  # left by a sweep killed while creating it
+        # A folder with nothing in it yet but a sweep's marker, its lock or a database left
+        # half-created by a killed sweep.
+        allowed = folders.LEFTOVERS | {folders.MARKER}
         if folder.exists() and (not folder.is_dir()
-                                or any(p != creating for p in folder.iterdir())):
+                                or any(p.name not in allowed for p in folder.iterdir())):
             raise ResultsError(f"{folder} exists and is not an empty folder or a sinklab sweep "
                                "folder; nothing was written; choose another --out.")
         folder.mkdir(parents=True, exist_ok=True)
-        rows = [(c.name, f"runs/{c.name}", c.position, json.dumps(c.overrides), c.seed,
-                 json.dumps(c.config.to_dict())) for c in cells]
+        rows = [(c.name, f"runs/{folder_name(c.name)}", c.position, json.dumps(c.overrides),
+                 c.seed, json.dumps(c.config.to_dict())) for c in cells]
         return cls._create(folder, {"origin": "sweep", "spec": spec.to_json(),
                                     "spec_path": spec.path, "version": version}, rows)
 
@@ -195,6 +200,23 @@ class Store:
             for partial in parent.glob(".partial-*"):
                 shutil.rmtree(partial, ignore_errors=True)
         return cur.rowcount
+
+    def verify_done(self) -> list[tuple[str, str]]:
+        """Done cells whose run folder is missing or does not match its completion record go
+        back to pending; returns (cell, what is wrong) for each of them."""
+        damaged = []
+        for row in self.rows("done"):
+            folder = self.folder / row["path"]
+            try:
+                if not folders.check_complete(folder):
+                    damaged.append((row["name"], f"{folder} is missing or unfinished"))
+            except folders.DamagedRun as exc:
+                damaged.append((row["name"], exc.problem))
+        if damaged:
+            with _transaction(self.conn):
+                self.conn.executemany("UPDATE cells SET status = 'pending', reason = NULL "
+                                      "WHERE name = ?", [(name,) for name, _ in damaged])
+        return damaged
 
     def mark_running(self, names: list[str]) -> None:
         with _transaction(self.conn):

@@ -1,0 +1,287 @@
+"""The folders sinklab writes: whose they are, who is writing them now, and whether a run in
+them finished.
+
+- **Marker.** ``sinklab.json`` names a folder's kind (``run``, ``runs``, ``reproduce``, ``theory``,
+  ``zoo``, ``lm``, ``sweep``, ``report``). A command writes only into a folder that is absent,
+  empty, or marked with the kind it writes; anything else is refused before a byte is written.
+  Other files that happen to look like ours (a ``config.json`` in a Hugging Face model folder)
+  make no folder sinklab's.
+- **Lock.** A writer holds ``.sinklab.lock`` (an operating-system lock, through ``filelock``)
+  for as long as it writes, and names itself in ``.sinklab.lock.json``; a second writer is
+  refused with the holder's process id. The system drops the lock when its holder dies, even by
+  SIGKILL, so the next writer recovers a stale lock without any clean-up.
+- **Completion record.** Once a run has finished, its marker lists every file the run wrote with
+  its size and SHA-256, and this record is written last. A finished run is reused only after its
+  files are checked against the record (``check_complete``).
+
+    with folders.writing(out, "reproduce"):   # claim and lock, or one sentence why not
+        ...
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import sys
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sinklab.results import ResultsError, read_json, write_json
+
+MARKER = "sinklab.json"
+LOCK = ".sinklab.lock"
+HOLDER = ".sinklab.lock.json"
+FORMAT = 1
+KINDS = {
+    "run": "run folder",
+    "runs": "folder of seed runs (sinklab train --seeds)",
+    "reproduce": "reproduce folder",
+    "theory": "theory folder",
+    "zoo": "zoo folder",
+    "lm": "lm folder",
+    "sweep": "sweep folder",
+    "report": "report folder",
+}
+# Entries that may sit in a folder that is otherwise empty: a writer's lock, a sweep database
+# left half-created by a killed sweep.
+LEFTOVERS = frozenset({LOCK, HOLDER, ".sweep.db.creating"})
+# Files of a run folder that are not the run's results, so not in its completion record.
+NOT_RECORDED = frozenset({MARKER, LOCK, HOLDER})
+
+
+def describe(kind: str) -> str:
+    return KINDS.get(kind, f"{kind} folder")
+
+
+# ---------------------------------------------------------------------------- markers
+
+
+def read_marker(folder: Path) -> dict[str, Any] | None:
+    """The folder's marker, or None when it has none; a marker that is not sinklab's (no known
+    kind) is a ResultsError, never taken as a kind."""
+    path = Path(folder) / MARKER
+    if not path.exists():
+        return None
+    if not path.is_file():
+        raise ResultsError(f"{path} is not a file, so {folder} is not a sinklab folder; choose "
+                           "another folder.")
+    marker = read_json(path)
+    if not isinstance(marker, dict) or marker.get("kind") not in KINDS:
+        found = marker.get("kind") if isinstance(marker, dict) else None
+        what = f"names the unknown kind {found!r}" if found is not None else "names no kind"
+        raise ResultsError(f"{path} is not sinklab's marker (it {what}), so {folder} is not a "
+                           "sinklab folder; choose another folder.")
+    return marker
+
+
+def kind_of(folder: Path) -> str | None:
+    """The folder's kind by its marker, or None when it has no marker."""
+    marker = read_marker(folder)
+    return None if marker is None else marker["kind"]
+
+
+def check_writable(folder: Path, kind: str, option: str = "--out") -> None:
+    """Raise ResultsError unless ``folder`` may be written as a ``kind`` folder: absent, empty
+    (but for a writer's leftovers), or marked with that kind. Writes nothing."""
+    folder = Path(folder)
+    if not folder.exists():
+        if folder.is_symlink():
+            raise ResultsError(f"{folder} is a broken symbolic link; choose another {option}.")
+        return
+    if not folder.is_dir():
+        raise ResultsError(f"{folder} is a file, not a folder; choose another {option}.")
+    found = kind_of(folder)
+    if found == kind:
+        return
+    if found is not None:
+        raise ResultsError(f"{folder} is a sinklab {describe(found)}, not a {describe(kind)}; "
+                           f"choose another {option}.")
+    if any(p.name not in LEFTOVERS for p in folder.iterdir()):
+        raise ResultsError(f"{folder} exists and is not an empty folder or a sinklab "
+                           f"{describe(kind)}; nothing was written; choose another {option}.")
+
+
+def mark(folder: Path, kind: str, **fields: Any) -> dict[str, Any]:
+    """Write a fresh marker of ``kind`` (replacing any earlier one) and return it."""
+    marker = {"kind": kind, "format": FORMAT, **fields}
+    write_json(Path(folder) / MARKER, marker)
+    return marker
+
+
+def update_marker(folder: Path, **fields: Any) -> dict[str, Any]:
+    """Add or replace fields of the folder's marker (which must exist)."""
+    marker = read_marker(folder)
+    if marker is None:
+        raise ResultsError(f"{folder} has no {MARKER}; it is not a sinklab folder.")
+    marker.update(fields)
+    write_json(Path(folder) / MARKER, marker)
+    return marker
+
+
+# ------------------------------------------------------------------------------ locks
+
+
+def _holder_text(folder: Path) -> str:
+    """Who holds the folder's lock, from its holder file, as a phrase."""
+    try:
+        holder = json.loads((folder / HOLDER).read_text())
+        pid, host = int(holder["pid"]), str(holder["host"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return "another sinklab process (it has not recorded its process id yet)"
+    if pid == os.getpid() and host == socket.gethostname():
+        return "this same command (the folder is given twice)"
+    command = holder.get("command")
+    since = holder.get("since")
+    detail = "".join([f", `{command}`" if command else "", f", since {since}" if since else ""])
+    where = "" if host == socket.gethostname() else f" on {host}"
+    return f"another sinklab process (pid {pid}{where}{detail})"
+
+
+@contextmanager
+def hold(folder: Path) -> Iterator[None]:
+    """Hold the folder's writer lock (the folder must exist); refuse with one sentence naming
+    the holder when another process has it."""
+    from filelock import FileLock, Timeout
+
+    folder = Path(folder)
+    lock = FileLock(str(folder / LOCK), timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise ResultsError(f"{folder} is being written by {_holder_text(folder)}; wait for it "
+                           "to finish or stop it, then run this command again.") from None
+    try:
+        holder = {"pid": os.getpid(), "host": socket.gethostname(),
+                  "command": " ".join(["sinklab", *sys.argv[1:]]) if sys.argv else "sinklab",
+                  "since": datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")}
+        write_json(folder / HOLDER, holder)
+        yield
+    finally:
+        try:
+            (folder / HOLDER).unlink(missing_ok=True)
+        finally:
+            lock.release()
+
+
+def _make_dirs(folder: Path) -> list[Path]:
+    """Create ``folder`` and its missing parents; return the folders created, outermost first."""
+    missing = []
+    current = folder
+    while not current.exists() and current != current.parent:
+        missing.append(current)
+        current = current.parent
+    folder.mkdir(parents=True, exist_ok=True)
+    return list(reversed(missing))
+
+
+def _remove_if_unused(created: list[Path]) -> None:
+    """Remove folders this process created when they hold nothing but a marker and locks."""
+    for folder in reversed(created):
+        try:
+            if all(p.name in LEFTOVERS | {MARKER} for p in folder.iterdir()):
+                for p in folder.iterdir():
+                    p.unlink()
+                folder.rmdir()
+        except OSError:
+            return
+
+
+@contextmanager
+def writing(folder: Path, kind: str, option: str = "--out", **fields: Any) -> Iterator[Path]:
+    """Claim ``folder`` as a ``kind`` folder and hold its lock while the body runs.
+
+    The folder is checked before anything is created (``check_writable``), created, locked,
+    checked again under the lock, and marked (``fields`` go into a new marker). If the body
+    fails before it wrote anything, a folder this call created is removed again.
+    """
+    folder = Path(folder)
+    check_writable(folder, kind, option)
+    created = _make_dirs(folder)
+    try:
+        with hold(folder):
+            check_writable(folder, kind, option)  # another writer may have claimed it first
+            if read_marker(folder) is None:
+                mark(folder, kind, **fields)
+            yield folder
+    except BaseException:
+        _remove_if_unused(created)
+        raise
+
+
+# ---------------------------------------------------------------- completion records
+
+
+def _digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def record_files(folder: Path, names: Iterable[str] | None = None) -> dict[str, Any]:
+    """Size and SHA-256 of the named files (default: every result file in ``folder``)."""
+    folder = Path(folder)
+    if names is None:
+        names = sorted(p.name for p in folder.iterdir() if p.is_file()
+                       and p.name not in NOT_RECORDED and not p.name.endswith(".tmp"))
+    return {name: {"bytes": (folder / name).stat().st_size, "sha256": _digest(folder / name)}
+            for name in names}
+
+
+def seal(run_dir: Path) -> None:
+    """Write the run's completion record: every result file with its size and hash. Called
+    after the last of them is written, so a run with a record has all of its files."""
+    update_marker(run_dir, complete={
+        "files": record_files(run_dir),
+        "finished": datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")})
+
+
+class DamagedRun(ResultsError):
+    """A finished run whose files no longer match its completion record."""
+
+    def __init__(self, run_dir: Path, problem: str) -> None:
+        super().__init__(f"{problem}; delete {run_dir} to run it again.")
+        self.run_dir, self.problem = run_dir, problem
+
+
+def check_complete(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a finished run whose files match its completion record.
+
+    False when there is no run yet or it did not finish (no record); ``DamagedRun`` naming the
+    file when a recorded file is missing, truncated or changed, or the run has no record but
+    looks finished (an older sinklab's, or not sinklab's); a ResultsError when the folder is
+    another kind of sinklab folder.
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.exists():
+        return False
+    marker = read_marker(run_dir)
+    if marker is None:
+        if (run_dir / "summary.json").exists():
+            raise DamagedRun(run_dir, f"{run_dir} holds a run without a completion record "
+                                      "(written by an older sinklab, or not by sinklab)")
+        return False
+    if marker["kind"] != "run":
+        raise ResultsError(f"{run_dir} is a sinklab {describe(marker['kind'])}, not a run "
+                           "folder.")
+    complete = marker.get("complete")
+    if not complete:
+        return False
+    for name, want in complete["files"].items():
+        path = run_dir / name
+        if not path.is_file():
+            raise DamagedRun(run_dir, f"{path} is missing from a finished run")
+        size = path.stat().st_size
+        if size != want["bytes"]:
+            raise DamagedRun(run_dir, f"{path} is {size} bytes, not the {want['bytes']} it had "
+                                      "when the run finished (truncated or changed)")
+        if _digest(path) != want["sha256"]:
+            raise DamagedRun(run_dir, f"{path} has changed since the run finished (its SHA-256 "
+                                      "differs)")
+    return True
