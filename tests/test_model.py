@@ -44,10 +44,14 @@ def test_batched_forward_equals_per_head_equations(rule, residual):
     scale = max(1.0, ref_out.abs().max().item())
     torch.testing.assert_close(out.out, ref_out, rtol=1e-5, atol=1e-6 * scale)
     assert len(out.patterns) == 2 and len(out.scores) == 2
+    # softpick divides by sum |e^s - 1|, which is small where the scores are near 0: a score's
+    # float32 rounding (the two paths round differently) reaches its weights amplified by
+    # 1 / that sum, about 1.5e-6 at worst on this CPU
+    atol = 1e-5 if rule == "softpick" else 1e-6
     for got, want in zip(out.patterns, ref_weights):
         assert got.shape == (2, 5, 3, 10, 10)
-        torch.testing.assert_close(got, want, rtol=1e-4,  # softpick: e^s - 1 cancels
-                                   atol=1e-6 * max(1.0, want.abs().max().item()))
+        torch.testing.assert_close(got, want, rtol=1e-4,
+                                   atol=atol * max(1.0, want.abs().max().item()))
 
 
 def test_members_are_independent():

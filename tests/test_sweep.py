@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from sinklab.config import ConfigError
 from sinklab.sweeps import spec as spec_mod
 from sinklab.sweeps.store import Store
 from test_cli import run_cli
@@ -334,3 +336,108 @@ def test_progress_is_a_live_line_on_a_terminal_and_log_lines_otherwise(monkeypat
     err = capsys.readouterr().err
     assert len(lines) == 1  # no log line: the bar shows it
     assert "3/4" in err and "done=3" in err and "failed=0" in err
+
+
+# ------------------------------------------------------------------ what must not break
+
+
+def test_a_diverging_multi_head_cell_keeps_its_healthy_mates_and_resumes(tmp_path, capsys):
+    # A 4x4 softmax cell at lr 10 diverges; its BOS masses are NaN (null in its summary). Its
+    # ensemble-mate at lr 1e-4 is recorded as done, and a resume does not trip over either.
+    spec = write(tmp_path, """seeds = 1
+[base]
+model.n_layers = 4
+model.n_heads = 4
+train.max_steps = 300
+eval.n_sequences = 64
+[grid]
+"train.lr" = [1e-4, 10.0]
+""")
+    out = tmp_path / "sw"
+    code, _, err = run_cli(capsys, "sweep", str(spec), "--out", str(out), "--workers", "1")
+    assert code == 1 and "Traceback" not in err, err
+    rows = {r["name"]: r for r in Store.read(out).rows()}
+    assert rows["train.lr=0.0001,seed=0"]["status"] == "done"
+    assert rows["train.lr=0.0001,seed=0"]["metrics"]["steps"] == 300
+    diverged = rows["train.lr=10,seed=0"]
+    assert diverged["status"] == "failed" and diverged["reason"].startswith("diverged at step")
+    assert diverged["metrics"]["bos_max"] is None
+    code, _, err = run_cli(capsys, "sweep", str(spec), "--out", str(out), "--retry-failed")
+    assert code == 1 and "1 to run" in err and "Traceback" not in err
+
+
+def test_a_damaged_finished_cell_runs_again(tmp_path, capsys):
+    spec, out = write(tmp_path, TINY.replace("seeds = 2", "seeds = 1")), tmp_path / "sw"
+    assert run_cli(capsys, "sweep", str(spec), "--out", str(out), "--workers", "1")[0] == 0
+    rows = Store.read(out).rows()
+    model = out / rows[0]["path"] / "model.pt"
+    intact = model.read_bytes()
+    model.write_bytes(intact[:64])  # truncated, as by a full disk or a killed copy
+    missing = out / rows[1]["path"]
+    shutil.rmtree(missing)
+    code, _, err = run_cli(capsys, "sweep", str(spec), "--out", str(out), "--workers", "1")
+    assert code == 0, err
+    assert f"{rows[0]['name']}: {model} is 64 bytes, not the {len(intact)}" in err
+    assert f"{rows[1]['name']}: {missing} is missing or unfinished; it runs again" in err
+    assert "2 to run" in err
+    after = {r["name"]: r for r in Store.read(out).rows()}
+    assert all(r["status"] == "done" for r in after.values())
+    assert model.read_bytes() == intact  # the same seed gives the same bytes
+    assert [after[r["name"]]["attempts"] for r in rows[:2]] == [2, 2]
+
+
+def test_values_that_print_alike_and_long_names_get_folders_of_their_own(tmp_path, capsys):
+    keys = "".join(f'"{k}" = [{v}]\n' for k, v in (
+        ("train.lr", "1e-3, 1.0000001e-3"), ("train.beta1", "0.9"), ("train.beta2", "0.95"),
+        ("train.adam_eps", "1e-8"), ("train.batch_size", "16"), ("eval.n_sequences", "8"),
+        ("train.log_every", "7"), ("task.train_trigger_min", "2"), ("model.init_std", "0.02"),
+        ("model.bos_cap_eps", "0.1"), ("task.no_trigger_prob", "0.0")))
+    spec = write(tmp_path, f"[base]\ntrain.max_steps = 2\n[grid]\n{keys}")
+    loaded = spec_mod.load_spec(spec)
+    names = [c.name for c in spec_mod.cells(loaded)]
+    assert len(names) == 2 and "train.lr=0.0010000001," in names[1]
+    assert all(len(n) > 200 for n in names)  # longer than the folder names we allow
+    out = tmp_path / "sw"
+    assert run_cli(capsys, "sweep", str(spec), "--out", str(out), "--workers", "1")[0] == 0
+    folders = sorted(p.name for p in (out / "runs").iterdir())
+    assert len(folders) == 2 and all(len(f.encode()) <= spec_mod.NAME_BYTES for f in folders)
+    assert [r["path"] for r in Store.read(out).rows()] == [
+        f"runs/{spec_mod.folder_name(n)}" for n in names]
+
+
+def test_ensembles_are_split_to_fit_the_memory_limit(monkeypatch):
+    from sinklab import limits
+    from sinklab.config import build_run_config
+    from sinklab.sweeps.run import plan_jobs
+
+    rows = [{"name": f"s{s}", "config": build_run_config({"train": {"seed": s}}).to_dict()}
+            for s in range(10)]
+    assert [len(j) for j in plan_jobs(rows, 1)] == [10]
+    one = limits.run_bytes(build_run_config({}), 1)
+    three = limits.run_bytes(build_run_config({}), 3)
+    monkeypatch.setenv("SINKLAB_MAX_MEMORY", str(three + (one - limits.RUN_BYTES) // 2))
+    assert [len(j) for j in plan_jobs(rows, 1)] == [3, 3, 3, 1]
+    monkeypatch.setenv("SINKLAB_MAX_MEMORY", str(one - 1))
+    with pytest.raises(ConfigError, match="cell s0 .* needs about .* more than the limit"):
+        plan_jobs(rows, 1)
+
+
+def test_the_default_worker_count_shrinks_to_fit_and_an_explicit_one_is_refused(monkeypatch):
+    from sinklab import limits
+
+    job = 100 * 2**20
+    monkeypatch.setenv("SINKLAB_MAX_MEMORY", str(2 * job + 2 * limits.WORKER_BYTES))
+    assert limits.workers_that_fit([job] * 4, 2, explicit=False) == 2
+    assert limits.workers_that_fit([job] * 4, 4, explicit=False) == 2
+    with pytest.raises(ConfigError, match="--workers 4 needs about .* use --workers 2 or fewer"):
+        limits.workers_that_fit([job] * 4, 4, explicit=True)
+    assert limits.workers_that_fit([job * 100], 1, explicit=True) == 1  # run_bytes refuses it
+
+
+def test_a_sweep_folder_from_before_markers_is_adopted(tmp_path, capsys):
+    spec, out = write(tmp_path, TINY.replace("seeds = 2", "seeds = 1")), tmp_path / "sw"
+    assert run_cli(capsys, "sweep", str(spec), "--out", str(out), "--workers", "1")[0] == 0
+    (out / "sinklab.json").unlink()
+    code, _, err = run_cli(capsys, "sweep", str(spec), "--out", str(out))
+    assert code == 0 and "0 to run" in err
+    assert json.loads((out / "sinklab.json").read_text())["kind"] == "sweep"

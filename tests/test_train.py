@@ -151,7 +151,8 @@ def test_saved_model_reloads_to_the_same_metrics(tmp_path):
     (tmp_path / "model.pt").write_bytes(b"not a checkpoint")
     from sinklab.results import ResultsError
 
-    with pytest.raises(ResultsError, match="model.pt is corrupted"):
+    with pytest.raises(ResultsError, match="model.pt is 16 bytes, not the .* it had when the run "
+                                           "finished"):
         load_model(tmp_path)
 
 
@@ -170,3 +171,31 @@ def test_thread_choice_keeps_the_numbers_and_restores_the_caller_setting(monkeyp
     assert torch.get_num_threads() == 2
     for key in ("mse", "linf_error", "train_loss"):
         assert one[key] == pytest.approx(two[key], rel=1e-4)
+
+
+def test_same_seed_same_bytes_and_the_completion_record_comes_last(tmp_path, monkeypatch):
+    from sinklab import folders
+
+    cfg = small_config(model={"n_layers": 2, "n_heads": 2}, train={"max_steps": 12},
+                       eval={"n_sequences": 16})
+    order = []
+    real_seal = folders.seal
+
+    def seal(run_dir):  # what the run folder holds at the moment it is sealed
+        order.append(sorted(p.name for p in run_dir.iterdir()))
+        real_seal(run_dir)
+
+    monkeypatch.setattr(folders, "seal", seal)
+    for name in ("a", "b"):
+        train_runs([cfg], [tmp_path / name], progress=False, figures=True)
+    for f in ("model.pt", "attention.npz", "attention.png", "config.json", "metrics.jsonl"):
+        assert (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes(), f
+    assert order[0] == ["attention.npz", "attention.png", "config.json", "metrics.jsonl",
+                        "model.pt", "sinklab.json", "summary.json"]
+    record = read_json(tmp_path / "a" / "sinklab.json")["complete"]["files"]
+    assert sorted(record) == [f for f in order[0] if f != "sinklab.json"]
+    assert folders.check_complete(tmp_path / "a")
+    with (tmp_path / "a" / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 99}\n')  # a log that grew after the run finished
+    with pytest.raises(folders.DamagedRun, match="metrics.jsonl is .* bytes, not the"):
+        folders.check_complete(tmp_path / "a")

@@ -39,7 +39,8 @@ def format_bytes(n: float) -> str:
     """1536 -> '1.5 KiB'; sizes in binary units, three significant digits."""
     for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= size:
-            return f"{n / size:.3g} {unit}"
+            value = n / size
+            return f"{value:,.0f} {unit}" if value >= 1000 else f"{value:.3g} {unit}"
     return f"{n:.0f} bytes"
 
 

@@ -44,12 +44,23 @@ def temporary_path(path: Path) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
 
 
+def named(exc: OSError, path: Path) -> OSError:
+    """``exc`` with ``path`` as its file name when it has none (a failed write or flush names
+    no file), so that the error can say where it happened."""
+    if exc.filename is None:
+        return OSError(exc.errno, exc.strerror or str(exc), str(path))
+    return exc
+
+
 def replace_from(tmp: Path, path: Path, write: Callable[[Path], None]) -> None:
     """Call ``write(tmp)``, then rename ``tmp`` onto ``path``; remove ``tmp`` on failure."""
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         write(tmp)
         os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise named(exc, path) from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -129,11 +140,17 @@ class MetricsLog:
         self._f = path.open("w")
 
     def write(self, row: dict[str, Any]) -> None:
-        self._f.write(json.dumps(_clean(row), allow_nan=False) + "\n")
-        self._f.flush()
+        try:
+            self._f.write(json.dumps(_clean(row), allow_nan=False) + "\n")
+            self._f.flush()
+        except OSError as exc:
+            raise named(exc, self.path) from None
 
     def close(self) -> None:
-        self._f.close()
+        try:
+            self._f.close()
+        except OSError:  # a write that already failed is reported by write
+            pass
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:

@@ -218,8 +218,11 @@ def save_member(model: AttentionStack, member: int, path: Path) -> None:
 
 
 def load_model(run_dir: Path, device: str = "cpu") -> tuple[RunConfig, AttentionStack]:
-    """The config and trained model (an ensemble of one) of a finished run folder."""
+    """The config and trained model (an ensemble of one) of a finished run folder, whose files
+    are first checked against its completion record."""
     run_dir = Path(run_dir)
+    if not folders.check_complete(run_dir):
+        raise ResultsError(f"{run_dir} holds no finished run (it has no completion record).")
     cfg = build_run_config(read_json(run_dir / "config.json"))
     path = run_dir / "model.pt"
     if not path.is_file():

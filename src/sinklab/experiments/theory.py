@@ -128,11 +128,20 @@ def denied_results(out: Path, opts: TheoryOptions) -> list[dict[str, Any]]:
 
 
 def reproduce_runs(rdir: Path) -> list[dict[str, Any]]:
+    """The runs of a finished reproduce folder, each checked against its completion record."""
     path = rdir / "summary.json"
     if not path.is_file():
         raise ResultsError(f"{rdir} is not a finished reproduce folder ({path} is missing): run "
                            f"`sinklab reproduce --out {rdir}` first, or leave out --reproduce.")
-    return read_json(path)["runs"]
+    summary = read_json(path)
+    if not isinstance(summary, dict) or not isinstance(summary.get("runs"), list):
+        raise ResultsError(f"{path} is not a reproduce summary (it has no list of runs).")
+    for run in summary["runs"]:
+        folder = rep.run_dir(rdir, run["experiment"], run["attention"], run["seed"])
+        if not folders.check_complete(folder):
+            raise ResultsError(f"{folder} has not finished; run `sinklab reproduce --out {rdir}` "
+                               "again to finish it.")
+    return summary["runs"]
 
 
 def frontier(rdir: Path, runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -176,13 +185,13 @@ def run_theory(out: Path, opts: TheoryOptions, *, log: Callable[[str], None] | N
     """
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
     out = Path(out)
-    if opts.reproduce is not None:
+    if opts.reproduce is not None:  # fail before any work, with the reason
         rdir = Path(opts.reproduce)
-        reproduce_runs(rdir)  # fail before any work with the reason
-        if folders.kind_of(rdir) != "reproduce":
+        if rdir.is_dir() and folders.kind_of(rdir) != "reproduce":
             raise ResultsError(f"--reproduce {rdir} is not a sinklab reproduce folder (its "
                                f"{folders.MARKER} does not say so).")
-    limits.check_memory(construction_bytes(opts), f"the constructions at --seq-len "
+        reproduce_runs(rdir)
+    limits.check_memory(construction_bytes(opts), f"checking the constructions at --seq-len "
                         f"{opts.seq_len} and --d-model {opts.d_model}")
     with folders.writing(out, "theory"), ExitStack() as held:
         if opts.reproduce is not None:

@@ -164,6 +164,11 @@ def ensemble_cost(cfg: RunConfig, members: int) -> float:
             * (2 if cfg.model.block == "standard" else 1) * members)
 
 
+def _sizes(jobs: list[Job]) -> list[int]:
+    """Each job's memory (``sinklab.limits.run_bytes``)."""
+    return [limits.run_bytes(build_run_config(job[0][1]), len(job)) for job in jobs]
+
+
 def _job_cost(job: Job) -> float:
     return ensemble_cost(build_run_config(job[0][1]), len(job))
 
@@ -188,14 +193,15 @@ def code_version() -> str:
     return f"{version}+{commit.stdout.strip()}" + ("-dirty" if dirty.stdout.strip() else "")
 
 
-def exit_with_parent(poll_s: float = 0.5) -> None:
-    """End this process soon after the process that started it dies.
+def exit_with_parent(parent: int, poll_s: float = 0.5) -> None:
+    """End this process soon after ``parent``, the process that started it, dies.
 
     A worker of a local pool waits on its parent for work; if the parent is killed (SIGKILL
     gives it no chance to stop its pool), the worker would wait, or train, forever. A daemon
     thread notices that the parent is gone (the worker is handed to another parent) and exits.
+    The parent's id comes from the parent itself: by the time a worker has imported torch its
+    parent may already be gone.
     """
-    parent = os.getppid()
 
     def watch() -> None:
         while os.getppid() == parent:
@@ -205,11 +211,11 @@ def exit_with_parent(poll_s: float = 0.5) -> None:
     threading.Thread(target=watch, name="sinklab-exit-with-parent", daemon=True).start()
 
 
-def _worker_init() -> None:
+def _worker_init(parent: int) -> None:
+    exit_with_parent(parent)
     import torch
 
     torch.set_num_threads(1)
-    exit_with_parent()
 
 
 def _lost(job: Job, reason: str) -> list[dict[str, Any]]:
@@ -231,7 +237,7 @@ def run_local(jobs: list[Job], workers: int) -> Iterator[tuple[Job, list[dict[st
     queue = list(jobs)
     while queue:
         pool = ProcessPoolExecutor(max_workers=min(workers, len(queue)), mp_context=ctx,
-                                   initializer=_worker_init)
+                                   initializer=_worker_init, initargs=(os.getpid(),))
         lost = []
         try:
             futures = {pool.submit(compute, job): job for job in queue}
@@ -399,7 +405,10 @@ def run_sweep(spec_path: str | Path, out: str | Path, opts: SweepOptions, *,
     cells = spec_mod.cells(spec)
     for device in {c.config.train.device for c in cells}:
         resolve_device(device)
-    plan_jobs([{"name": c.name, "config": c.config.to_dict()} for c in cells], 1)  # sizes
+    rows = [{"name": c.name, "config": c.config.to_dict()} for c in cells]
+    every = plan_jobs(rows, opts.workers or 1)  # every cell fits in memory
+    if opts.executor == "local" and opts.workers:  # and so do the workers asked for
+        limits.workers_that_fit(_sizes(every), opts.workers, explicit=True)
     out = Path(out)
     _adopt_legacy(out)
     version = code_version()
@@ -421,8 +430,7 @@ def _drive(store: Store, spec: spec_mod.Spec, cells: list[spec_mod.Cell], out: P
     workers = opts.workers or max(1, min(os.cpu_count() or 1, len(pending)))
     jobs = sorted(plan_jobs(pending, workers), key=_job_cost, reverse=True)
     if opts.executor == "local":
-        sizes = [limits.run_bytes(build_run_config(job[0][1]), len(job)) for job in jobs]
-        workers = limits.workers_that_fit(sizes, workers, explicit=opts.workers is not None)
+        workers = limits.workers_that_fit(_sizes(jobs), workers, explicit=opts.workers is not None)
     log(f"sweep: {len(cells)} cells in {out}: {counts['done']} done, {counts['failed']} "
         f"failed, {len(pending)} to run in {len(jobs)} ensembles on {opts.executor} "
         f"({workers} worker(s))" + (f"; {reset} reset to pending" if reset else ""))

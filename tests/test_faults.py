@@ -1,0 +1,221 @@
+"""Faults as they happen in practice: a writer killed while it holds a folder's lock, two sweeps
+started on one folder at the same moment, a sweep's driver killed under its workers, and a Ray
+worker killed in the middle of a sweep. Each test starts real processes and kills them with
+SIGKILL; none of them leaves a process behind.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from sinklab.sweeps.store import Store
+from test_cli import run_cli
+
+HOLD = """import sys, time
+from pathlib import Path
+from sinklab import folders
+with folders.writing(Path(sys.argv[1]), sys.argv[2]):
+    print("held", flush=True)
+    time.sleep(300)
+"""
+
+SLOW_SPEC = """seeds = 2
+[base]
+train.max_steps = 400
+eval.n_sequences = 64
+[grid]
+"task.seq_len" = [8, 10, 12, 14]
+"""
+
+
+def spec(tmp_path: Path, text: str = SLOW_SPEC) -> Path:
+    path = tmp_path / "spec.toml"
+    path.write_text(text)
+    return path
+
+
+def sinklab(*args: str, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "sinklab", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True, **kwargs)
+
+
+def holder(folder: Path, kind: str) -> subprocess.Popen:
+    """A process that claims ``folder`` and holds its lock until it is killed."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(folder), kind],
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """SIGKILL a process started here (and its children), and close its pipes."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+    for pipe in (proc.stdout, proc.stderr):
+        if pipe is not None:
+            pipe.close()
+
+
+def test_a_second_writer_is_refused_by_pid_and_a_killed_holder_leaves_no_lock(tmp_path, capsys):
+    out = tmp_path / "run"
+    proc = holder(out, "run")
+    try:
+        code, _, err = run_cli(capsys, "train", "train.max_steps=5", "eval.n_sequences=8",
+                               "--out", str(out))
+        assert code == 2 and err.count("\n") == 1
+        assert f"{out} is being written by another sinklab process (pid {proc.pid}," in err
+        assert sorted(p.name for p in out.iterdir()) == [".sinklab.lock", ".sinklab.lock.json",
+                                                         "sinklab.json"]
+    finally:
+        stop(proc)
+    # The holder died without releasing anything: its lock file and holder record are still
+    # there, but the operating system dropped the lock, so the next writer takes it.
+    assert (out / ".sinklab.lock.json").is_file()
+    code, stdout, err = run_cli(capsys, "train", "train.max_steps=5", "eval.n_sequences=8",
+                                "--out", str(out))
+    assert code == 0, err
+    assert "stopped without converging at 5 steps" in stdout
+    assert not (out / ".sinklab.lock.json").exists()  # released by the writer that finished
+
+
+def test_the_experiment_commands_and_report_take_the_lock_too(tmp_path, capsys):
+    found = tmp_path / "results" / "rep"  # something for the report to gather
+    found.mkdir(parents=True)
+    (found / "sinklab.json").write_text('{"kind": "reproduce", "format": 1}')
+    (found / "REPORT.md").write_text("# a report\n")
+    for kind, argv in (("zoo", ["zoo", "--quick", "--rules", "relu"]),
+                       ("reproduce", ["reproduce", "--quick"]),
+                       ("theory", ["theory", "--quick"]),
+                       ("report", ["report", str(found.parent)])):  # lm: tests/test_lm.py
+        out = tmp_path / kind
+        proc = holder(out, kind)
+        try:
+            code, _, err = run_cli(capsys, *argv, "--out", str(out))
+        finally:
+            stop(proc)
+        assert code == 2 and f"{out} is being written by another sinklab process (pid " \
+            f"{proc.pid}," in err, (kind, err)
+
+
+def test_theory_locks_the_reproduce_folder_it_links_into(tmp_path, capsys):
+    rdir = tmp_path / "rep"
+    proc = holder(rdir, "reproduce")
+    (rdir / "summary.json").write_text('{"runs": []}')
+    try:
+        code, _, err = run_cli(capsys, "theory", "--reproduce", str(rdir), "--quick", "--out",
+                               str(tmp_path / "theory"))
+    finally:
+        stop(proc)
+    assert code == 2 and f"{rdir} is being written by another sinklab process (pid {proc.pid}" \
+        in err
+    assert not (tmp_path / "theory").exists()  # refused before anything was written
+
+
+@pytest.mark.slow
+def test_two_sweeps_started_together_one_runs_one_is_refused(tmp_path):
+    path, out = spec(tmp_path), tmp_path / "sw"
+    procs = [sinklab("sweep", str(path), "--out", str(out), "--workers", "1") for _ in range(2)]
+    results = [(p, *p.communicate(timeout=300)) for p in procs]
+    codes = sorted(p.returncode for p, _, _ in results)
+    assert codes == [0, 2], [(p.returncode, err) for p, _, err in results]
+    (winner,) = [p for p, _, _ in results if p.returncode == 0]
+    (_, _, refused), = [r for r in results if r[0].returncode == 2]
+    assert refused.count("\n") == 1
+    assert f"is being written by another sinklab process (pid {winner.pid}," in refused
+    store = Store.read(out)
+    rows = store.rows()
+    store.close()
+    assert [r["status"] for r in rows] == ["done"] * 8
+    assert all(r["attempts"] == 1 for r in rows)  # no cell was reset or trained twice
+    assert sorted(p.name for p in (out / "runs").iterdir()) == sorted(r["name"] for r in rows)
+
+
+def _workers(pid: int) -> list:
+    import psutil
+
+    return [c for c in psutil.Process(pid).children(recursive=True)
+            if "resource_tracker" not in " ".join(c.cmdline())]
+
+
+@pytest.mark.slow
+def test_killing_a_sweep_driver_ends_its_worker_processes(tmp_path):
+    psutil = pytest.importorskip("psutil")
+    long_spec = SLOW_SPEC.replace("400", "20000")
+    proc = sinklab("sweep", str(spec(tmp_path, long_spec)), "--out", str(tmp_path / "sw"),
+                   "--workers", "2")
+    try:
+        deadline = time.time() + 60
+        workers = []
+        while time.time() < deadline and len(workers) < 2:
+            time.sleep(0.2)
+            workers = _workers(proc.pid)
+        assert len(workers) == 2, "the sweep did not start its workers"
+        time.sleep(1.0)  # both are training now
+        proc.kill()  # SIGKILL to the driver alone: it cannot stop its pool
+        proc.wait()
+        gone, alive = psutil.wait_procs(workers, timeout=10)
+        assert not alive, f"workers still running 10 s after their driver died: {alive}"
+    finally:
+        stop(proc)
+
+
+@pytest.mark.slow
+def test_a_ray_worker_killed_mid_sweep_loses_nothing(tmp_path, capsys, monkeypatch):
+    ray = pytest.importorskip("ray")
+    psutil = pytest.importorskip("psutil")
+    text = SLOW_SPEC.replace("400", "1500").replace("[8, 10, 12, 14]", "[8, 12]")
+    path = spec(tmp_path, text)
+    code, _, err = run_cli(capsys, "sweep", str(path), "--out", str(tmp_path / "local"),
+                           "--workers", "2")
+    assert code == 0, err
+
+    killed: list[int] = []
+
+    def kill_one_task() -> None:  # a running task's worker shows "ray::compute" as its name
+        deadline = time.time() + 120
+        while time.time() < deadline and not killed:
+            for p in psutil.process_iter(["pid", "cmdline"]):
+                if "ray::compute" in " ".join(p.info["cmdline"] or []):
+                    time.sleep(0.5)  # well inside its training
+                    try:
+                        p.send_signal(signal.SIGKILL)
+                        killed.append(p.pid)
+                    except psutil.NoSuchProcess:
+                        continue
+                    return
+            time.sleep(0.1)
+
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # a local instance of this test's own
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    killer = threading.Thread(target=kill_one_task, daemon=True)
+    try:
+        killer.start()
+        code, _, err = run_cli(capsys, "sweep", str(path), "--out", str(tmp_path / "ray"),
+                               "--executor", "ray", "--workers", "2")
+    finally:
+        killer.join(timeout=5)
+        ray.shutdown()
+    assert killed, "no Ray task was running to be killed"
+    assert code == 0, err
+    local = {r["name"]: r for r in Store.read(tmp_path / "local").rows()}
+    remote = {r["name"]: r for r in Store.read(tmp_path / "ray").rows()}
+    assert local.keys() == remote.keys() and len(remote) == 4
+    for name, row in remote.items():
+        assert row["status"] == "done" and row["attempts"] == 1  # done exactly once
+        for key, value in local[name]["metrics"].items():
+            if key != "train_time_s":
+                assert row["metrics"][key] == pytest.approx(value, rel=1e-6, abs=1e-9), key
+    with sqlite3.connect(tmp_path / "ray" / "sweep.db") as conn:
+        assert conn.execute("SELECT COUNT(*) FROM cells").fetchone()[0] == 4
