@@ -15,6 +15,19 @@ def _threads():
     torch.set_num_threads(1)
 
 
+@pytest.fixture
+def local_ray(monkeypatch):
+    """A local Ray instance with two CPUs for one test, stopped after it. Token authentication
+    is off for it (RAY_AUTH_MODE=disabled): Ray's default would write ~/.ray/auth_token."""
+    ray = pytest.importorskip("ray")
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
 def small_config(**sections) -> RunConfig:
     """A RunConfig from nested dicts, e.g. small_config(model={"attention": "relu"})."""
     return build_run_config(sections)

@@ -51,10 +51,15 @@ def test_sweeps_share_the_zoo_runs_and_train_compatible_ensembles(tmp_path):
 
 
 def _as_run(model_and_cfg, path):
+    """A hand-built model as a finished run folder: marker, config, weights, completion record."""
+    from sinklab import folders
+
     cfg, model = model_and_cfg
     path.mkdir(parents=True)
+    folders.mark(path, "run")
     write_json(path / "config.json", cfg.to_dict())
     save_member(model.float(), 0, path / "model.pt")
+    folders.seal(path)
     return path
 
 

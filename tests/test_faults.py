@@ -172,8 +172,8 @@ def test_killing_a_sweep_driver_ends_its_worker_processes(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_ray_worker_killed_mid_sweep_loses_nothing(tmp_path, capsys, monkeypatch):
-    ray = pytest.importorskip("ray")
+def test_a_ray_worker_killed_mid_sweep_loses_nothing(tmp_path, capsys, request):
+    pytest.importorskip("ray")
     psutil = pytest.importorskip("psutil")
     text = SLOW_SPEC.replace("400", "1500").replace("[8, 10, 12, 14]", "[8, 12]")
     path = spec(tmp_path, text)
@@ -197,16 +197,12 @@ def test_a_ray_worker_killed_mid_sweep_loses_nothing(tmp_path, capsys, monkeypat
                     return
             time.sleep(0.1)
 
-    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # a local instance of this test's own
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    request.getfixturevalue("local_ray")
     killer = threading.Thread(target=kill_one_task, daemon=True)
-    try:
-        killer.start()
-        code, _, err = run_cli(capsys, "sweep", str(path), "--out", str(tmp_path / "ray"),
-                               "--executor", "ray", "--workers", "2")
-    finally:
-        killer.join(timeout=5)
-        ray.shutdown()
+    killer.start()
+    code, _, err = run_cli(capsys, "sweep", str(path), "--out", str(tmp_path / "ray"),
+                           "--executor", "ray", "--workers", "2")
+    killer.join(timeout=5)
     assert killed, "no Ray task was running to be killed"
     assert code == 0, err
     local = {r["name"]: r for r in Store.read(tmp_path / "local").rows()}

@@ -189,6 +189,30 @@ def test_sweep_on_a_two_node_cluster_with_token_auth():
         finally:
             conn.close()
         assert len(statuses) == N_CELLS and {s for _, s in statuses} == {"done"}, statuses
+
+        # A driver with the wrong token is refused in one sentence that says what to set,
+        # before it writes anything. (Ray retries a refused connection 20 times, 20 s;
+        # RAY_NUM_REDIS_GET_RETRIES=2 makes it give up after about 3 s.)
+        wrong = {**env, "RAY_AUTH_TOKEN": secrets.token_hex(16), "RAY_NUM_REDIS_GET_RETRIES": "2"}
+        refused_out = Path(root, "refused")
+        refused = run([sys.executable, "-m", "sinklab", "sweep", str(spec), "--out",
+                       str(refused_out), "--executor", "ray", "--ray-address", address],
+                      wrong, SWEEP_TIMEOUT_S)
+        last = refused.stderr.strip().splitlines()[-1]
+        assert refused.returncode == 2, refused.stderr[-3000:]
+        assert last.startswith(f"sinklab: error: Ray refused the connection at {address}: the "
+                               "cluster uses token authentication"), last
+        assert "RAY_AUTH_MODE=token and RAY_AUTH_TOKEN" in last
+        assert not refused_out.exists()
+
+        # An address where nothing answers is refused at once (Ray would retry for minutes).
+        nothing = f"127.0.0.1:{free_ports(1)[0]}"
+        empty = run([sys.executable, "-m", "sinklab", "sweep", str(spec), "--out",
+                     str(Path(root, "empty")), "--executor", "ray", "--ray-address", nothing],
+                    env, 60)
+        assert empty.returncode == 2 and empty.stderr.count("\n") == 1, empty.stderr
+        assert f"--ray-address {nothing}: nothing answers there" in empty.stderr
+        assert not Path(root, "empty").exists()
     finally:
         survivors = stop_cluster(root)
         shutil.rmtree(root, ignore_errors=True)

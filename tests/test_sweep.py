@@ -253,18 +253,15 @@ def test_missing_ray_extra_is_one_sentence(tmp_path, capsys, monkeypatch):
 
 
 @pytest.mark.slow
-def test_ray_and_local_executors_store_the_same_results(tmp_path, capsys):
-    ray = pytest.importorskip("ray")
+def test_ray_and_local_executors_store_the_same_results(tmp_path, capsys, request):
+    pytest.importorskip("ray")
     spec = write(tmp_path, TINY)
     code, _, err = run_cli(capsys, "sweep", str(spec), "--out", str(tmp_path / "local"),
                            "--workers", "2")
     assert code == 0, err
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        code, _, err = run_cli(capsys, "sweep", str(spec), "--out", str(tmp_path / "ray"),
-                               "--executor", "ray", "--workers", "2")
-    finally:
-        ray.shutdown()
+    request.getfixturevalue("local_ray")  # started after the local run, like a user's cluster
+    code, _, err = run_cli(capsys, "sweep", str(spec), "--out", str(tmp_path / "ray"),
+                           "--executor", "ray", "--workers", "2")
     assert code == 0, err
     local = {r["name"]: r["metrics"] for r in Store.read(tmp_path / "local").rows()}
     remote = {r["name"]: r["metrics"] for r in Store.read(tmp_path / "ray").rows()}

@@ -142,19 +142,15 @@ def test_sinking_is_judged_by_the_bos_share_of_rows_that_are_on():
 
 
 @pytest.mark.slow
-def test_zoo_on_ray_stores_what_the_local_executor_stores(tmp_path, capsys, tiny_zoo):
-    ray = pytest.importorskip("ray")
+def test_zoo_on_ray_stores_what_the_local_executor_stores(tmp_path, capsys, tiny_zoo, request):
+    pytest.importorskip("ray")
     from sinklab.sweeps.store import Store
 
     args = ["zoo", "--quick", "--no-extensions", "--rules", "softmax,relu", "--workers", "2"]
     code, _, err = run_cli(capsys, *args, "--out", str(tmp_path / "local"))
     assert code == 0, err
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        code, _, err = run_cli(capsys, *args, "--executor", "ray", "--out",
-                               str(tmp_path / "ray"))
-    finally:
-        ray.shutdown()
+    request.getfixturevalue("local_ray")
+    code, _, err = run_cli(capsys, *args, "--executor", "ray", "--out", str(tmp_path / "ray"))
     assert code == 0, err
     local = {r["name"]: r["metrics"] for r in Store.read(tmp_path / "local").rows()}
     remote = {r["name"]: r["metrics"] for r in Store.read(tmp_path / "ray").rows()}

@@ -237,8 +237,10 @@ def _add_executor_options(parser: argparse.ArgumentParser) -> None:
                         help="local (processes on this machine, default) or ray (extra "
                              "sinklab[ray]; see docs/sweeps.md)")
     parser.add_argument("--ray-address", default=None, metavar="ADDR",
-                        help="a running Ray cluster (e.g. auto or ray://host:10001); default: "
-                             "start a local Ray instance for the run")
+                        help="a running Ray cluster: HOST:PORT, auto, or ray://HOST:10001 (Ray "
+                             "Client, needs ray[client]); default: start a local Ray instance "
+                             "for the run. A cluster with token authentication needs "
+                             "RAY_AUTH_MODE=token and RAY_AUTH_TOKEN here too (docs/sweeps.md)")
 
 
 def _add_run_options(parser: argparse.ArgumentParser, what: str, example: str,

@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
@@ -272,16 +273,44 @@ def ray_module() -> Any:
 def run_ray(jobs: list[Job], workers: int,
             address: str | None) -> Iterator[tuple[Job, list[dict[str, Any]]]]:
     """Each job as a Ray task (one CPU) on the cluster at ``address``, or on a local Ray
-    instance with ``workers`` CPUs started here and stopped afterwards."""
+    instance with ``workers`` CPUs started here and stopped afterwards. Connects at once (a
+    refused connection is a ConfigError before any job is marked running); the results come
+    from the returned iterator."""
     ray = ray_module()
     started = not ray.is_initialized()
     if started:
-        kwargs: dict[str, Any] = {"address": address} if address else {"num_cpus": workers}
-        try:
-            ray.init(include_dashboard=False, log_to_driver=False,
-                     logging_level=logging.ERROR, **kwargs)
-        except Exception as exc:  # a wrong address, an unreachable cluster, a refused token
-            raise ConfigError(ray_refusal(exc, address)) from None
+        _connect(ray, address, workers)
+    return _ray_results(ray, started, jobs)
+
+
+def _connect(ray: Any, address: str | None, workers: int) -> None:
+    if address:
+        check_reachable(address)
+    kwargs: dict[str, Any] = {"address": address} if address else {"num_cpus": workers}
+    try:
+        ray.init(include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR,
+                 **kwargs)
+    except Exception as exc:  # a wrong address, an unreachable cluster, a refused token
+        raise ConfigError(ray_refusal(exc, address)) from None
+
+
+@contextmanager
+def ray_session(address: str | None, workers: int) -> Iterator[None]:
+    """Ray connected (or a local instance started) for the body, and shut down after it,
+    unless the caller had already initialised Ray."""
+    ray = ray_module()
+    if ray.is_initialized():
+        yield
+        return
+    _connect(ray, address, workers)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def _ray_results(ray: Any, started: bool,
+                 jobs: list[Job]) -> Iterator[tuple[Job, list[dict[str, Any]]]]:
     try:
         # A task whose worker process dies is run again by Ray; an error raised inside
         # compute is not (compute returns it as the job's failure).
@@ -293,25 +322,52 @@ def run_ray(jobs: list[Job], workers: int,
                 job = pending.pop(ref)
                 try:
                     results = ray.get(ref)
-                except Exception as exc:  # a worker that died or raised
-                    results = [{"name": name, "error": f"Ray task failed: {exc}"}
-                               for name, _ in job]
+                except Exception as exc:  # a worker that died too often, or a lost node
+                    results = _lost(job, f"Ray task failed: {' '.join(str(exc).split())[:300]}")
                 yield job, results
     finally:
         if started:
             ray.shutdown()
 
 
+def check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Refuse a ``HOST:PORT`` address where nothing answers: Ray itself would retry for many
+    minutes before it gave up. ``auto`` and ``ray://`` addresses are left to Ray."""
+    import socket
+
+    host, sep, port = address.rpartition(":")
+    if not sep or "://" in address or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise ConfigError(f"--ray-address {address}: nothing answers there "
+                          f"({exc.strerror or type(exc).__name__}); start the cluster first "
+                          "(`ray start --head`, docs/sweeps.md) or check the address.") from None
+
+
+def _messages(exc: BaseException | None) -> str:
+    """The text of an exception and of every exception behind it (Ray's ConnectionError says
+    nothing of a refused token; its cause does)."""
+    texts, seen = [], set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        texts.append(f"{type(exc).__name__}: {exc}")
+        exc = exc.__cause__ or exc.__context__
+    return " ".join(" ".join(texts).split())
+
+
 def ray_refusal(exc: BaseException, address: str | None) -> str:
     """One sentence for Ray refusing or failing to start or connect."""
     text = " ".join(str(exc).split()) or type(exc).__name__
     where = f" at {address}" if address else ""
-    lowered = text.lower()
-    if "auth" in lowered or "token" in lowered:
-        return (f"Ray refused the connection{where}: the cluster uses token authentication "
-                f"and this process has no matching token ({text[:200]}); give it the cluster's "
-                "token with RAY_AUTH_MODE=token and RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH), "
-                "as on every node (docs/sweeps.md).")
+    chain = _messages(exc).lower()
+    if "authenticationerror" in chain or "invalidauthtoken" in chain \
+            or "authentication token" in chain:
+        return (f"Ray refused the connection{where}: the cluster uses token authentication and "
+                "this process did not present its token; set RAY_AUTH_MODE=token and "
+                "RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) here as on every node of the cluster, "
+                "or RAY_AUTH_MODE=disabled everywhere on a trusted network (docs/sweeps.md).")
     return f"--executor ray could not start or connect to Ray{where}: {text[:300]}."
 
 
@@ -323,9 +379,13 @@ def execute(store: Store, jobs: list[Job], executor: str, workers: int,
             ) -> Iterator[tuple[Job, list[dict[str, Any]], tuple[int, int]]]:
     """Run ``jobs`` and record each one's results in ``store`` as it finishes; yields the job,
     its results and (cells done, cells failed). ``results.csv`` is rewritten at the end."""
+    if not jobs:
+        store.export_csv()
+        return
+    results_of = runner(executor, jobs, workers, ray_address)  # Ray connects here, or refuses
     for job in jobs:
         store.mark_running([name for name, _ in job])
-    for job, results in runner(executor, jobs, workers, ray_address):
+    for job, results in results_of:
         yield job, results, record(store, results, version)
     store.export_csv()
 
@@ -410,9 +470,13 @@ def run_sweep(spec_path: str | Path, out: str | Path, opts: SweepOptions, *,
     if opts.executor == "local" and opts.workers:  # and so do the workers asked for
         limits.workers_that_fit(_sizes(every), opts.workers, explicit=True)
     out = Path(out)
+    folders.check_writable(out, "sweep")
     _adopt_legacy(out)
     version = code_version()
-    with folders.writing(out, "sweep"):
+    # Ray connects before the folder is touched: a refused connection writes nothing.
+    session = (ray_session(opts.ray_address, opts.workers or os.cpu_count() or 1)
+               if opts.executor == "ray" else nullcontext())
+    with session, folders.writing(out, "sweep"):
         store = Store.create_or_open(out, spec, cells, version)
         try:
             return _drive(store, spec, cells, out, opts, version, log)
