@@ -81,7 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
         "train", parents=[common],
         help="train one model (or --seeds N of them) and write run folders",
         description="Train with the paper's protocol and write config.json, metrics.jsonl, "
-                    "summary.json, attention.npz, model.pt and attention.png into --out.",
+                    "summary.json, attention.npz, model.pt, attention.png and sinklab.json (the "
+                    "folder's marker; last, the completion record of every file) into --out. "
+                    "--out must be absent, empty or an unfinished run folder of sinklab's.",
         epilog=_defaults_text(), formatter_class=argparse.RawDescriptionHelpFormatter)
     train.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                        help="config overrides such as model.attention=relu")

@@ -470,8 +470,8 @@ def run_sweep(spec_path: str | Path, out: str | Path, opts: SweepOptions, *,
     if opts.executor == "local" and opts.workers:  # and so do the workers asked for
         limits.workers_that_fit(_sizes(every), opts.workers, explicit=True)
     out = Path(out)
-    folders.check_writable(out, "sweep")
     _adopt_legacy(out)
+    folders.check_writable(out, "sweep")
     version = code_version()
     # Ray connects before the folder is touched: a refused connection writes nothing.
     session = (ray_session(opts.ray_address, opts.workers or os.cpu_count() or 1)
