@@ -47,9 +47,11 @@ lm: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest
 
-# Training speed against a reference-style loop (docs/performance.md).
+# Training speed against a reference-style loop (docs/performance.md), and the memory estimate
+# behind the size limits against measured peaks.
 bench: $(STAMP)
 	$(BIN)/python benchmarks/train_speed.py
+	$(BIN)/python benchmarks/memory_estimate.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
