@@ -49,7 +49,7 @@ def marked(tmp: Path, name: str, kind: str | None, **extra: object) -> Path:
 
     folder = tmp / name
     folder.mkdir(parents=True)
-    marker = {"format": 1, **extra} | ({"kind": kind} if kind else {})
+    marker = {"format": 1} | ({"kind": kind} if kind else {}) | extra
     (folder / "sinklab.json").write_text(json.dumps(marker))
     return folder
 
@@ -70,6 +70,11 @@ def tiny_sweep(tmp: Path) -> Path:
     assert main(["sweep", str(write(tmp, "s.toml", TINY_SPEC)), "--out", str(out), "--workers",
                  "1"]) == 0
     return out
+
+
+def fifo(tmp: Path) -> Path:
+    os.mkfifo(tmp / "pipe")
+    return tmp / "pipe"
 
 
 def read_only(tmp: Path) -> list[str]:
@@ -125,6 +130,27 @@ CASES: dict[str, Case] = {
                          "unrecognized arguments: --colour"),
     "unknown command": Case("unknown command", lambda tmp: ["frobnicate"],
                             "invalid choice: 'frobnicate'"),
+    "empty path": Case("empty value", train("--out", ""),
+                       "argument --out: an empty value is not allowed"),
+    "empty config": Case("empty value", train("--config", ""),
+                         "argument --config: an empty value is not allowed"),
+    "non-ASCII digits": Case("value of the wrong type", train("train.batch_size=١٢"),
+                             "train.batch_size='١٢' is not allowed: it must be an integer"),
+    "seed too large": Case("value out of range", spec_file(
+        "seeds = [100000000000000000000000]\n" + TINY_SPEC),
+        "train.seed=100000000000000000000000 is not allowed"),
+    "eps twice": Case("value given twice", lambda tmp: [
+        "theory", "--eps", "0.1,0.1", "--out", str(tmp / "o")], "--eps lists 0.1 twice"),
+    "rule twice": Case("value given twice", lambda tmp: [
+        "zoo", "--rules", "relu,relu", "--out", str(tmp / "o")], "--rules lists 'relu' twice"),
+    "model twice": Case("value given twice", lambda tmp: [
+        "lm", "--model", str(tmp), "--model", str(tmp), "--out", str(tmp / "o")],
+        "is given twice; give each model once"),
+    "lm device": Case("unknown device", lambda tmp: [
+        "lm", "--device", "gpu", "--out", str(tmp / "o")], "--device 'gpu' is not allowed"),
+    "reproduce device": Case("unknown device", lambda tmp: [
+        "reproduce", "--device", "tpu", "--out", str(tmp / "o")],
+        "--device 'tpu' is not allowed"),
     "unknown executor": Case("unknown executor",
                              lambda tmp: ["sweep", str(write(tmp, "s.toml", TINY_SPEC)),
                                           "--out", str(tmp / "o"), "--executor", "dask"],
@@ -162,6 +188,8 @@ CASES: dict[str, Case] = {
     "spec bad value": Case("value out of range", spec_file(TINY_SPEC.replace(
         '"model.attention" = ["softmax", "relu"]', '"task.seq_len" = [2]')),
         "task.seq_len=2 is not allowed"),
+    "spec grid not a table": Case("value of the wrong type", spec_file("grid = 5\n"),
+                                  "grid (line 1) must be a table of section.field = [values]"),
     "spec non-finite": Case("non-finite value", spec_file(TINY_SPEC.replace(
         '"model.attention" = ["softmax", "relu"]', '"train.lr" = [inf]')),
         "train.lr=inf is not allowed"),
@@ -189,6 +217,9 @@ CASES: dict[str, Case] = {
     "memory limit": Case("size too large", train("train.max_steps=2"),
                          "more than the limit of 1 MiB (SINKLAB_MAX_MEMORY)",
                          env={"SINKLAB_MAX_MEMORY": "1M"}),
+    "cell setting digits": Case("bad setting", spec_file(TINY_SPEC),
+                                "SINKLAB_MAX_CELLS='²' is not allowed",
+                                env={"SINKLAB_MAX_CELLS": "²"}),
     "memory setting": Case("bad setting", train("train.max_steps=2"),
                            "SINKLAB_MAX_MEMORY='lots' is not allowed",
                            env={"SINKLAB_MAX_MEMORY": "lots"}),
@@ -206,6 +237,18 @@ CASES: dict[str, Case] = {
     "other kind": Case("sinklab folder of another kind", lambda tmp: [
         "train", "--out", str(marked(tmp, "sw", "sweep"))], "is a sinklab sweep folder, not a "
                                                             "run folder"),
+    "marker of another format": Case("marker that is not sinklab's", lambda tmp: [
+        "zoo", "--out", str(marked(tmp, "z", "zoo", format=99))], "has format 99; this sinklab "
+                                                                  "reads format 1"),
+    "malformed completion record": Case("corrupted file", lambda tmp: [
+        "train", "--out", str(marked(tmp, "r", "run", complete=5))],
+        "has a malformed completion record"),
+    "theory reproduce file": Case("file given as a folder", lambda tmp: [
+        "theory", "--reproduce", str(write(tmp, "f.txt", "x")), "--out", str(tmp / "o")],
+        "--reproduce {tmp}/f.txt is a file, not a reproduce folder"),
+    "lm home of nobody": Case("missing file", lambda tmp: [
+        "lm", "--model", "~no-such-user-here/x", "--out", str(tmp / "o")],
+        "there is no such home folder"),
     "marker without kind": Case("marker that is not sinklab's", lambda tmp: [
         "reproduce", "--out", str(marked(tmp, "m", None))], "is not sinklab's marker (it names "
                                                             "no kind)"),
@@ -224,7 +267,29 @@ CASES: dict[str, Case] = {
         "report", str(write(tmp, "empty/x.txt", "x").parent)], "holds no sinklab results"),
     "results csv folder": Case("folder given as a file", lambda tmp: [
         "results", str(tiny_sweep(tmp)), "--csv", str(tmp)], "is a folder; give the name of a "
-                                                             "file"),
+                                                             "new file"),
+    "results csv over a database": Case("file that is not sinklab's to write", lambda tmp: [
+        "results", str(tiny_sweep(tmp)), "--csv", str(tmp / "sw" / "sweep.db")],
+        "sweep.db exists and is not a CSV that `sinklab results` wrote"),
+    "results csv over a file": Case("file that is not sinklab's to write", lambda tmp: [
+        "results", str(tiny_sweep(tmp)), "--csv", str(write(tmp, "notes.csv", "a,b\n"))],
+        "notes.csv exists and is not a CSV that `sinklab results` wrote"),
+    "results csv into the sweep": Case("file that is not sinklab's to write", lambda tmp: [
+        "results", str(tiny_sweep(tmp)), "--csv", str(tmp / "sw" / "cells.csv")],
+        "is inside the sinklab folder"),
+    "results csv on a pipe": Case("file that is not sinklab's to write", lambda tmp: [
+        "results", str(tiny_sweep(tmp)), "--csv", str(fifo(tmp))], "pipe is not a regular file"),
+    "docs into a folder of mine": Case("folder that is not sinklab's", lambda tmp: [
+        "reproduce", "--quick", "--out", str(tmp / "o"), "--docs", str(
+            write(tmp, "mine/notes.txt", "x").parent.with_suffix(".md"))],
+        "mine holds files that are not figures (notes.txt)"),
+    "docs over a file of mine": Case("file that is not sinklab's to write", lambda tmp: [
+        "zoo", "--quick", "--out", str(tmp / "o"), "--docs", str(write(tmp, "README.md",
+                                                                       "# My project\n"))],
+        "README.md exists and is not a copy of this report"),
+    "docs not markdown": Case("file that is not sinklab's to write", lambda tmp: [
+        "theory", "--quick", "--out", str(tmp / "o"), "--docs", str(tmp / "theory.txt")],
+        "--docs {tmp}/theory.txt is not allowed: give a Markdown file name ending in .md"),
     "results of a run": Case("folder that is not sinklab's", lambda tmp: [
         "results", str(tmp)], "is not a sweep folder"),
     "theory reproduce": Case("sinklab folder of another kind", lambda tmp: [
@@ -256,6 +321,8 @@ def snapshot(root: Path) -> dict[str, tuple[str, str]]:
             found[rel] = ("link", os.readlink(path))
         elif path.is_dir():
             found[rel] = ("dir", "")
+        elif not path.is_file():  # a pipe: never read it
+            found[rel] = ("special", "")
         else:
             found[rel] = ("file", hashlib.sha256(path.read_bytes()).hexdigest())
     return found

@@ -36,6 +36,11 @@ def test_train_writes_the_run_folder(tmp_path, capsys):
     assert summary["attention"] == "relu" and summary["steps"] == 30
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [0, 10, 20, 30]
     assert "relu 1x1, seed 0: stopped without converging at 30 steps" in stdout
+    # overrides may also follow the options
+    code, _, err = run_cli(capsys, "train", "--out", str(tmp_path / "after"), "train.max_steps=3",
+                           "eval.n_sequences=8")
+    assert code == 0, err
+    assert read_json(tmp_path / "after" / "summary.json")["steps"] == 3
     # a finished run is never overwritten
     code, _, err = run_cli(capsys, "train", "--out", str(out))
     assert code == 2 and "already holds a finished run" in err

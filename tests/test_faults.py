@@ -152,6 +152,10 @@ def _workers(pid: int) -> list:
 @pytest.mark.slow
 def test_killing_a_sweep_driver_ends_its_worker_processes(tmp_path):
     psutil = pytest.importorskip("psutil")
+    import tempfile
+
+    scratch = Path(tempfile.gettempdir())
+    before = set(scratch.glob("sinklab-sweep-*"))
     long_spec = SLOW_SPEC.replace("400", "20000")
     proc = sinklab("sweep", str(spec(tmp_path, long_spec)), "--out", str(tmp_path / "sw"),
                    "--workers", "2")
@@ -167,6 +171,8 @@ def test_killing_a_sweep_driver_ends_its_worker_processes(tmp_path):
         proc.wait()
         gone, alive = psutil.wait_procs(workers, timeout=10)
         assert not alive, f"workers still running 10 s after their driver died: {alive}"
+        # and the temporary folders of the jobs they were training went with them
+        assert set(scratch.glob("sinklab-sweep-*")) <= before
     finally:
         stop(proc)
 
@@ -215,3 +221,20 @@ def test_a_ray_worker_killed_mid_sweep_loses_nothing(tmp_path, capsys, request):
                 assert row["metrics"][key] == pytest.approx(value, rel=1e-6, abs=1e-9), key
     with sqlite3.connect(tmp_path / "ray" / "sweep.db") as conn:
         assert conn.execute("SELECT COUNT(*) FROM cells").fetchone()[0] == 4
+
+
+def test_a_folder_inside_one_being_written_is_refused(tmp_path, capsys):
+    out = tmp_path / "seeds"
+    proc = holder(out, "runs")  # as `sinklab train --seeds N --out seeds` holds it
+    try:
+        code, _, err = run_cli(capsys, "train", "train.max_steps=3", "--out", str(out / "seed0"))
+    finally:
+        stop(proc)
+    assert code == 2 and f"is inside {out}, which is being written by another sinklab " \
+        f"process (pid {proc.pid}," in err
+    assert not (out / "seed0").exists()
+    run = tmp_path / "run"  # and nothing goes inside a run folder
+    assert run_cli(capsys, "train", "train.max_steps=2", "eval.n_sequences=8", "--out",
+                   str(run))[0] == 0
+    code, _, err = run_cli(capsys, "train", "--out", str(run / "nested"))
+    assert code == 2 and f"is inside the run folder {run}" in err

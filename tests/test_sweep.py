@@ -61,7 +61,7 @@ def test_cells_expand_the_grid_with_deterministic_names(tmp_path):
     ("colour = 3\n" + TINY, "unknown key 'colour'", 1),
     (TINY.replace('"task.seq_len"', '"task.seqlen"'), "unknown grid key 'task.seqlen'", 9),
     (TINY.replace("[8, 12]", '["eight", 12]'),
-     "'eight' is a string, but task.seq_len takes int", 9),
+     "'eight' is a string, but task.seq_len takes an integer", 9),
     (TINY.replace("[8, 12]", "[]"), "grid key 'task.seq_len' (line 9) must be a non-empty list",
      9),
     (TINY.replace("[8, 12]", "[2, 12]"), "task.seq_len=2 is not allowed", None),
@@ -429,6 +429,8 @@ def test_the_default_worker_count_shrinks_to_fit_and_an_explicit_one_is_refused(
     with pytest.raises(ConfigError, match="--workers 4 needs about .* use --workers 2 or fewer"):
         limits.workers_that_fit([job] * 4, 4, explicit=True)
     assert limits.workers_that_fit([job * 100], 1, explicit=True) == 1  # run_bytes refuses it
+    # more workers than jobs is no request for memory, however many are asked for
+    assert limits.workers_that_fit([job] * 2, 10**20, explicit=True) == 2
 
 
 def test_a_sweep_folder_from_before_markers_is_adopted(tmp_path, capsys):
@@ -438,3 +440,40 @@ def test_a_sweep_folder_from_before_markers_is_adopted(tmp_path, capsys):
     code, _, err = run_cli(capsys, "sweep", str(spec), "--out", str(out))
     assert code == 0 and "0 to run" in err
     assert json.loads((out / "sinklab.json").read_text())["kind"] == "sweep"
+
+
+def test_an_edited_database_cannot_send_writes_outside_the_sweep(tmp_path, capsys):
+    spec, out = write(tmp_path, TINY.replace("seeds = 2", "seeds = 1")), tmp_path / "sw"
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "keep.txt").write_text("mine")
+    loaded = spec_mod.load_spec(spec)
+    Store.create_or_open(out, loaded, spec_mod.cells(loaded), "test").close()
+    (out / "sinklab.json").write_text('{"kind": "sweep", "format": 1}')
+    with sqlite3.connect(out / "sweep.db") as conn:
+        conn.execute("UPDATE cells SET path = '../victim' WHERE position = 0")
+    code, _, err = run_cli(capsys, "sweep", str(spec), "--out", str(out), "--workers", "1")
+    assert code == 2 and "names the run folder '../victim', outside" in err
+    assert (victim / "keep.txt").read_text() == "mine"
+
+
+def test_report_embeds_only_the_gathered_figures_and_leaves_out_broken_folders(tmp_path, capsys):
+    root = tmp_path / "results"
+    rep = root / "rep"
+    (rep / "figures").mkdir(parents=True)
+    (rep / "sinklab.json").write_text('{"kind": "reproduce", "format": 1}')
+    (rep / "figures" / "fig.png").write_bytes(b"\x89PNG fake figure")
+    secret = tmp_path / "secret.png"
+    secret.write_bytes(b"\x89PNG not part of the results")
+    (rep / "REPORT.md").write_text(f"# r\n\n![ok](figures/fig.png)\n\n![no]({secret})\n\n"
+                                   "![no](/etc/hostname)\n")
+    broken = root / "broken"
+    broken.mkdir()
+    (broken / "sinklab.json").write_text("{not json")
+    (root / "elsewhere").symlink_to(tmp_path)  # links are not followed
+    code, stdout, err = run_cli(capsys, "report", str(root))
+    assert code == 0, err
+    assert "sinklab: left out:" in err and "broken/sinklab.json is corrupted" in err
+    page = (root / "report" / "REPORT.html").read_text()
+    assert page.count('src="data:image/png;base64,') == 1
+    assert str(secret) in page and "/etc/hostname" in page  # linked, not embedded

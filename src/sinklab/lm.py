@@ -67,12 +67,18 @@ def locate(spec: str) -> Source:
             raise LMError(f"the package {package.replace('_', '-')} is installed but {path} is "
                           f"missing: reinstall it ({install} --force-reinstall).")
         return Source(spec, path.parent, path.name) if path.is_file() else Source(spec, path)
-    path = Path(spec).expanduser()
+    try:
+        path = Path(spec).expanduser()
+    except RuntimeError:  # ~user of a user that does not exist
+        raise LMError(f"--model {spec}: there is no such home folder; give smollm2, minilm, a "
+                      "Hugging Face model folder or a .gguf file.") from None
     if not path.exists():
         raise LMError(f"--model {spec}: {path} does not exist; give smollm2, minilm, a Hugging "
                       "Face model folder or a .gguf file.")
+    if not path.is_file() and not path.is_dir():
+        raise LMError(f"--model {spec}: {path} is not a regular file or a folder.")
     if path.is_file():
-        if path.suffix != ".gguf":
+        if path.suffix.lower() != ".gguf":
             raise LMError(f"--model {spec}: {path} is a file but not a .gguf file; give a .gguf "
                           "file or a Hugging Face model folder.")
         return Source(spec, path.parent, path.name)

@@ -45,11 +45,9 @@ def temporary_path(path: Path) -> Path:
 
 
 def named(exc: OSError, path: Path) -> OSError:
-    """``exc`` with ``path`` as its file name when it has none (a failed write or flush names
-    no file), so that the error can say where it happened."""
-    if exc.filename is None:
-        return OSError(exc.errno, exc.strerror or str(exc), str(path))
-    return exc
+    """``exc`` as an error about ``path``, the file the user knows of (a failed write names no
+    file, a failed rename names our temporary file)."""
+    return OSError(exc.errno, exc.strerror or str(exc), str(path))
 
 
 def replace_from(tmp: Path, path: Path, write: Callable[[Path], None]) -> None:

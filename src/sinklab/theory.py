@@ -24,7 +24,7 @@ import torch
 
 from sinklab import metrics
 from sinklab.attention import RULES, has_parameters
-from sinklab.config import ConfigError, RunConfig, build_run_config
+from sinklab.config import ConfigError, RunConfig, build_run_config, value_text
 from sinklab.model import AttentionStack
 from sinklab.task import BOS, TRIGGER, Batch, sample_batch
 
@@ -191,7 +191,7 @@ def relu_exactness(sizes: list[tuple[int, int]], n_sequences: int = 256,
 
 def denied_settings(eps_values: tuple[float, ...] = DENIED_EPS) -> list[tuple[str, float | None]]:
     """(name, eps) of every denied-sink setting: the BOS key removed, then each cap."""
-    return [("removed", None)] + [(f"capped-{eps:g}", eps) for eps in eps_values]
+    return [("removed", None)] + [(f"capped-{value_text(eps)}", eps) for eps in eps_values]
 
 
 def denied_config(rule: str, setting: str, eps: float | None, seed: int, max_steps: int,

@@ -30,7 +30,14 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from sinklab import folders, limits, metrics
-from sinklab.config import ConfigError, RunConfig, build_run_config, derive_seed
+from sinklab.config import (
+    ConfigError,
+    RunConfig,
+    build_run_config,
+    check_device,
+    derive_seed,
+    setting,
+)
 from sinklab.evaluate import eval_batch, evaluate
 from sinklab.model import AttentionStack
 from sinklab.results import (
@@ -47,13 +54,17 @@ CONVERGED, MAX_STEPS, DIVERGED = 1, 2, 3
 STATUS = {CONVERGED: "converged", MAX_STEPS: "max_steps", DIVERGED: "diverged"}
 
 
-def resolve_device(name: str) -> torch.device:
-    """``auto`` is CUDA when available, else the CPU; asking for absent CUDA is a ConfigError."""
+def resolve_device(name: str, flag: str = "train.device") -> torch.device:
+    """``auto`` is CUDA when available, else the CPU; asking for absent CUDA (or a GPU index
+    this machine does not have) is a ConfigError naming ``flag``."""
+    check_device(name, flag)
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"train.device={name!r} is not available on this machine: "
-                          "use cpu or auto.")
+    if name.startswith("cuda"):
+        index = int(name.partition(":")[2] or 0)
+        if not torch.cuda.is_available() or index >= torch.cuda.device_count():
+            raise ConfigError(f"{setting(flag, name)} is not available on this machine: use cpu "
+                              "or auto.")
     return torch.device(name)
 
 

@@ -40,20 +40,30 @@ class Found:
     folder: Path
 
 
-def find(root: Path, depth: int = 2) -> list[Found]:
-    """sinklab result folders in ``root`` and up to ``depth`` levels below, in report order."""
+def find(root: Path, depth: int = 2, skipped: list[str] | None = None) -> list[Found]:
+    """sinklab result folders in ``root`` and up to ``depth`` levels below, in report order.
+
+    A folder whose marker or database is broken or not sinklab's is left out, with the reason
+    appended to ``skipped``; symbolic links are not followed (they may lead anywhere)."""
     found = []
     queue = [(root, 0)]
     while queue:
         folder, level = queue.pop(0)
-        kind = folders.kind_of(folder)
-        if kind is None and (folder / DB).is_file():  # a sweep folder from before markers
-            kind = "sweep"
+        try:
+            kind = folders.kind_of(folder)
+            if kind is None and (folder / DB).is_file():  # a sweep folder from before markers
+                Store.read(folder).close()
+                kind = "sweep"
+        except ResultsError as exc:
+            if skipped is not None:
+                skipped.append(str(exc))
+            continue
         if kind in ORDER:
             found.append(Found(kind, folder))
         if level < depth:
             queue += [(p, level + 1) for p in sorted(folder.iterdir())
-                      if p.is_dir() and not p.name.startswith(".") and p.name != "runs"]
+                      if p.is_dir() and not p.is_symlink() and not p.name.startswith(".")
+                      and p.name != "runs"]
     return sorted(found, key=lambda f: (ORDER.index(f.kind), str(f.folder)))
 
 
@@ -100,9 +110,10 @@ def sweep_section(folder: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-def gather(root: Path, out: Path, command: str) -> tuple[str, list[Found]]:
+def gather(root: Path, out: Path, command: str,
+           skipped: list[str] | None = None) -> tuple[str, list[Found]]:
     """The combined Markdown (image links relative to ``out``) and what it gathered."""
-    found = find(root)
+    found = find(root, skipped=skipped)
     if not found:
         raise ResultsError(f"{root} holds no sinklab results (reproduce, theory, zoo, lm or "
                            "sweep folders); run one of those commands with --out inside it.")
@@ -143,18 +154,23 @@ img{max-width:100%}code{background:#f3f3f3;padding:0 .2rem}.toc{background:#fafa
 border:1px solid #ddd;padding:.5rem 1rem}"""
 
 
-def to_html(markdown_text: str, out: Path) -> str:
-    """A standalone page: Markdown rendered, every local PNG embedded as a data URI."""
+def to_html(markdown_text: str, out: Path, root: Path | None = None) -> str:
+    """A standalone page: Markdown rendered, every local PNG inside ``root`` (default ``out``)
+    embedded as a data URI. Nothing else is embedded: a report may link any file, but only the
+    figures of the results gathered end up inside the page."""
     import markdown
 
     body = markdown.markdown(markdown_text, extensions=["tables", "toc", "md_in_html",
                                                          "fenced_code"],
                              extension_configs={"toc": {"toc_depth": "2-2"}})
 
+    inside = str(Path(root or out).resolve()) + os.sep
+
     def embed(match: re.Match[str]) -> str:
         src = html.unescape(match.group(1))
         path = (out / src).resolve()
-        if re.match(r"[a-z]+:", src) or not path.is_file():
+        if re.match(r"[a-z]+:", src) or not path.is_file() or path.suffix.lower() != ".png" \
+                or not str(path).startswith(inside):
             return match.group(0)
         data = base64.b64encode(path.read_bytes()).decode()
         return f'src="data:image/png;base64,{data}"'
@@ -171,8 +187,10 @@ def run_report(root: Path, out: Path | None = None, command: str | None = None) 
         raise ResultsError(f"{root} is not a folder; give a folder that holds sinklab results.")
     out = Path(out) if out is not None else root / "report"
     folders.check_writable(out, "report")
-    text, found = gather(root, out, command or f"sinklab report {root}")
+    skipped: list[str] = []
+    text, found = gather(root, out, command or f"sinklab report {root}", skipped)
     with folders.writing(out, "report"):
         write_atomic(out / "REPORT.md", text.replace("[TOC]\n", contents(text)).encode())
-        write_atomic(out / "REPORT.html", to_html(text, out).encode())
-    return {"found": [(f.kind, str(f.folder)) for f in found], "out": str(out)}
+        write_atomic(out / "REPORT.html", to_html(text, out, root).encode())
+    return {"found": [(f.kind, str(f.folder)) for f in found], "out": str(out),
+            "skipped": skipped}

@@ -35,6 +35,7 @@ from sinklab.results import read_json, write_atomic, write_json
 from sinklab.train import resolve_device, versions
 
 MAIN_EPS, MAIN_CUTOFF = "0.3", "0.89"
+TITLE = "# Sinks in real pretrained models"  # the report's first line (--docs checks it)
 PROBE_SETS = ("natural", "random")
 
 
@@ -51,12 +52,15 @@ class LMOptions:
     def __post_init__(self) -> None:
         if not self.models:
             raise ConfigError("--model needs at least one model: smollm2, minilm or a path.")
+        for spec in self.models:
+            if self.models.count(spec) > 1:
+                raise ConfigError(f"--model {spec} is given twice; give each model once.")
         check_count("--batch-size", self.batch_size)
         check_count("--random", self.n_random)
         if not (isinstance(self.n_tokens, int) and self.n_tokens >= 8):
             raise ConfigError(f"--tokens={self.n_tokens!r} is not allowed: it must be an "
                               "integer >= 8.")
-        resolve_device(self.device)
+        resolve_device(self.device, "--device")
 
     def settings(self) -> dict[str, Any]:
         """What a model's analysis depends on (every option but the list of models)."""
@@ -102,6 +106,9 @@ def analyse_model(spec: str, opts: LMOptions, log: Callable[[str], None]) -> dic
     log(f"lm: {spec}: loaded {loaded.n_layers} layers x {loaded.n_heads} heads in "
         f"{load_s:.0f} s")
     natural = lm.natural_ids(loaded, lm.natural_texts(), opts.n_tokens)
+    if natural.shape[1] < opts.n_tokens:
+        log(f"lm: {spec}: the shortest natural probe has {natural.shape[1]} tokens, so every "
+            f"probe is cut to {natural.shape[1]} (--tokens {opts.n_tokens} asked for more)")
     limits.check_memory(probe_bytes(loaded, opts, natural.shape),
                         f"--model {spec} with --random {opts.n_random} and --batch-size "
                         f"{opts.batch_size}", device)
@@ -144,6 +151,7 @@ def run_lm(out: Path, opts: LMOptions, *, log: Callable[[str], None] | None = No
     out = Path(out)
     for spec in opts.models:  # every model must be findable before anything is written
         lm.locate(spec)
+    rep.check_docs(docs, TITLE)
     with folders.writing(out, "lm"):
         return _run_lm(out, opts, log, docs, command)
 
@@ -314,7 +322,7 @@ def relation(model: dict[str, Any]) -> list[str]:
 def render(models: list[dict[str, Any]], meta: dict[str, Any], prefix: str) -> str:
     v = meta["versions"]
     lines = [
-        "# Sinks in real pretrained models",
+        TITLE,
         "",
         f"- Written by: `{meta['command']}` on {meta['date']}",
         f"- Versions: sinklab {v['sinklab']}, torch {v['torch']}, Python {v['python']}",

@@ -19,6 +19,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -32,7 +33,7 @@ from sinklab.config import RunConfig, SinklabError, build_run_config, check_coun
 from sinklab.experiments.reference import PAPER
 from sinklab.metrics import SINK_HEAD_THRESHOLD
 from sinklab.results import ResultsError, read_json, read_npz, write_atomic, write_json
-from sinklab.sweeps.run import check_executor, code_version, execute
+from sinklab.sweeps.run import check_executor, code_version, execute, ray_session
 from sinklab.sweeps.store import Store
 from sinklab.train import resolve_device, versions
 
@@ -43,6 +44,7 @@ SINK_MIN_1X1 = 0.95  # acceptance bounds of the reproduction (issue "reproduce t
 RELU_MAX_BOS = 0.05
 AGREE = 0.05  # |ours - paper| within this counts as agreement (the figures are read to +-0.01)
 MARKER = folders.MARKER
+TITLE = "# sinklab reproduction report"  # the report's first line (--docs checks it)
 
 
 @dataclass
@@ -63,9 +65,16 @@ class RunOptions:
         check_count("--seeds", self.seeds)
         if self.workers is not None:
             check_count("--workers", self.workers)
-        build_run_config({"train": {"device": self.device}})  # validates the device name
+        resolve_device(self.device, "--device")
         check_executor(self.executor, self.ray_address)
         limits.check_cells(self.seeds * self.runs_per_seed(), f"--seeds {self.seeds}")
+
+    def session(self) -> Any:
+        """Ray connected for the command's whole run (before its folder is touched, so that a
+        refused connection writes nothing), or nothing to do for the local executor."""
+        if self.executor != "ray":
+            return nullcontext()
+        return ray_session(self.ray_address, self.workers or os.cpu_count() or 1)
 
     def runs_per_seed(self) -> int:
         """How many runs each seed adds (for the size limit, before anything is planned)."""
@@ -179,7 +188,7 @@ def run_all(jobs: list[Job], workers: int, log: Callable[[str], None], out: Path
     if opts is None or opts.executor == "local":
         sizes = [limits.run_bytes(job.configs[0], len(job.configs)) for job in jobs]
         fitting = limits.workers_that_fit(sizes, workers, explicit=bool(opts and opts.workers))
-        if fitting < workers:
+        if fitting < min(workers, len(jobs)):
             log(f"{len(jobs)} jobs on {fitting} worker(s): more would not fit in memory "
                 f"({limits.MEMORY_ENV})")
         workers = fitting
@@ -238,7 +247,8 @@ def reproduce(out: Path, opts: ReproduceOptions, *, log: Callable[[str], None] |
     """
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
     out = Path(out)
-    with folders.writing(out, "reproduce"):
+    check_docs(docs, TITLE)
+    with opts.session(), folders.writing(out, "reproduce"):
         return _reproduce(out, opts, log, docs, command)
 
 
@@ -289,6 +299,39 @@ def worker_count(requested: int | None, device: Any, n_jobs: int) -> int:
     """Worker processes: as asked, else one per CPU core (one on a GPU); never more than jobs."""
     workers = requested or (1 if device.type == "cuda" else os.cpu_count() or 1)
     return min(workers, max(n_jobs, 1))
+
+
+def check_docs(docs: Path | None, title: str) -> None:
+    """Refuse a ``--docs FILE`` that sinklab may not write, before any work: FILE must be a
+    Markdown file, absent or an earlier copy of the same report (its first line is ``title``),
+    and the folder of the same name beside it, absent or holding figures (PNG files) only."""
+    if docs is None:
+        return
+    docs = Path(docs)
+    folder = docs.with_suffix("")
+    if docs.suffix != ".md":
+        raise ResultsError(f"--docs {docs} is not allowed: give a Markdown file name ending in "
+                           ".md (its figures go into the folder of the same name).")
+    if docs.exists() or docs.is_symlink():
+        if not docs.is_file() or docs.is_symlink():
+            raise ResultsError(f"--docs {docs} is not a regular file; choose another name.")
+        with docs.open("rb") as f:
+            first = f.readline().decode("utf-8", "replace").rstrip("\n")
+        if first != title:
+            raise ResultsError(f"--docs {docs} exists and is not a copy of this report (its first "
+                               f"line is not {title!r}); choose another file.")
+    if folder.exists() or folder.is_symlink():
+        if not folder.is_dir() or folder.is_symlink():
+            raise ResultsError(f"--docs {docs}: {folder} is not a folder; choose another name.")
+        others = [p.name for p in folder.iterdir() if p.suffix != ".png" or not p.is_file()]
+        if others:
+            raise ResultsError(f"--docs {docs}: {folder} holds files that are not figures "
+                               f"({', '.join(sorted(others)[:3])}); choose another name.")
+    for parent in docs.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ResultsError(f"--docs {docs}: {parent} is a file, not a folder.")
+            break
 
 
 def copy_to_docs(docs: Path, figures: list[Path], text: Callable[[str], str]) -> None:
@@ -563,7 +606,7 @@ def render(runs: list[dict[str, Any]], meta: dict[str, Any], prefix: str,
     """
     v = meta["versions"]
     lines = [
-        "# sinklab reproduction report",
+        TITLE,
         "",
         "Reproduces *Attention Sinks Are Provably Necessary in Softmax Transformers: Evidence "
         "from Trigger-Conditional Tasks* (Ran-Milo, 2026): softmax attention must sink on BOS "

@@ -32,6 +32,8 @@ from sinklab.experiments import reproduce as rep
 from sinklab.results import ResultsError, read_json, read_metrics, write_atomic, write_json
 from sinklab.train import load_model, resolve_device, versions
 
+# the report's first line (--docs checks it)
+TITLE = "# Theory: the sink is necessary for softmax, and not for ReLU"
 RULES = ("softmax", "relu")
 GAPS = tuple(float(c) for c in range(0, 17))  # logit gaps of the softmax sink family
 RELU_SIZES = ((4, 4), (5, 7), (16, 16), (33, 12), (64, 32), (128, 64))  # (seq_len, d_model)
@@ -65,6 +67,9 @@ class TheoryOptions(rep.RunOptions):
             if not 0 < eps < 1:
                 raise ConfigError(f"--eps value {eps!r} is not allowed: every eps must lie in "
                                   "(0, 1), the BOS share being capped at 1 - eps.")
+        if len(set(self.eps)) != len(self.eps):
+            twice = next(e for e in self.eps if self.eps.count(e) > 1)
+            raise ConfigError(f"--eps lists {twice!r} twice; give each cap once.")
 
     def runs_per_seed(self) -> int:
         own = len(RULES) * len(theory.denied_settings(self.eps))
@@ -185,15 +190,18 @@ def run_theory(out: Path, opts: TheoryOptions, *, log: Callable[[str], None] | N
     """
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
     out = Path(out)
+    rep.check_docs(docs, TITLE)
     if opts.reproduce is not None:  # fail before any work, with the reason
         rdir = Path(opts.reproduce)
+        if rdir.exists() and not rdir.is_dir():
+            raise ResultsError(f"--reproduce {rdir} is a file, not a reproduce folder.")
         if rdir.is_dir() and folders.kind_of(rdir) != "reproduce":
             raise ResultsError(f"--reproduce {rdir} is not a sinklab reproduce folder (its "
                                f"{folders.MARKER} does not say so).")
         reproduce_runs(rdir)
     limits.check_memory(construction_bytes(opts), f"checking the constructions at --seq-len "
                         f"{opts.seq_len} and --d-model {opts.d_model}")
-    with folders.writing(out, "theory"), ExitStack() as held:
+    with opts.session(), folders.writing(out, "theory"), ExitStack() as held:
         if opts.reproduce is not None:
             held.enter_context(folders.hold(Path(opts.reproduce)))
         return _run_theory(out, opts, log, docs, command)
@@ -521,7 +529,7 @@ def render(result: dict[str, Any], prefix: str) -> str:
         (r["seq_len"], r["d_model"]) for r in relu))
     v = result["versions"]
     lines = [
-        "# Theory: the sink is necessary for softmax, and not for ReLU",
+        TITLE,
         "",
         f"- Written by: `{result['command']}` on {result['date']} in "
         f"{result['wall_time_s']:.0f} s"

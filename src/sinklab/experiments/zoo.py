@@ -40,6 +40,7 @@ from sinklab.results import read_json, write_atomic, write_json
 from sinklab.sweeps.run import ensemble_cost
 from sinklab.train import load_model, resolve_device, versions
 
+TITLE = "# Zoo: which attention rules need a sink"  # the report's first line (--docs checks it)
 CONFIGS = {"1x1": (1, 1), "2x2": (2, 2)}
 LR_GRID = {"1x1": (3e-4, 1e-3, 3e-3), "2x2": (1e-4, 3e-4, 1e-3)}
 STEPS = {"1x1": 3000, "2x2": 6000}  # the same budget for every rule
@@ -63,6 +64,8 @@ class ZooOptions(rep.RunOptions):
             if rule not in RULES:
                 raise ConfigError(f"--rules: {rule!r} is not a known attention rule: choose from "
                                   f"{', '.join(sorted(RULES))}.")
+            if self.rules.count(rule) > 1:
+                raise ConfigError(f"--rules lists {rule!r} twice; give each rule once.")
 
     def runs_per_seed(self) -> int:
         runs = len(self.rules) * sum(len(self.lrs(c)) for c in CONFIGS)
@@ -266,7 +269,8 @@ def run_zoo(out: Path, opts: ZooOptions, *, log: Callable[[str], None] | None = 
     """Run (or resume) the zoo in ``out``; write zoo.json, zoo.csv, figures and ZOO.md."""
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
     out = Path(out)
-    with folders.writing(out, "zoo"):
+    rep.check_docs(docs, TITLE)
+    with opts.session(), folders.writing(out, "zoo"):
         return _run_zoo(out, opts, log, docs, command)
 
 
@@ -432,7 +436,7 @@ def render(result: dict[str, Any], prefix: str) -> str:
     v = result["versions"]
     entries = result["entries"]
     lines = [
-        "# Zoo: which attention rules need a sink",
+        TITLE,
         "",
         f"- Written by: `{result['command']}` on {result['date']}"
         + (" (**quick mode**: short budgets, one learning rate)" if result["quick"] else ""),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from sinklab.results import write_atomic
 from sinklab.sweeps.store import STATUSES, Store, to_csv
 
 COLUMNS = ("status", "converged", "steps", "linf_error", "bos_max", "sink_heads")
+CSV_HEAD = b"name,status,reason"  # how every CSV of cells begins (sweeps.store.to_csv)
 
 
 def select(rows: list[dict[str, Any]], status: str | None,
@@ -50,6 +52,26 @@ def select(rows: list[dict[str, Any]], status: str | None,
     return [r for r in rows if (status is None or r["status"] == status) and matches(r)]
 
 
+def check_csv_target(path: Path) -> None:
+    """Refuse a ``--csv FILE`` that is not ours to write: FILE must be new, or a CSV that this
+    command wrote before, and not inside a sinklab folder (whose files are its own)."""
+    from sinklab import folders
+
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        kind = "a folder" if path.is_dir() else "not a regular file"
+        raise ConfigError(f"--csv {path} is {kind}; give the name of a new file to write.")
+    if path.exists():
+        with path.open("rb") as f:
+            head = f.read(len(CSV_HEAD))
+        if head != CSV_HEAD:
+            raise ConfigError(f"--csv {path} exists and is not a CSV that `sinklab results` "
+                              "wrote; choose a new file name.")
+    for parent in Path(os.path.abspath(path)).parents:
+        if (parent / folders.MARKER).is_file():
+            raise ConfigError(f"--csv {path} is inside the sinklab folder {parent}, whose files "
+                              "are sinklab's own; write the CSV elsewhere.")
+
+
 def _fmt(value: Any) -> str:
     if value is None:
         return "-"
@@ -67,8 +89,7 @@ def list_results(folder: Path, status: str | None, where: list[str],
     finally:
         store.close()
     if csv_path is not None:
-        if csv_path.is_dir():
-            raise ConfigError(f"--csv {csv_path} is a folder; give the name of a file to write.")
+        check_csv_target(csv_path)
         write_atomic(csv_path, to_csv(rows).encode())
         print(f"wrote {len(rows)} cells to {csv_path}")
         return 0

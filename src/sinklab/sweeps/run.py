@@ -97,6 +97,7 @@ def compute(job: Job) -> list[dict[str, Any]]:
     """Train one ensemble (cells that differ only in seed and learning rate) in a temporary
     folder; return each cell's summary and files, or the error that stopped the job."""
     tmp = Path(tempfile.mkdtemp(prefix="sinklab-sweep-"))
+    _SCRATCH.add(tmp)
     try:
         cfgs = [build_run_config(config) for _, config in job]
         dirs = [tmp / f"cell{i}" for i in range(len(job))]
@@ -116,6 +117,10 @@ def compute(job: Job) -> list[dict[str, Any]]:
         return results
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        _SCRATCH.discard(tmp)
+
+
+_SCRATCH: set[Path] = set()  # the temporary folders of the jobs this process is computing
 
 
 def _finite(value: Any) -> bool:
@@ -207,6 +212,8 @@ def exit_with_parent(parent: int, poll_s: float = 0.5) -> None:
     def watch() -> None:
         while os.getppid() == parent:
             time.sleep(poll_s)
+        for tmp in list(_SCRATCH):  # the job in hand will never be collected
+            shutil.rmtree(tmp, ignore_errors=True)
         os._exit(1)
 
     threading.Thread(target=watch, name="sinklab-exit-with-parent", daemon=True).start()
@@ -239,7 +246,8 @@ def run_local(jobs: list[Job], workers: int) -> Iterator[tuple[Job, list[dict[st
     while queue:
         pool = ProcessPoolExecutor(max_workers=min(workers, len(queue)), mp_context=ctx,
                                    initializer=_worker_init, initargs=(os.getpid(),))
-        lost = []
+        lost: list[Job] = []
+        finished = False
         try:
             futures = {pool.submit(compute, job): job for job in queue}
             for future in as_completed(futures):
@@ -250,7 +258,11 @@ def run_local(jobs: list[Job], workers: int) -> Iterator[tuple[Job, list[dict[st
                     lost.append(job)
                     continue
                 yield job, results
+            finished = True
         finally:
+            if not finished:  # interrupted or failed: the jobs in flight are lost anyway
+                for process in list(getattr(pool, "_processes", {}).values()):
+                    process.terminate()
             pool.shutdown(wait=True, cancel_futures=True)
         queue = []
         for job in lost:
@@ -284,6 +296,7 @@ def run_ray(jobs: list[Job], workers: int,
 
 
 def _connect(ray: Any, address: str | None, workers: int) -> None:
+    address = address or os.environ.get("RAY_ADDRESS") or None  # Ray reads it too
     if address:
         check_reachable(address)
     kwargs: dict[str, Any] = {"address": address} if address else {"num_cpus": workers}
@@ -368,7 +381,7 @@ def ray_refusal(exc: BaseException, address: str | None) -> str:
                 "this process did not present its token; set RAY_AUTH_MODE=token and "
                 "RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) here as on every node of the cluster, "
                 "or RAY_AUTH_MODE=disabled everywhere on a trusted network (docs/sweeps.md).")
-    return f"--executor ray could not start or connect to Ray{where}: {text[:300]}."
+    return f"--executor ray could not start or connect to Ray{where}: {text[:300].rstrip('.')}."
 
 
 # ------------------------------------------------------------------------------- driver

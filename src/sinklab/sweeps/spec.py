@@ -36,6 +36,7 @@ from sinklab.config import (
     coerce,
     field_type,
     read_toml_text,
+    value_text,
 )
 
 TOP_KEYS = ("description", "seeds", "base", "grid")
@@ -147,7 +148,11 @@ def load_spec(path: str | Path) -> Spec:
     except ConfigError as exc:
         raise SpecError(f"{where}: [base]{_at(text, 'base')}: {exc}") from None
 
-    if "grid" not in data or not isinstance(data["grid"], dict) or not data["grid"]:
+    if "grid" in data and not isinstance(data["grid"], dict):
+        raise SpecError(f"{where}: grid{_at(text, '', 'grid')} must be a table of "
+                        "section.field = [values], e.g. [grid] \"model.attention\" = "
+                        "[\"softmax\", \"relu\"].")
+    if "grid" not in data or not data["grid"]:
         raise SpecError(f"{where}: the grid{_at(text, 'grid')} is empty or missing: give at "
                         "least one key with a list of values, e.g. [grid] "
                         "\"model.attention\" = [\"softmax\", \"relu\"].")
@@ -166,10 +171,12 @@ def load_spec(path: str | Path) -> Spec:
         section, name = key.split(".")
         annotation = field_type(SECTIONS[section], name)
         coerced = []
+        optional = "None" in str(annotation)
         for value in values:
-            if isinstance(value, str) and annotation is not str and "str" not in str(annotation):
+            if isinstance(value, str) and annotation is not str and "str" not in str(annotation) \
+                    and not (optional and value.strip().lower() in ("auto", "none")):
                 raise SpecError(f"{where}: grid key {key!r}{at}: {value!r} is a string, but "
-                                f"{key} takes {getattr(annotation, '__name__', annotation)}.")
+                                f"{key} takes {type_words(annotation)}.")
             try:
                 coerced.append(coerce(key, value, annotation))
             except ConfigError as exc:
@@ -182,6 +189,14 @@ def load_spec(path: str | Path) -> Spec:
     spec = Spec(where, description, base, grid, seeds)
     cells(spec)  # every combination must be a valid run config
     return spec
+
+
+def type_words(annotation: Any) -> str:
+    """A field's type in words: ``int`` -> "an integer", ``float | None`` -> "a number or
+    auto"."""
+    text = str(annotation)
+    words = "an integer" if "int" in text else "true or false" if "bool" in text else "a number"
+    return words + (" or auto" if "None" in text else "")
 
 
 def _seeds(value: Any, where: str) -> tuple[int, ...]:
@@ -199,13 +214,8 @@ def _seeds(value: Any, where: str) -> tuple[int, ...]:
 
 
 def _slug(value: Any) -> str:
-    """A value as it appears in a cell name: floats short (``1e-06``) where that is exact,
-    else with every digit they need (``0.0010000001``), so different values never share one."""
-    text = str(value)
-    if isinstance(value, float):
-        short = f"{value:g}"
-        text = short if float(short) == value else repr(value)
-    return re.sub(r"[^A-Za-z0-9.+-]+", "_", text)
+    """A value as it appears in a cell name (``value_text``, made file-name safe)."""
+    return re.sub(r"[^A-Za-z0-9.+-]+", "_", value_text(value))
 
 
 NAME_BYTES = 200  # longest run-folder name; most file systems allow 255 bytes

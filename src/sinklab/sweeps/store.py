@@ -89,8 +89,9 @@ class Store:
             meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
             conn.execute("SELECT name, status FROM cells LIMIT 1").fetchall()
         except sqlite3.DatabaseError as exc:
-            raise ResultsError(f"{db} is corrupted or not a sinklab database ({exc}); move it "
-                               "away to run the sweep again.") from None
+            raise ResultsError(f"{db} is corrupted or not a sinklab database ({exc}); the sweep "
+                               f"cannot resume from it: run it into another --out (the run "
+                               f"folders in {folder} stay as they are).") from None
         if meta.get("kind") != KIND:
             raise ResultsError(f"{db} is not a sinklab sweep database.")
         if meta.get("format") != FORMAT:
@@ -194,19 +195,30 @@ class Store:
             cur = self.conn.execute(
                 f"UPDATE cells SET status = 'pending', reason = NULL WHERE status IN "
                 f"({', '.join('?' * len(statuses))})", statuses)
-        parents = {(self.folder / r[0]).parent
+        parents = {self.run_folder(r[0]).parent
                    for r in self.conn.execute("SELECT path FROM cells").fetchall()}
         for parent in parents:
             for partial in parent.glob(".partial-*"):
                 shutil.rmtree(partial, ignore_errors=True)
         return cur.rowcount
 
+    def run_folder(self, path: str) -> Path:
+        """A cell's run folder; a path that leads out of the sweep folder (an edited
+        database) is refused, never written or removed."""
+        final = self.folder / path
+        inside = os.path.abspath(final).startswith(os.path.abspath(self.folder) + os.sep)
+        if os.path.isabs(path) or ".." in Path(path).parts or not inside:
+            raise ResultsError(f"{self.folder / DB} names the run folder {path!r}, outside "
+                               f"{self.folder}; the database has been edited, so nothing was "
+                               "written.")
+        return final
+
     def verify_done(self) -> list[tuple[str, str]]:
         """Done cells whose run folder is missing or does not match its completion record go
         back to pending; returns (cell, what is wrong) for each of them."""
         damaged = []
         for row in self.rows("done"):
-            folder = self.folder / row["path"]
+            folder = self.run_folder(row["path"])
             try:
                 if not folders.check_complete(folder):
                     damaged.append((row["name"], f"{folder} is missing or unfinished"))
@@ -231,7 +243,7 @@ class Store:
         if files is not None:
             (path,) = self.conn.execute("SELECT path FROM cells WHERE name = ?",
                                         (name,)).fetchone()
-            final = self.folder / path
+            final = self.run_folder(path)
             partial = final.parent / f".partial-{final.name}"
             shutil.rmtree(partial, ignore_errors=True)
             partial.mkdir(parents=True)
@@ -263,7 +275,8 @@ def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
     try:
         yield
     except BaseException:
-        conn.execute("ROLLBACK")
+        if conn.in_transaction:  # a full disk may have ended it already: keep the real error
+            conn.execute("ROLLBACK")
         raise
     conn.execute("COMMIT")
 
