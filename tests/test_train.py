@@ -199,3 +199,16 @@ def test_same_seed_same_bytes_and_the_completion_record_comes_last(tmp_path, mon
         f.write('{"step": 99}\n')  # a log that grew after the run finished
     with pytest.raises(folders.DamagedRun, match="metrics.jsonl is .* bytes, not the"):
         folders.check_complete(tmp_path / "a")
+
+
+def test_a_truncated_npz_is_one_sentence(tmp_path):
+    import numpy as np
+
+    from sinklab.results import ResultsError, read_npz, write_npz
+
+    path = tmp_path / "attention.npz"
+    write_npz(path, mean=np.ones((2, 3)), std=np.zeros((2, 3)))
+    assert read_npz(path)["mean"].shape == (2, 3)
+    path.write_bytes(path.read_bytes()[:40])
+    with pytest.raises(ResultsError, match="attention.npz is corrupted"):
+        read_npz(path)

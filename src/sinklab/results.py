@@ -122,7 +122,7 @@ def read_npz(path: Path) -> dict[str, np.ndarray]:
     if not path.is_file():
         raise ResultsError(f"{path} does not exist.")
     try:
-        with np.load(path, allow_pickle=False) as data:
+        with path.open("rb") as f, np.load(f, allow_pickle=False) as data:
             return {k: data[k] for k in data.files}
     except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as exc:
         raise ResultsError(f"{path} is corrupted ({type(exc).__name__}: {exc}); delete it, or "
