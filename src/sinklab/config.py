@@ -338,17 +338,12 @@ def parse_overrides(items: list[str]) -> dict[str, dict[str, str]]:
 
 def load_toml(path: str | Path) -> dict[str, Any]:
     """Read a TOML config file with [task], [model], [train] and [eval] tables."""
-    return read_toml(path, "config file")
-
-
-def read_toml(path: str | Path, what: str) -> dict[str, Any]:
-    """A TOML file's table; a missing file, a folder, text that is not UTF-8 or not TOML is a
-    ConfigError naming ``what`` (e.g. "config file") and the path."""
-    return read_toml_text(path, what)[1]
+    return read_toml_text(path, "config file")[1]
 
 
 def read_toml_text(path: str | Path, what: str) -> tuple[str, dict[str, Any]]:
-    """A TOML file's text and table, checked as ``read_toml`` does."""
+    """A TOML file's text and table; a missing file, a folder, a device, text that is not
+    UTF-8 or not TOML is a ConfigError naming ``what`` (e.g. "config file") and the path."""
     path = Path(path)
     if path.is_dir():
         raise ConfigError(f"{what} {str(path)!r} is a folder, not a TOML file.")

@@ -110,12 +110,17 @@ def check_writable(folder: Path, kind: str, option: str = "--out") -> None:
                            f"{describe(kind)}; nothing was written; choose another {option}.")
 
 
+def marked_parents(path: Path) -> Iterator[Path]:
+    """The folders above ``path`` that hold a ``sinklab.json``, nearest first."""
+    for parent in Path(os.path.abspath(path)).parents:
+        if (parent / MARKER).is_file():
+            yield parent
+
+
 def _check_ancestors(folder: Path, option: str) -> None:
     """Refuse a folder inside a run folder, or inside a sinklab folder that another process
     is writing (its runs are that process's to write)."""
-    for parent in Path(os.path.abspath(folder)).parents:
-        if not (parent / MARKER).is_file():
-            continue
+    for parent in marked_parents(folder):
         try:
             marker = read_marker(parent)
         except ResultsError:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
-from contextlib import ExitStack
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -262,10 +262,9 @@ def _run_theory(out: Path, opts: TheoryOptions, log: Callable[[str], None], docs
     write_json(out / "theory.json", result)
     figures = write_figures(out, result)
     write_atomic(out / "THEORY.md", render(result, "figures").encode())
-    if opts.reproduce is None:  # the reproduction inside out: its own lock, taken again here
-        with folders.hold(rdir):
-            rep.link_theory(rdir, out / "THEORY.md")
-    else:
+    # the reproduction inside out has a lock of its own, taken again here; a --reproduce
+    # folder's is held already (run_theory)
+    with folders.hold(rdir) if opts.reproduce is None else nullcontext():
         rep.link_theory(rdir, out / "THEORY.md")
     if docs is not None:
         rep.copy_to_docs(Path(docs), figures, lambda prefix: render(result, prefix))

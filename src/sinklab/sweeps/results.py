@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -66,10 +65,10 @@ def check_csv_target(path: Path) -> None:
         if head != CSV_HEAD:
             raise ConfigError(f"--csv {path} exists and is not a CSV that `sinklab results` "
                               "wrote; choose a new file name.")
-    for parent in Path(os.path.abspath(path)).parents:
-        if (parent / folders.MARKER).is_file():
-            raise ConfigError(f"--csv {path} is inside the sinklab folder {parent}, whose files "
-                              "are sinklab's own; write the CSV elsewhere.")
+    parent = next(folders.marked_parents(path), None)
+    if parent is not None:
+        raise ConfigError(f"--csv {path} is inside the sinklab folder {parent}, whose files "
+                          "are sinklab's own; write the CSV elsewhere.")
 
 
 def _fmt(value: Any) -> str:

@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
@@ -285,17 +285,22 @@ def ray_module() -> Any:
 def run_ray(jobs: list[Job], workers: int,
             address: str | None) -> Iterator[tuple[Job, list[dict[str, Any]]]]:
     """Each job as a Ray task (one CPU) on the cluster at ``address``, or on a local Ray
-    instance with ``workers`` CPUs started here and stopped afterwards. Connects at once (a
-    refused connection is a ConfigError before any job is marked running); the results come
-    from the returned iterator."""
+    instance with ``workers`` CPUs started here and stopped afterwards (``ray_session``).
+    Connects at once (a refused connection is a ConfigError before any job is marked
+    running); the results come from the returned iterator."""
+    session = ExitStack()
+    session.enter_context(ray_session(address, workers))
+    return _ray_results(session, jobs)
+
+
+@contextmanager
+def ray_session(address: str | None, workers: int) -> Iterator[None]:
+    """Ray connected (or a local instance with ``workers`` CPUs started) for the body, and shut
+    down after it, unless the caller had already initialised Ray."""
     ray = ray_module()
-    started = not ray.is_initialized()
-    if started:
-        _connect(ray, address, workers)
-    return _ray_results(ray, started, jobs)
-
-
-def _connect(ray: Any, address: str | None, workers: int) -> None:
+    if ray.is_initialized():
+        yield
+        return
     address = address or os.environ.get("RAY_ADDRESS") or None  # Ray reads it too
     if address:
         check_reachable(address)
@@ -305,26 +310,16 @@ def _connect(ray: Any, address: str | None, workers: int) -> None:
                  **kwargs)
     except Exception as exc:  # a wrong address, an unreachable cluster, a refused token
         raise ConfigError(ray_refusal(exc, address)) from None
-
-
-@contextmanager
-def ray_session(address: str | None, workers: int) -> Iterator[None]:
-    """Ray connected (or a local instance started) for the body, and shut down after it,
-    unless the caller had already initialised Ray."""
-    ray = ray_module()
-    if ray.is_initialized():
-        yield
-        return
-    _connect(ray, address, workers)
     try:
         yield
     finally:
         ray.shutdown()
 
 
-def _ray_results(ray: Any, started: bool,
+def _ray_results(session: ExitStack,
                  jobs: list[Job]) -> Iterator[tuple[Job, list[dict[str, Any]]]]:
-    try:
+    ray = ray_module()
+    with session:  # ends the Ray session run_ray started, if it started one
         # A task whose worker process dies is run again by Ray; an error raised inside
         # compute is not (compute returns it as the job's failure).
         task = ray.remote(num_cpus=1, max_retries=RAY_RETRIES, retry_exceptions=False)(compute)
@@ -338,9 +333,6 @@ def _ray_results(ray: Any, started: bool,
                 except Exception as exc:  # a worker that died too often, or a lost node
                     results = _lost(job, f"Ray task failed: {' '.join(str(exc).split())[:300]}")
                 yield job, results
-    finally:
-        if started:
-            ray.shutdown()
 
 
 def check_reachable(address: str, timeout_s: float = 5.0) -> None:
