@@ -60,6 +60,18 @@ def finished_run(tmp: Path) -> list[str]:
     return ["train", "--out", str(tmp / "done")]
 
 
+def damaged_run(tmp: Path) -> list[str]:
+    finished_run(tmp)
+    (tmp / "done" / "model.pt").write_bytes(b"junk")
+    return ["plot", str(tmp / "done")]
+
+
+def seeds_with_an_unfinished_run(tmp: Path) -> list[str]:
+    marked(tmp, "seeds", "runs")
+    marked(tmp, "seeds/seed0", "run")
+    return ["plot", str(tmp / "seeds")]
+
+
 def spec_file(data: str | bytes) -> Callable[[Path], list[str]]:
     return lambda tmp: ["sweep", str(write(tmp, "spec.toml", data)), "--out", str(tmp / "o")]
 
@@ -298,6 +310,21 @@ CASES: dict[str, Case] = {
     "lm model": Case("missing file", lambda tmp: [
         "lm", "--model", str(tmp / "nowhere"), "--out", str(tmp / "o")],
         "nowhere does not exist"),
+    "plot missing": Case("missing file", lambda tmp: ["plot", str(tmp / "nowhere")],
+                         "nowhere does not exist; give a run folder written by `sinklab train`"),
+    "plot a file": Case("file given as a folder", lambda tmp: [
+        "plot", str(write(tmp, "f.txt", "x"))], "f.txt is a file, not a folder"),
+    "plot foreign": Case("folder that is not sinklab's", lambda tmp: [
+        "plot", str(write(tmp, "hf/config.json", "{}").parent)],
+        "hf is not a sinklab run folder (it has no sinklab.json)"),
+    "plot other kind": Case("sinklab folder of another kind", lambda tmp: [
+        "plot", str(marked(tmp, "sw", "sweep"))], "sw is a sinklab sweep folder, not a run "
+                                                 "folder or a folder of seed runs"),
+    "plot unfinished": Case("unfinished run", lambda tmp: ["plot", str(marked(tmp, "r", "run"))],
+                            "r holds a run that has not finished"),
+    "plot unfinished seed": Case("unfinished run", seeds_with_an_unfinished_run,
+                                 "seeds/seed0 holds a run that has not finished"),
+    "plot damaged": Case("corrupted file", damaged_run, "done/model.pt is 4 bytes, not the"),
     "out is a file": Case("file given as a folder", lambda tmp: [
         "train", "--out", str(write(tmp, "f.txt", "x"))], "f.txt is a file, not a folder"),
     # the file system

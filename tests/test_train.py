@@ -187,11 +187,13 @@ def test_same_seed_same_bytes_and_the_completion_record_comes_last(tmp_path, mon
 
     monkeypatch.setattr(folders, "seal", seal)
     for name in ("a", "b"):
-        train_runs([cfg], [tmp_path / name], progress=False, figures=True)
-    for f in ("model.pt", "attention.npz", "attention.png", "config.json", "metrics.jsonl"):
+        train_runs([cfg], [tmp_path / name], progress=False)
+    for f in ("model.pt", "attention.npz", "config.json", "metrics.jsonl"):
         assert (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes(), f
-    assert order[0] == ["attention.npz", "attention.png", "config.json", "metrics.jsonl",
-                        "model.pt", "sinklab.json", "summary.json"]
+    # no figure: `sinklab plot` draws attention.png later, outside the record
+    assert order[0] == ["attention.npz", "config.json", "metrics.jsonl", "model.pt",
+                        "sinklab.json", "summary.json"]
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == order[0]
     record = read_json(tmp_path / "a" / "sinklab.json")["complete"]["files"]
     assert sorted(record) == [f for f in order[0] if f != "sinklab.json"]
     assert folders.check_complete(tmp_path / "a")

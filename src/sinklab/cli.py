@@ -1,6 +1,7 @@
 """The ``sinklab`` command line: argument parsing only; each subcommand calls the library.
 
     sinklab train model.attention=relu model.n_layers=2 model.n_heads=2 --out runs/relu-2x2
+    sinklab plot runs/relu-2x2
     sinklab reproduce --out results/reproduce
     sinklab sweep examples/tiny.toml --out results/sweep-tiny
     sinklab rules
@@ -74,8 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="sinklab",
         description="Study attention sinks: train models on the trigger-conditional task, "
-                    "measure their sinks, reproduce Ran-Milo (2026), compare attention rules, "
-                    "measure real pretrained models, and run resumable sweeps.",
+                    "measure and draw their sinks, reproduce Ran-Milo (2026), compare attention "
+                    "rules, measure real pretrained models, and run resumable sweeps.",
         epilog=LIMITS_TEXT, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"sinklab {__version__}")
     parser.add_argument("--debug", action="store_true",
@@ -88,10 +89,12 @@ def build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser(
         "train", parents=[common],
         help="train one model (or --seeds N of them) and write run folders",
-        description="Train with the paper's protocol and write config.json, metrics.jsonl, "
-                    "summary.json, attention.npz, model.pt, attention.png and sinklab.json (the "
-                    "folder's marker; last, the completion record of every file) into --out. "
-                    "--out must be absent, empty or an unfinished run folder of sinklab's.",
+        description="Train with the paper's protocol and write into --out: sinklab.json (the "
+                    "folder's marker) and config.json at the start, metrics.jsonl as it trains, "
+                    "attention.npz, model.pt and summary.json when it stops, and last the "
+                    "completion record of every file in sinklab.json. No figure is drawn: "
+                    "`sinklab plot DIR` draws attention.png afterwards. --out must be absent, "
+                    "empty or an unfinished run folder of sinklab's.",
         epilog=_defaults_text(), formatter_class=argparse.RawDescriptionHelpFormatter)
     train.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                        help="config overrides such as model.attention=relu")
@@ -103,6 +106,18 @@ def build_parser() -> argparse.ArgumentParser:
                             "ensemble, each into DIR/seed{s} (default: 1, into DIR)")
     train.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                        help="show a progress bar (default: only on a terminal)")
+
+    pl = sub.add_parser(
+        "plot", parents=[common],
+        help="draw finished runs' attention maps (attention.png in each run folder)",
+        description="Draw each finished run's attention maps (the mean over the test set of every "
+                    "layer and head, and for 1x1 its standard deviation) from its attention.npz "
+                    "into attention.png beside it. RUN is a `sinklab train` --out folder, or a "
+                    "`sinklab train --seeds N` folder (every seed run in it). The figure is not "
+                    "part of the run's completion record, so drawing it again leaves the run "
+                    "finished. Every RUN is checked before anything is drawn.")
+    pl.add_argument("runs", nargs="+", type=given, metavar="RUN",
+                    help="a finished run folder, or a folder of seed runs")
 
     rep = sub.add_parser(
         "reproduce", parents=[common],
@@ -290,7 +305,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             raise ResultsError(f"{d} already holds a finished run; choose another --out or "
                                "delete it.")
     with folders.writing(out, "run" if len(seeds) == 1 else "runs"):
-        summaries = train_runs(cfgs, dirs, progress=args.progress, figures=True,
+        summaries = train_runs(cfgs, dirs, progress=args.progress,
                                description=f"{cfg.model.attention} "
                                            f"{cfg.model.n_layers}x{cfg.model.n_heads}")
     code = 0
@@ -310,9 +325,23 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"  test set: L∞ {summary['linf_error']:.2e}, MSE {summary['mse']:.2e}")
         print(f"  non-trigger BOS mass [layer][head]: {bos}")
         print(f"  sink heads: {summary['sink_heads']} of {n_heads}")
-        print(f"  wrote {run_dir}/: config.json metrics.jsonl summary.json attention.npz "
-              "model.pt attention.png sinklab.json")
+        print(f"  wrote {run_dir}/: config.json metrics.jsonl attention.npz model.pt "
+              "summary.json sinklab.json")
+    if any(s["status"] != "diverged" for s in summaries):
+        print(f"draw the attention maps: sinklab plot {shlex.quote(str(out))}")
     return code
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from sinklab.plots import plot_runs
+
+    for run, figure in plot_runs([Path(r) for r in args.runs]):
+        if figure is None:
+            print(f"sinklab: left out: {run} diverged, so it has no maps to draw.",
+                  file=sys.stderr)
+        else:
+            print(f"wrote {figure}")
+    return 0
 
 
 def cmd_reproduce(args: argparse.Namespace, argv: list[str]) -> int:
@@ -469,6 +498,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "train":
             return cmd_train(args)
+        if args.command == "plot":
+            return cmd_plot(args)
         if args.command == "reproduce":
             return cmd_reproduce(args, argv)
         if args.command == "theory":

@@ -12,7 +12,8 @@ them finished.
   SIGKILL, so the next writer recovers a stale lock without any clean-up.
 - **Completion record.** Once a run has finished, its marker lists every file the run wrote with
   its size and SHA-256, and this record is written last. A finished run is reused only after its
-  files are checked against the record (``check_complete``).
+  files are checked against the record (``check_complete``). Figures drawn from those files
+  later (``attention.png``, by ``sinklab plot``) are not part of the record.
 
     with folders.writing(out, "reproduce"):   # claim and lock, or one sentence why not
         ...
@@ -50,8 +51,11 @@ KINDS = {
 # Entries that may sit in a folder that is otherwise empty: a writer's lock, a sweep database
 # left half-created by a killed sweep.
 LEFTOVERS = frozenset({LOCK, HOLDER, ".sweep.db.creating"})
+# Files drawn from a finished run's results, which ``sinklab plot`` may (re)draw after the run
+# was sealed: never in its completion record, and not checked where an older record lists them.
+DERIVED = frozenset({"attention.png"})
 # Files of a run folder that are not the run's results, so not in its completion record.
-NOT_RECORDED = frozenset({MARKER, LOCK, HOLDER})
+NOT_RECORDED = frozenset({MARKER, LOCK, HOLDER}) | DERIVED
 
 
 def describe(kind: str) -> str:
@@ -335,6 +339,8 @@ def check_complete(run_dir: Path) -> bool:
             and isinstance(w.get("sha256"), str) for w in files.values()):
         raise DamagedRun(run_dir, f"{run_dir / MARKER} has a malformed completion record")
     for name, want in files.items():
+        if name in DERIVED:  # an older sinklab recorded its figure; drawing it again is allowed
+            continue
         path = run_dir / name
         if not path.is_file():
             raise DamagedRun(run_dir, f"{path} is missing from a finished run")
@@ -346,3 +352,35 @@ def check_complete(run_dir: Path) -> bool:
             raise DamagedRun(run_dir, f"{path} has changed since the run finished (its SHA-256 "
                                       "differs)")
     return True
+
+
+def finished_runs(path: Path) -> list[Path]:
+    """The finished runs ``path`` names: a run folder itself, or each seed run of a
+    ``sinklab train --seeds`` folder (seed2 before seed10). Reads only; a missing path, a file, a
+    folder that is not sinklab's or is another kind of sinklab folder, one inside a folder that
+    another process is writing, and a run that has not finished or is damaged are a ResultsError.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        what = "does not exist" if not path.exists() else "is a file, not a folder"
+        raise ResultsError(f"{path} {what}; give a run folder written by `sinklab train`.")
+    kind = kind_of(path)
+    if kind is None:
+        raise ResultsError(f"{path} is not a sinklab run folder (it has no {MARKER}); give a "
+                           "run folder written by `sinklab train`.")
+    if kind not in ("run", "runs"):
+        raise ResultsError(f"{path} is a sinklab {describe(kind)}, not a {describe('run')} or "
+                           f"a {describe('runs')}.")
+    _check_ancestors(path, "run folder")
+    if kind == "run":
+        runs = [path]
+    else:  # seed{s} folders, in the order of their seeds
+        runs = sorted((p for p in path.iterdir() if p.is_dir() and (p / MARKER).is_file()),
+                      key=lambda p: (len(p.name), p.name))
+        if not runs:
+            raise ResultsError(f"{path} holds no seed runs yet; nothing to draw.")
+    for run in runs:
+        if not check_complete(run):
+            raise ResultsError(f"{run} holds a run that has not finished (it has no completion "
+                               "record), so it has no maps to draw.")
+    return runs

@@ -4,17 +4,22 @@ Every drawing function takes an explicit matplotlib ``Axes`` or ``Figure`` (neve
 state); the ``plot_*`` functions read a results folder and write PNGs. Heat maps follow the
 paper's convention: Blues from 0 to 1, positions 1-indexed, so "query 8" is the trigger at
 0-indexed position 7.
+
+    sinklab plot runs/relu-2x2 runs/seeds     # plot_runs: attention.png in each finished run
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from sinklab import folders
 from sinklab.metrics import SINK_HEAD_THRESHOLD
 from sinklab.results import read_json, read_npz, replace_from, temporary_path
 
@@ -100,3 +105,31 @@ def plot_run(run_dir: Path) -> Path:
     path = run_dir / "attention.png"
     save_figure(fig, path)
     return path
+
+
+def plot_runs(paths: Sequence[Path]) -> Iterator[tuple[Path, Path | None]]:
+    """Draw ``attention.png`` into each finished run that ``paths`` name (a run folder, or a
+    ``sinklab train --seeds`` folder: each of its seed runs); yield (run folder, figure), with
+    None for a diverged run, whose maps are not finite.
+
+    Every path is checked (``folders.finished_runs``) and every folder's lock taken before
+    anything is drawn; the locks are held until the last figure is written. Each figure gets a
+    fresh ``Figure``: clearing and reusing one per shape measured no faster, since the time goes
+    into laying out and rendering the text and images, not into building the figure.
+    """
+    groups = [(Path(p), folders.finished_runs(Path(p))) for p in paths]
+    runs: dict[str, Path] = {}  # a run named twice (itself and in its --seeds folder) is drawn once
+    with ExitStack() as held:
+        locked: set[str] = set()
+        for top, members in groups:
+            for folder in [top, *members]:
+                if os.path.abspath(folder) not in locked:
+                    locked.add(os.path.abspath(folder))
+                    held.enter_context(folders.hold(folder))
+            for run in members:
+                runs.setdefault(os.path.abspath(run), run)
+        for run in runs.values():
+            if read_json(run / "summary.json")["status"] == "diverged":
+                yield run, None
+            else:
+                yield run, plot_run(run)

@@ -254,14 +254,12 @@ def train_runs(
     *,
     progress: bool | None = None,
     description: str = "train",
-    figures: bool = False,
 ) -> list[dict[str, Any]]:
     """Train one model per config as one ensemble; return each run's summary dict.
 
     See ``train_ensemble``, which also returns the trained ensemble.
     """
-    return train_ensemble(cfgs, run_dirs, progress=progress, description=description,
-                          figures=figures)[0]
+    return train_ensemble(cfgs, run_dirs, progress=progress, description=description)[0]
 
 
 def train_ensemble(
@@ -270,14 +268,14 @@ def train_ensemble(
     *,
     progress: bool | None = None,
     description: str = "train",
-    figures: bool = False,
 ) -> tuple[list[dict[str, Any]], AttentionStack]:
     """Train one model per config as one ensemble; return the summaries and the ensemble.
 
     With ``run_dirs``, run e marks its folder (``sinklab.json``) and writes ``config.json`` at
     the start, a ``metrics.jsonl`` row every ``train.log_every`` steps and at its stop step, and
-    ``attention.npz``, ``model.pt``, ``summary.json`` (and with ``figures`` ``attention.png``)
-    when it stops, then its completion record, last (``sinklab.folders.seal``).
+    ``attention.npz``, ``model.pt`` and ``summary.json`` when it stops, then its completion
+    record, last (``sinklab.folders.seal``). No figure is drawn: ``sinklab plot`` draws
+    ``attention.png`` from these files later (``sinklab.plots.plot_runs``).
     ``progress=None`` shows a bar only when stderr is a terminal. A tiny step trains with one
     thread (``step_threads``); the caller's thread setting is restored afterwards. An ensemble
     that would not fit in memory (``sinklab.limits``) is refused before anything is allocated.
@@ -354,10 +352,6 @@ def train_ensemble(
                 save_member(finished, i, folder / "model.pt")
                 write_json(folder / "summary.json", summary)
                 logs[e].close()
-                if figures and summary["status"] != "diverged":
-                    from sinklab.plots import plot_run
-
-                    plot_run(folder)
                 folders.seal(folder)  # last: the run is finished once this is written
 
     try:
