@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from sinklab.config import TaskConfig
-from sinklab.task import encode, sample_batch, targets
+from sinklab.task import Batch, TrainStream, draw_triggers, encode, sample_batch, targets
 
 
 def batch(cfg=None, n=64, seed=0, residual=False, trigger=None):
@@ -91,8 +93,8 @@ def test_minimum_sizes():
 
 @pytest.mark.parametrize("encode_sequences", [2048, 40], ids=["whole-block", "small-chunks"])
 def test_train_stream_member_data_is_its_own_generators_alone(monkeypatch, encode_sequences):
-    # With 40, the ensemble encodes one step per call and the lone member two: the data must
-    # not depend on how many steps are encoded together.
+    # With 40, each member is encoded on its own; with 2048, the three together: the data must
+    # not depend on how many members are encoded together.
     from sinklab.task import TrainStream
 
     monkeypatch.setattr(TrainStream, "ENCODE_SEQUENCES", encode_sequences)
@@ -204,3 +206,192 @@ def test_trigger_frequency_values_are_checked(key, value, allowed):
 
     with pytest.raises(ConfigError, match=f"task.{key}=.*{re.escape(allowed)}"):
         TaskConfig(**{key: value})
+
+
+# ------------------------------------------- the stream against its pre-optimisation reference
+#
+# A frozen copy of encode, targets and TrainStream as they were before the speed-ups of the
+# stream (commit ad897fb). The data define every training run, so the optimised code must give
+# exactly these bits: every x, y and trigger tensor is compared with torch.equal.
+# Do not edit the reference to make a test pass; it is the definition the fast code must meet.
+
+
+def _ref_trigger_mask(trigger, seq_len):
+    if trigger.dtype == torch.bool:
+        return trigger
+    return torch.arange(seq_len, device=trigger.device) == trigger[..., None]
+
+
+def _ref_encode(content, trigger):
+    batch, seq_len, n_content = content.shape
+    d_model = n_content + 3
+    is_trigger = _ref_trigger_mask(trigger, seq_len)
+    x = torch.empty(batch, seq_len, d_model, dtype=content.dtype, device=content.device)
+    x[..., 2:d_model - 1] = content
+    x[..., 1] = is_trigger
+    x[..., d_model - 1] = ~is_trigger
+    x[..., 0] = 0.0
+    x[:, 0] = 0.0
+    x[:, 0, 0] = 1.0
+    return x
+
+
+def _ref_targets(x, trigger, residual):
+    batch, seq_len, _ = x.shape
+    if trigger.dtype == torch.bool:
+        count = torch.arange(1, seq_len, device=x.device, dtype=x.dtype)[:, None]
+        running = torch.zeros_like(x)
+        running[:, 1:] = x[:, 1:].cumsum(dim=1) / count
+        y = x.clone() if residual else torch.zeros_like(x)
+        return y + running * trigger[..., None]
+    pos = torch.arange(seq_len, device=x.device)
+    weights = ((pos > 0) & (pos <= trigger[:, None])).to(x.dtype) / trigger.to(x.dtype)[:, None]
+    mean = (weights[..., None] * x).sum(dim=1)
+    rows = torch.arange(batch, device=x.device)
+    y = x.clone() if residual else torch.zeros_like(x)
+    y[rows, trigger] += mean
+    return y
+
+
+class _RefTrainStream:
+    BLOCK = 8
+    ENCODE_SEQUENCES = 2048
+
+    def __init__(self, cfg, batch_size, generators, *, residual, dtype=torch.float32):
+        self.cfg, self.generators, self.residual = cfg, generators, residual
+        n, k, device = len(generators), self.BLOCK, generators[0].device
+        if cfg.single_trigger:
+            self._trigger = torch.empty(n, k, batch_size, dtype=torch.long, device=device)
+        else:
+            self._trigger = torch.empty(n, k, batch_size, cfg.seq_len, dtype=torch.bool,
+                                        device=device)
+        self._content = torch.empty(n, k, batch_size, cfg.seq_len, cfg.d_model - 3, dtype=dtype,
+                                    device=device)
+        self._block = []
+        self._next = k
+
+    def _refill(self):
+        lo, hi = self.cfg.train_trigger_min, self.cfg.train_trigger_max
+        for e, g in enumerate(self.generators):
+            if self.cfg.single_trigger:
+                torch.randint(lo, hi + 1, self._trigger.shape[1:], generator=g,
+                              out=self._trigger[e])
+            else:
+                self._trigger[e] = draw_triggers(self.cfg, self._trigger.shape[1:3], g)
+            torch.rand(self._content.shape[1:], generator=g, out=self._content[e])
+            self._content[e].mul_(2).sub_(1)
+        n, k, b = self._trigger.shape[:3]
+        chunk = max(1, min(k, self.ENCODE_SEQUENCES // (n * b)))
+        self._block = []
+        for start in range(0, k, chunk):
+            trigger = self._trigger[:, start:start + chunk].transpose(0, 1)
+            content = self._content[:, start:start + chunk].transpose(0, 1)
+            flat = trigger.flatten(0, 2)
+            x = _ref_encode(content.flatten(0, 2), flat)
+            y = _ref_targets(x, flat, self.residual)
+            x, y = x.unflatten(0, trigger.shape[:3]), y.unflatten(0, trigger.shape[:3])
+            self._block += [Batch(x=x[i], y=y[i], trigger=trigger[i]) for i in range(len(x))]
+        self._next = 0
+
+    def next(self):
+        if self._next == self.BLOCK:
+            self._refill()
+        self._next += 1
+        return self._block[self._next - 1]
+
+
+def assert_streams_equal(cfg, batch_size, seeds, residual, steps, dtype=torch.float32):
+    def gens():
+        return [torch.Generator().manual_seed(s) for s in seeds]
+
+    new = TrainStream(cfg, batch_size, gens(), residual=residual, dtype=dtype)
+    ref = _RefTrainStream(cfg, batch_size, gens(), residual=residual, dtype=dtype)
+    for step in range(steps):
+        a, b = new.next(), ref.next()  # compared at once: the reference reuses its trigger buffer
+        for name in ("x", "y", "trigger"):
+            got, want = getattr(a, name), getattr(b, name)
+            assert got.dtype == want.dtype and got.shape == want.shape, (step, name)
+            assert torch.equal(got, want), f"step {step}: {name} differs from the reference"
+
+
+TRIGGER_MODES = {"single": {}, "multi": {"no_trigger_prob": 0.3, "max_triggers": 3},
+                 "no-trigger-only-some": {"no_trigger_prob": 0.5}}
+
+
+@pytest.mark.parametrize("members", [1, 32], ids=["1-member", "32-members"])
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+def test_train_stream_equals_the_reference_at_paper_defaults(members, residual):
+    assert_streams_equal(TaskConfig(), 128, range(members), residual,
+                         steps=TrainStream.BLOCK + 1)
+
+
+@pytest.mark.parametrize("mode", list(TRIGGER_MODES), ids=list(TRIGGER_MODES))
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+@pytest.mark.parametrize("encode_sequences", [2048, 40, 1], ids=["whole-block", "chunks", "steps"])
+def test_train_stream_equals_the_reference_across_chunks(monkeypatch, mode, residual,
+                                                         encode_sequences):
+    monkeypatch.setattr(TrainStream, "ENCODE_SEQUENCES", encode_sequences)
+    monkeypatch.setattr(_RefTrainStream, "ENCODE_SEQUENCES", 2048)
+    cfg = TaskConfig(**TRIGGER_MODES[mode])
+    assert_streams_equal(cfg, 16, [3, 1, 4], residual, steps=2 * TrainStream.BLOCK + 3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16], ids=["float64", "float16"])
+def test_train_stream_equals_the_reference_in_other_dtypes(dtype):
+    assert_streams_equal(TaskConfig(), 8, [0, 1], True, steps=TrainStream.BLOCK + 2,
+                         dtype=dtype)
+
+
+def test_train_stream_may_share_one_generator_between_members():
+    # The members then read it in turn, as the reference does.
+    g1, g2 = torch.Generator().manual_seed(9), torch.Generator().manual_seed(9)
+    new = TrainStream(TaskConfig(), 4, [g1, g1], residual=False)
+    ref = _RefTrainStream(TaskConfig(), 4, [g2, g2], residual=False)
+    for _ in range(TrainStream.BLOCK + 1):
+        a, b = new.next(), ref.next()
+        assert torch.equal(a.x, b.x) and torch.equal(a.y, b.y)
+        assert torch.equal(a.trigger, b.trigger)
+
+
+@st.composite
+def stream_cases(draw):
+    seq_len = draw(st.integers(4, 24))
+    lo = draw(st.integers(2, seq_len - 1))
+    hi = draw(st.integers(lo, seq_len - 1))
+    task = {"seq_len": seq_len, "d_model": draw(st.sampled_from([4, 5, 8, 13, 16, 17, 32, 70])),
+            "train_trigger_min": lo, "train_trigger_max": hi, "eval_trigger": hi}
+    if draw(st.booleans()):  # another trigger frequency than the paper's: masks
+        task["no_trigger_prob"] = draw(st.sampled_from([0.0, 0.2, 0.9]))
+        task["max_triggers"] = draw(st.integers(1, hi - lo + 1))
+    members = draw(st.integers(1, 5))
+    return (TaskConfig(**task), draw(st.integers(1, 9)),
+            draw(st.lists(st.integers(0, 2**31), min_size=members, max_size=members)),
+            draw(st.booleans()), draw(st.sampled_from([2048, 64, 7, 1])))
+
+
+@settings(max_examples=40, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(case=stream_cases())
+def test_train_stream_equals_the_reference_on_any_task(monkeypatch, case):
+    cfg, batch_size, seeds, residual, encode_sequences = case
+    monkeypatch.setattr(TrainStream, "ENCODE_SEQUENCES", encode_sequences)
+    assert_streams_equal(cfg, batch_size, seeds, residual, steps=2 * TrainStream.BLOCK + 1)
+
+
+@settings(max_examples=60, deadline=None, database=None)
+@given(case=stream_cases(), seed=st.integers(0, 2**31), fixed=st.booleans())
+def test_encode_and_targets_equal_the_reference(case, seed, fixed):
+    # Positions and masks, residual and plain, drawn and fixed triggers, through sample_batch.
+    cfg, batch_size, _, residual, _ = case
+    g = torch.Generator().manual_seed(seed)
+    b = sample_batch(cfg, batch_size, g, residual=residual,
+                     trigger=cfg.eval_trigger if fixed else None)
+    content = b.x[..., 2:-1].clone()
+    content[:, 0] = torch.rand(content[:, 0].shape, generator=g)  # BOS content is ignored
+    assert torch.equal(encode(content, b.trigger), _ref_encode(content, b.trigger))
+    assert torch.equal(b.x, _ref_encode(content, b.trigger))
+    for res in (False, True):
+        assert torch.equal(targets(b.x, b.trigger, res), _ref_targets(b.x, b.trigger, res))
+    mask = _ref_trigger_mask(b.trigger, cfg.seq_len)
+    assert torch.equal(encode(content, mask), _ref_encode(content, mask))
+    assert torch.equal(targets(b.x, mask, residual), _ref_targets(b.x, mask, residual))

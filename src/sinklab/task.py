@@ -62,16 +62,52 @@ def encode(content: Tensor, trigger: Tensor) -> Tensor:
     The content at position 0 is ignored: BOS carries no content.
     """
     batch, seq_len, n_content = content.shape
-    d_model = n_content + 3
-    is_trigger = trigger_mask(trigger, seq_len)
-    x = torch.empty(batch, seq_len, d_model, dtype=content.dtype, device=content.device)
-    x[..., CONTENT_START:d_model - 1] = content
-    x[..., TRIGGER] = is_trigger
-    x[..., d_model - 1] = ~is_trigger
-    x[..., BOS] = 0.0
-    x[:, 0] = 0.0  # BOS is exactly e_0
-    x[:, 0, BOS] = 1.0
+    x = torch.empty(batch, seq_len, n_content + 3, dtype=content.dtype, device=content.device)
+    x[..., :CONTENT_START] = 0.0  # every row an ordinary content token first
+    x[..., -1] = 1.0
+    x[..., CONTENT_START:-1] = content
+    if trigger.dtype == torch.bool:
+        _flag_mask(x, trigger, as_trigger=True)
+    else:
+        first_row = torch.arange(batch, device=x.device) * seq_len
+        _flag_rows(x.view(-1, x.shape[-1]), first_row + trigger, as_trigger=True)
+    _set_bos(x)
     return x
+
+
+def _ordinary_row(d_model: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """The flags of an ordinary content token (d,): BOS and trigger flags 0, bias flag 1."""
+    row = torch.zeros(d_model, dtype=dtype, device=device)
+    row[-1] = 1.0
+    return row
+
+
+def _flag_rows(rows: Tensor, at: Tensor, *, as_trigger: bool) -> None:
+    """Flag the rows ``at`` of rows (R, d), tokens one after another, as triggers (trigger flag
+    1, bias flag 0) or, with ``as_trigger`` false, as ordinary tokens (0, 1)."""
+    flag, bias = (1.0, 0.0) if as_trigger else (0.0, 1.0)
+    rows[:, TRIGGER].index_fill_(0, at, flag)
+    rows[:, -1].index_fill_(0, at, bias)
+
+
+def _flag_mask(x: Tensor, mask: Tensor, *, as_trigger: bool) -> None:
+    """``_flag_rows`` for the rows of x (..., L, d) that a boolean mask (..., L) selects."""
+    flag, bias = (1.0, 0.0) if as_trigger else (0.0, 1.0)
+    x[..., TRIGGER].masked_fill_(mask, flag)
+    x[..., -1].masked_fill_(mask, bias)
+
+
+def _set_bos(x: Tensor) -> None:
+    """Make row 0 of every sequence in x (..., L, d) exactly e_0, whatever it held."""
+    x[..., 0, :].zero_()
+    x[..., 0, BOS].fill_(1.0)
+
+
+def _mean_weights(seq_len: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """Averaging weights (L, L): row j holds 1/j on positions 1..j and 0 elsewhere."""
+    pos = torch.arange(seq_len, device=device)
+    j = pos[:, None]
+    return ((pos > 0) & (pos <= j)).to(dtype) / j.to(dtype)
 
 
 def targets(x: Tensor, trigger: Tensor, residual: bool) -> Tensor:
@@ -79,22 +115,47 @@ def targets(x: Tensor, trigger: Tensor, residual: bool) -> Tensor:
 
     ``trigger`` is (batch,) positions, or a boolean (batch, L) mask for any number of triggers.
     """
-    batch, seq_len, _ = x.shape
-    if trigger.dtype == torch.bool:
-        # running mean of x_1..x_i at every row i >= 1 (row 0 is BOS, never a trigger)
-        count = torch.arange(1, seq_len, device=x.device, dtype=x.dtype)[:, None]
-        running = torch.zeros_like(x)
-        running[:, 1:] = x[:, 1:].cumsum(dim=1) / count
-        y = x.clone() if residual else torch.zeros_like(x)
-        return y + running * trigger[..., None]
-    pos = torch.arange(seq_len, device=x.device)
-    # (batch, L) averaging weights: 1/j on positions 1..j, 0 elsewhere
-    weights = ((pos > 0) & (pos <= trigger[:, None])).to(x.dtype) / trigger.to(x.dtype)[:, None]
-    mean = (weights[..., None] * x).sum(dim=1)  # (batch, d)
-    rows = torch.arange(batch, device=x.device)
     y = x.clone() if residual else torch.zeros_like(x)
-    y[rows, trigger] += mean
+    if trigger.dtype == torch.bool:
+        _add_running_means(y, x, trigger)
+    else:
+        rows = torch.arange(x.shape[0], device=x.device)
+        y[rows, trigger] += _trigger_means(x, trigger)
     return y
+
+
+# The two helpers below form every number with the same operations, in the same order, as the
+# task's first version did (a frozen copy in tests/test_task.py checks it), so the targets keep
+# every bit whatever the layout they are written to.
+
+
+def _trigger_means(x: Tensor, trigger: Tensor, *, weights: Tensor | None = None,
+                   out: Tensor | None = None) -> Tensor:
+    """The mean of x_1..x_j (..., d) for sequences x (..., L, d) with their triggers at j (...).
+
+    ``weights`` is ``_mean_weights`` for x; ``out`` an optional contiguous tensor shaped like x
+    for the products.
+    """
+    if weights is None:
+        weights = _mean_weights(x.shape[-2], x.dtype, x.device)
+    w = weights[trigger][..., None]  # (..., L, 1): 1/j on positions 1..j, 0 elsewhere
+    # The sum over L of all L products, zeros included: torch's reduction order for a
+    # (..., L, d) tensor depends on L, d and the CPU's vector width, so it is left to torch.
+    products = w * x if out is None else torch.mul(w, x, out=out)
+    return products.sum(dim=-2)
+
+
+def _add_running_means(y: Tensor, x: Tensor, mask: Tensor, *, out: Tensor | None = None) -> None:
+    """Add to y (..., L, d), at every row i that mask (..., L) selects, the mean of x_1..x_i.
+
+    ``out`` is an optional tensor shaped like x for the running means.
+    """
+    count = torch.arange(1, x.shape[-2], device=x.device, dtype=x.dtype)[:, None]
+    running = torch.empty_like(x) if out is None else out
+    running[..., 0, :] = 0.0  # row 0 is BOS, never a trigger
+    torch.cumsum(x[..., 1:, :], dim=-2, out=running[..., 1:, :])
+    running[..., 1:, :].div_(count)
+    y.add_(running.mul_(mask[..., None]))
 
 
 def sample_batch(
@@ -152,10 +213,15 @@ class TrainStream:
 
     Each member's generator is read in blocks of ``BLOCK`` steps (all triggers of the block, then
     all content), so a member's data stream depends only on its own generator, never on the other
-    members. Several steps are encoded per call (up to ``ENCODE_SEQUENCES`` sequences), so the
-    per-step Python work grows neither with the number of members nor with the block.
-    ``next()`` returns x, y (members, batch, L, d) and triggers (members, batch), or trigger
-    masks (members, batch, L) for a task with another trigger frequency than the paper's.
+    members. The content is drawn straight into the block's inputs, and a group of members (up
+    to ``ENCODE_SEQUENCES`` sequences over the whole block) is encoded per call while it is still
+    in cache, so the per-step Python work grows neither with the number of members nor with the
+    block. ``next()`` returns x, y (members, batch, L, d) and triggers (members, batch), or
+    trigger masks (members, batch, L) for a task with another trigger frequency than the
+    paper's.
+
+    Every block is drawn into the same tensors: a batch's x, y and trigger are overwritten
+    ``BLOCK`` calls of ``next()`` later. Clone what must outlive that.
     """
 
     BLOCK = 8  # part of the stream's definition: changing it changes every member's data
@@ -165,39 +231,68 @@ class TrainStream:
                  residual: bool, dtype: torch.dtype = torch.float32) -> None:
         self.cfg, self.generators, self.residual = cfg, generators, residual
         n, k, device = len(generators), self.BLOCK, generators[0].device
-        if cfg.single_trigger:  # positions (members, steps, batch)
-            self._trigger = torch.empty(n, k, batch_size, dtype=torch.long, device=device)
-        else:  # masks (members, steps, batch, L)
-            self._trigger = torch.empty(n, k, batch_size, cfg.seq_len, dtype=torch.bool,
-                                        device=device)
-        self._content = torch.empty(n, k, batch_size, cfg.seq_len, cfg.d_model - 3, dtype=dtype,
+        self._batch_size, seq_len, d_model = batch_size, cfg.seq_len, cfg.d_model
+        # Step-major (steps, members, batch, ...), so each step's tensors are contiguous. The
+        # inputs start as ordinary tokens and the targets as zeros; each refill then undoes the
+        # last block's triggers before it draws the next.
+        shape = (k, n, batch_size, seq_len, d_model)
+        self._x = _ordinary_row(d_model, dtype, device).expand(shape).contiguous()
+        self._y = torch.zeros(shape, dtype=dtype, device=device)
+        if cfg.single_trigger:  # positions, at an ordinary row to start with
+            self._trigger = torch.full(shape[:3], cfg.train_trigger_min, dtype=torch.long,
+                                       device=device)
+        else:  # masks
+            self._trigger = torch.zeros(shape[:4], dtype=torch.bool, device=device)
+        # the index of each sequence's row 0 among the rows of x.view(-1, d)
+        self._first_row = torch.arange(0, self._x.numel() // d_model, seq_len,
+                                       device=device).view(shape[:3])
+        self._group = max(1, min(n, self.ENCODE_SEQUENCES // (k * batch_size)))  # members
+        self._scratch = torch.empty(k * self._group * batch_size * seq_len * d_model, dtype=dtype,
                                     device=device)
-        self._block: list[Batch] = []
+        self._weights = _mean_weights(seq_len, dtype, device)
+        self._block = [Batch(x=self._x[i], y=self._y[i], trigger=self._trigger[i])
+                       for i in range(k)]
         self._next = k  # index of the next step within the block; k means "refill first"
 
     def _refill(self) -> None:
-        lo, hi = self.cfg.train_trigger_min, self.cfg.train_trigger_max
-        for e, g in enumerate(self.generators):
-            if self.cfg.single_trigger:
-                torch.randint(lo, hi + 1, self._trigger.shape[1:], generator=g,
-                              out=self._trigger[e])
+        cfg, n, k, b = self.cfg, len(self.generators), self.BLOCK, self._batch_size
+        x_rows, y_rows = self._x.view(-1, cfg.d_model), self._y.view(-1, cfg.d_model)
+        for first in range(0, n, self._group):
+            group = slice(first, min(first + self._group, n))
+            x, y, trigger = self._x[:, group], self._y[:, group], self._trigger[:, group]
+            # The last block's trigger rows become ordinary tokens with zero targets again.
+            if cfg.single_trigger:
+                at = (self._first_row[:, group] + trigger).flatten()
+                _flag_rows(x_rows, at, as_trigger=False)
+                if not self.residual:
+                    y_rows.index_fill_(0, at, 0.0)
             else:
-                self._trigger[e] = draw_triggers(self.cfg, self._trigger.shape[1:3], g)
-            torch.rand(self._content.shape[1:], generator=g, out=self._content[e])
-            self._content[e].mul_(2).sub_(1)
-        n, k, b = self._trigger.shape[:3]
-        # Encode several steps at once while that stays small enough to sit in cache.
-        chunk = max(1, min(k, self.ENCODE_SEQUENCES // (n * b)))
-        self._block = []
-        for start in range(0, k, chunk):
-            # step-major (steps, members, batch, ...), so each step's tensors are contiguous
-            trigger = self._trigger[:, start:start + chunk].transpose(0, 1)
-            content = self._content[:, start:start + chunk].transpose(0, 1)
-            flat = trigger.flatten(0, 2)
-            x = encode(content.flatten(0, 2), flat)
-            y = targets(x, flat, self.residual)
-            x, y = x.unflatten(0, trigger.shape[:3]), y.unflatten(0, trigger.shape[:3])
-            self._block += [Batch(x=x[i], y=y[i], trigger=trigger[i]) for i in range(len(x))]
+                _flag_mask(x, trigger, as_trigger=False)
+                if not self.residual:
+                    y.zero_()
+            for e in range(group.start, group.stop):
+                g = self.generators[e]
+                if cfg.single_trigger:
+                    self._trigger[:, e] = torch.randint(
+                        cfg.train_trigger_min, cfg.train_trigger_max + 1, (k, b), generator=g,
+                        device=g.device)
+                else:
+                    self._trigger[:, e] = draw_triggers(cfg, (k, b), g)
+                _draw_content(self._x[:, e, ..., CONTENT_START:-1], g)
+            if cfg.single_trigger:
+                at = (self._first_row[:, group] + trigger).flatten()
+                _flag_rows(x_rows, at, as_trigger=True)
+            else:
+                _flag_mask(x, trigger, as_trigger=True)
+            _set_bos(x)  # the content was drawn over row 0 too
+            if self.residual:
+                y.copy_(x)
+            scratch = self._scratch[:x.numel()].view(x.shape)
+            if cfg.single_trigger:
+                mean = _trigger_means(x, trigger, weights=self._weights, out=scratch)
+                y_rows.index_add_(0, at, mean.view(-1, cfg.d_model))
+            else:
+                _add_running_means(y, x, trigger, out=scratch)
         self._next = 0
 
     def next(self) -> Batch:
@@ -205,3 +300,18 @@ class TrainStream:
             self._refill()
         self._next += 1
         return self._block[self._next - 1]
+
+
+def _draw_content(view: Tensor, generator: torch.Generator) -> None:
+    """Fill one member's content (steps, batch, L, d - 3), a view into the block's inputs, with
+    Uniform(-1, 1) numbers: those of one ``torch.rand`` of that shape, times 2, minus 1.
+
+    On the CPU in float32 and float64, ``uniform_(-1, 1)`` gives exactly these bits (2u - 1 is
+    exact for every u it can draw) and writes them in place in the same order; elsewhere (other
+    devices, half precision) the numbers are drawn contiguously by ``torch.rand`` and copied.
+    """
+    if view.device.type == "cpu" and view.dtype in (torch.float32, torch.float64):
+        view.uniform_(-1.0, 1.0, generator=generator)
+        return
+    content = torch.rand(view.shape, generator=generator, device=view.device, dtype=view.dtype)
+    view.copy_(content.mul_(2).sub_(1))
