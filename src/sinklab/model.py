@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from sinklab import kernels
 from sinklab.attention import build_rule, causal_mask
 from sinklab.config import ModelConfig
 from sinklab.task import TRIGGER
@@ -50,6 +51,7 @@ class Attention(nn.Module):
         self.w_v = nn.Parameter(torch.zeros(shape))
         self.w_o = nn.Parameter(torch.zeros(shape))  # head h's block of rows of W_O
         self.rule = build_rule(rule, n_members, n_heads, d_model)  # blocks.{l}.attn.rule.*
+        self.rule_name = rule
         self.bos, self.bos_cap_eps = bos, bos_cap_eps
 
     def forward(self, x: Tensor, mask: Tensor,
@@ -66,11 +68,18 @@ class Attention(nn.Module):
         query row are concatenated along the key axis. ``benchmarks/fast_paths.py`` measures the
         gain against the plain per-head products, and the tests compare both with the paper's
         per-head equations.
+
+        On a CPU, softmax and ReLU layers with every BOS key visible run the same folded
+        products on ``sinklab.kernels``' fused kernel when it is available (``engine``).
         """
         n_members, batch, seq, d = x.shape
         n_heads = self.w_q.shape[1]
         a = self.w_q @ self.w_k.transpose(-1, -2)  # (E, H, d, d)
         m = self.w_v @ self.w_o
+        per_head = (n_members, batch, seq, n_heads, seq)
+        if denied is None and x.dtype == torch.float32 and self.engine(seq, d, x.device) \
+                == "kernel":
+            return kernels.FusedAttention.apply(x, a, m, self.rule_name)
         # (E, d, H*d): column block h is A_h (M_h), so one product serves every head.
         a_cat = a.transpose(1, 2).reshape(n_members, d, n_heads * d)
         m_cat = m.transpose(1, 2).reshape(n_members, d, n_heads * d)
@@ -96,9 +105,15 @@ class Attention(nn.Module):
             v = v.transpose(2, 3)
         v = v.reshape(n_members * batch, n_heads * seq, d)
         out = weights.view(n_members * batch, seq, n_heads * seq) @ v  # summed over heads
-        per_head = (n_members, batch, seq, n_heads, seq)
         return (out.view(n_members, batch, seq, d), scores.view(per_head).transpose(2, 3),
                 weights.view(per_head).transpose(2, 3))
+
+
+    def engine(self, seq_len: int, d_model: int, device: torch.device) -> str:
+        """``"kernel"`` or ``"pytorch"``: what computes this layer (``sinklab.kernels``)."""
+        if self.bos != "visible":
+            return "pytorch"
+        return kernels.engine(self.rule_name, seq_len, d_model, device)
 
 
 def cap_bos(weights: Tensor, rows: Tensor, mask: Tensor, eps: float) -> Tensor:
@@ -227,6 +242,13 @@ class AttentionStack(nn.Module):
                 for norm in (block.norm1, block.norm2):
                     norm.gain[member] = 1.0
                     norm.bias[member] = 0.0
+
+    def engine(self, seq_len: int) -> str:
+        """``"kernel"`` when every layer's attention runs on ``sinklab.kernels``' fused kernel
+        for sequences of ``seq_len`` tokens (on this model's device), else ``"pytorch"``."""
+        device = next(self.parameters()).device
+        engines = {b.attn.engine(seq_len, self.d_model, device) for b in self.blocks}
+        return "kernel" if engines == {"kernel"} else "pytorch"
 
     def forward(self, x: Tensor, *, return_weights: bool = False) -> ModelOutput:
         """x (E, B, T, d) or (B, T, d) shared by all members -> ModelOutput, out (E, B, T, d)."""

@@ -288,6 +288,7 @@ def train_ensemble(
     limits.check_run(cfg, n, device=device)
     model = build_ensemble(cfgs, device)
     test = eval_batch(cfg, device)
+    engine = model.engine(cfg.task.seq_len)  # what computes the attention (sinklab.kernels)
 
     logs: list[MetricsLog | None] = [None] * n
     if run_dirs is not None:
@@ -342,7 +343,7 @@ def train_ensemble(
                 "eval": {"n_sequences": cfg.eval.n_sequences, "trigger": cfg.task.eval_trigger,
                          "seed": cfg.eval.seed},
                 "train_time_s": train_time, "wall_time_s": time.perf_counter() - start,
-                "device": str(device),
+                "device": str(device), "engine": engine,
                 "versions": versions(),
             }
             summaries[e] = summary

@@ -1,0 +1,152 @@
+"""A fused CPU kernel for the paper's attention-only layer, built at run time when it can be.
+
+``attention.c`` computes one layer's forward and backward pass (sinklab.model.Attention's
+folded products, the softmax or ReLU rule, and their gradients) sequence by sequence in vector
+registers, instead of the dozen batched products and elementwise passes PyTorch needs.
+``benchmarks/train_speed.py`` measures what it gains.
+
+It is compiled once per (seq_len, d_model) with the system's C compiler (``$CC``, else ``cc``)
+for this machine's vector instructions and cached under ``$SINKLAB_CACHE`` (default
+``~/.cache/sinklab``). Where there is no compiler, the build fails, or ``SINKLAB_KERNEL=0``, the
+model uses PyTorch's operators; ``engine()`` says which one a configuration gets, and every run's
+summary records it. The two engines compute the same mathematics in a different floating-point
+order: ``tests/test_kernels.py`` compares gradients and 200 training steps.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+SOURCE = Path(__file__).with_name("attention.c")
+RULES = {"softmax": 0, "relu": 1}  # the rules the kernel computes, by its own codes
+MAX_SIZE = 16  # seq_len and d_model must each fit in one 16-lane vector
+FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-shared", "-fPIC")
+ENV = "SINKLAB_KERNEL"
+
+_disabled = 0  # nesting depth of ``disabled()``
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("SINKLAB_CACHE") or Path.home() / ".cache" / "sinklab") / "kernels"
+
+
+def _cpu_id() -> str:
+    """What -march=native compiles for: the CPU model line, or the platform."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("model name", "flags")):
+                return line
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+@functools.cache
+def _library(seq_len: int, d_model: int) -> ctypes.CDLL | None:
+    """The kernel compiled for this shape, from the cache or built now; None if it cannot be."""
+    compiler = os.environ.get("CC") or "cc"
+    if shutil.which(compiler) is None:
+        return None
+    defines = (f"-DT={seq_len}", f"-DD={d_model}")
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), compiler, *FLAGS, *defines,
+                                    _cpu_id()]).encode()).hexdigest()[:16]
+    path = _cache_dir() / f"attention-{seq_len}x{d_model}-{key}.so"
+    if not path.is_file():
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
+            os.close(fd)
+            try:
+                subprocess.run([compiler, *FLAGS, *defines, str(SOURCE), "-o", tmp],
+                               check=True, capture_output=True, timeout=120)
+                os.replace(tmp, path)  # atomic: a concurrent build leaves one complete file
+            finally:
+                Path(tmp).unlink(missing_ok=True)
+        except (OSError, subprocess.SubprocessError):
+            return None
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError:
+        return None
+    i64, i32, ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
+    lib.sinklab_attention_forward.argtypes = [i64, i64, i32, i32] + [ptr] * 8
+    lib.sinklab_attention_backward.argtypes = [i64, i64, i32, i32] + [ptr] * 11
+    return lib
+
+
+def engine(rule: str, seq_len: int, d_model: int, device: torch.device | str = "cpu") -> str:
+    """``"kernel"`` when this configuration's attention runs on the fused kernel, else
+    ``"pytorch"``: CPU, a rule it knows, seq_len and d_model up to 16, a C compiler, and not
+    switched off (``SINKLAB_KERNEL=0`` or ``disabled()``)."""
+    usable = (not _disabled and os.environ.get(ENV, "1") != "0"
+              and torch.device(device).type == "cpu" and rule in RULES
+              and 1 <= seq_len <= MAX_SIZE and 1 <= d_model <= MAX_SIZE)
+    return "kernel" if usable and _library(seq_len, d_model) is not None else "pytorch"
+
+
+@contextmanager
+def disabled():
+    """Use PyTorch's operators inside this block (tests compare the two engines)."""
+    global _disabled
+    _disabled += 1
+    try:
+        yield
+    finally:
+        _disabled -= 1
+
+
+def _ptr(t: Tensor) -> ctypes.c_void_p:
+    return ctypes.c_void_p(t.data_ptr())
+
+
+class FusedAttention(torch.autograd.Function):
+    """(x (E, B, T, d), A, M (E, H, d, d)) -> output (E, B, T, d), and the scores and weights
+    (E, B, H, query, key) as sinklab.model.Attention returns them (views of (E * B, H, key,
+    query) buffers); gradients flow to x, A and M."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, a: Tensor, m: Tensor, rule: str) -> tuple[Tensor, ...]:
+        n_members, batch, seq, d = x.shape
+        n_heads = a.shape[1]
+        lib = _library(seq, d)
+        x, a, m = x.contiguous(), a.contiguous(), m.contiguous()
+        eb = n_members * batch
+        out = torch.empty_like(x)
+        scores = x.new_empty(eb, n_heads, seq, seq)  # (head, key, query)
+        weights = torch.empty_like(scores)
+        q = x.new_empty(eb, n_heads, seq, d)
+        v = torch.empty_like(q)
+        lib.sinklab_attention_forward(eb, batch, n_heads, RULES[rule], _ptr(x), _ptr(a),
+                                      _ptr(m), _ptr(out), _ptr(scores), _ptr(weights), _ptr(q),
+                                      _ptr(v))
+        ctx.save_for_backward(x, a, m, scores, weights, q, v)
+        ctx.rule = rule
+        ctx.mark_non_differentiable(scores, weights)
+        ctx.set_materialize_grads(False)  # no zero-filled gradients for the scores and weights
+        per_head = (n_members, batch, n_heads, seq, seq)
+        return out, scores.view(per_head).transpose(3, 4), weights.view(per_head).transpose(3, 4)
+
+    @staticmethod
+    def backward(ctx: Any, g: Tensor, *_: Tensor) -> tuple[Tensor | None, ...]:
+        x, a, m, scores, weights, q, v = ctx.saved_tensors
+        n_members, batch, seq, d = x.shape
+        g = g.contiguous()
+        gx, ga, gm = torch.empty_like(x), torch.empty_like(a), torch.empty_like(m)
+        _library(seq, d).sinklab_attention_backward(
+            n_members * batch, batch, a.shape[1], RULES[ctx.rule], _ptr(x), _ptr(a), _ptr(m),
+            _ptr(scores), _ptr(weights), _ptr(q), _ptr(v), _ptr(g), _ptr(gx), _ptr(ga),
+            _ptr(gm))
+        return gx, ga, gm, None
