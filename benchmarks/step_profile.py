@@ -53,19 +53,48 @@ def profile(layers: int, heads: int, members: int, steps: int, ops: int) -> None
     for _ in range(10):
         step()
     totals = [0.0] * len(PARTS)
+    engine = model.engine(cfg.task.seq_len)
     for _ in range(steps):
         totals = [a + b for a, b in zip(totals, step())]
     total = sum(totals)
     parts = ", ".join(f"{name} {1000 * v / steps:.2f} ms ({100 * v / total:.0f}%)"
                       for name, v in zip(PARTS, totals))
-    print(f"{layers}x{heads} x {members}: {1000 * total / steps:.2f} ms/step, "
+    print(f"{layers}x{heads} x {members} ({engine}): {1000 * total / steps:.2f} ms/step, "
           f"{members * steps / total:.0f} model-steps/s; {parts}")
+    if engine == "kernel":
+        kernel_alone(cfgs[0], members, steps)
     if ops:
         with torch.profiler.profile() as prof:
             for _ in range(20):
                 step()
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=ops,
                                         max_name_column_width=36))
+
+
+def kernel_alone(cfg, members: int, steps: int) -> None:
+    """One layer's fused kernel by itself, on the training step's shapes: its share of a step
+    and the arithmetic rate of the folded products it computes."""
+    from sinklab import kernels
+
+    heads, t, d, b = cfg.model.n_heads, cfg.task.seq_len, cfg.task.d_model, cfg.train.batch_size
+    x = torch.randn(members, b, t, d, requires_grad=True)
+    a = (torch.randn(members, heads, d, d) * 0.1).requires_grad_()
+    m = (torch.randn(members, heads, d, d) * 0.1).requires_grad_()
+    grad = torch.randn(members, b, t, d)
+    timings = {"forward": 0.0, "backward": 0.0}
+    for i in range(steps + 10):
+        start = time.perf_counter()
+        out = kernels.FusedAttention.apply(x, a, m, cfg.model.attention)[0]
+        middle = time.perf_counter()
+        torch.autograd.grad(out, [x, a, m], grad)
+        if i >= 10:
+            timings["forward"] += middle - start
+            timings["backward"] += time.perf_counter() - middle
+    flops = 2 * members * b * heads * (2 * t * d * d + 2 * t * t * d)  # folded, one layer
+    parts = ", ".join(f"{name} {1e6 * v / steps:.0f} us ({k * flops * steps / v / 1e9:.1f} "
+                      "GFLOP/s)" for (name, v), k in zip(timings.items(), (1, 2)))
+    print(f"    kernel alone, one layer: {parts}; {cfg.model.n_layers} layers "
+          f"{1e3 * sum(timings.values()) * cfg.model.n_layers / steps:.2f} ms of the step")
 
 
 def reference_data(batches: int = 30) -> None:

@@ -20,6 +20,7 @@ import re
 from typing import Any
 
 from sinklab.config import ConfigError, RunConfig
+from sinklab.task import TrainStream
 
 MEMORY_ENV = "SINKLAB_MAX_MEMORY"
 CELLS_ENV = "SINKLAB_MAX_CELLS"
@@ -112,7 +113,7 @@ def forward_bytes(cfg: RunConfig, n_sequences: int, members: int = 1,
 def run_bytes(cfg: RunConfig, members: int = 1) -> int:
     """Training ``members`` models of ``cfg`` as one ensemble and evaluating them: the
     weights with Adam's state, one step's activations kept for backward and their gradients,
-    and the evaluation on the test set."""
+    a block of the data stream's inputs and targets, and the evaluation on the test set."""
     t, d, m = cfg.task.seq_len, cfg.task.d_model, cfg.model
     b = cfg.train.batch_size
     params = 7 * members * parameters(cfg)  # weights, gradients, two moments, temporaries
@@ -120,6 +121,7 @@ def run_bytes(cfg: RunConfig, members: int = 1) -> int:
     heads = members * m.n_layers * b * m.n_heads * t * d  # per layer: q, k, v, head outputs
     mlp = members * m.n_layers * b * t * 4 * d * (m.block == "standard")
     step = 8 * scores + 10 * heads + 6 * mlp + 3 * members * b * t * d
+    step += 2 * TrainStream.BLOCK * members * b * t * d  # the stream's x and y for a block
     return (RUN_BYTES + FLOAT * (params + step)
             + forward_bytes(cfg, cfg.eval.n_sequences, members))
 

@@ -17,6 +17,8 @@ every member that had already finished.
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import io
 import math
 import sys
@@ -79,6 +81,28 @@ def step_threads(cfg: RunConfig, n_members: int, device: torch.device) -> int:
     size = (n_members * cfg.train.batch_size * cfg.model.n_layers * cfg.model.n_heads
             * cfg.task.seq_len**2)
     return 1 if device.type == "cpu" and size < SMALL_STEP else torch.get_num_threads()
+
+
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
+
+
+@functools.cache
+def keep_freed_memory() -> bool:
+    """Ask glibc's allocator to keep freed memory for reuse instead of handing it back.
+
+    A training step frees and reallocates the same few megabytes of activations; by default
+    glibc maps blocks above 128 KiB afresh and trims the heap as soon as its free top exceeds
+    twice that, so every step pays page faults on memory it just released. Keeping up to
+    256 MiB of freed heap (and serving blocks up to 32 MiB from it) removes them. A no-op
+    (False) where the C library is not glibc. Called once per process, at the first training.
+    """
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    return bool(mallopt(M_TRIM_THRESHOLD, 256 << 20)) and bool(mallopt(M_MMAP_THRESHOLD,
+                                                                      32 << 20))
 
 
 def versions() -> dict[str, str]:
@@ -286,6 +310,7 @@ def train_ensemble(
     n = len(cfgs)
     device = resolve_device(cfg.train.device)
     limits.check_run(cfg, n, device=device)
+    keep_freed_memory()
     model = build_ensemble(cfgs, device)
     test = eval_batch(cfg, device)
     engine = model.engine(cfg.task.seq_len)  # what computes the attention (sinklab.kernels)
