@@ -79,10 +79,8 @@ def measure_reference(layers: int, heads: int, steps: int, threads: int) -> floa
 
 
 def sinklab_threads(layers: int, heads: int, members: int, threads: int, engine: str) -> int:
-    """The threads a sinklab step's arithmetic runs on: the fused kernel is single-threaded;
-    PyTorch's operators use ``sinklab.train.step_threads``."""
-    if engine == "kernel":
-        return 1
+    """The threads a sinklab step's arithmetic runs on: ``sinklab.train.step_threads``, and on
+    the fused kernel at most one per ensemble member (it splits an ensemble by members)."""
     import torch
 
     from sinklab.config import build_run_config
@@ -90,7 +88,8 @@ def sinklab_threads(layers: int, heads: int, members: int, threads: int, engine:
 
     torch.set_num_threads(threads)
     cfg = build_run_config({"model": {"n_layers": layers, "n_heads": heads}})
-    return step_threads(cfg, members, torch.device("cpu"))
+    used = step_threads(cfg, members, torch.device("cpu"))
+    return min(used, members) if engine == "kernel" else used
 
 
 def measure_sinklab(layers: int, heads: int, members: int, steps: int, threads: int,

@@ -121,3 +121,28 @@ def test_non_finite_scores_give_non_finite_outputs():
         want = attn(x, causal_mask(16))[0]
     assert torch.equal(torch.isfinite(out), torch.isfinite(want))
     assert not torch.isfinite(out[0, 0, 3:]).any()
+
+
+def test_members_split_across_threads_change_no_bit():
+    """The kernel runs ensemble members side by side on torch's threads; every member's
+    output and gradients are bitwise those of one thread, and of the member alone."""
+    generator = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 4, 16, 16, generator=generator, requires_grad=True)
+    a = (torch.randn(3, 2, 16, 16, generator=generator) * 0.3).requires_grad_()
+    m = (torch.randn(3, 2, 16, 16, generator=generator) * 0.3).requires_grad_()
+    grad = torch.randn(3, 4, 16, 16, generator=generator)
+    threads = torch.get_num_threads()
+    results = []
+    try:
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            out = kernels.FusedAttention.apply(x, a, m, "softmax")
+            results.append((*out, *torch.autograd.grad(out[0], [x, a, m], grad)))
+    finally:
+        torch.set_num_threads(threads)
+    for other in results[1:]:
+        assert all(torch.equal(u, v) for u, v in zip(results[0], other))
+    alone = kernels.FusedAttention.apply(x[1:2], a[1:2], m[1:2], "softmax")
+    grads = torch.autograd.grad(alone[0], [x, a, m], grad[1:2])
+    assert torch.equal(alone[0], results[0][0][1:2])
+    assert torch.equal(grads[1][1:2], results[0][4][1:2])

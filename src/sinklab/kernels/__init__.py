@@ -5,6 +5,9 @@ folded products, the softmax or ReLU rule, and their gradients) sequence by sequ
 registers, instead of the dozen batched products and elementwise passes PyTorch needs.
 ``benchmarks/train_speed.py`` measures what it gains.
 
+Ensemble members are split across torch's threads (``torch.get_num_threads()``), which
+changes no result: each member is computed on its own.
+
 It is compiled once per (seq_len, d_model) with the system's C compiler (``$CC``, else ``cc``)
 for this machine's vector instructions and cached under ``$SINKLAB_CACHE`` (default
 ``~/.cache/sinklab``). Where there is no compiler, the build fails, or ``SINKLAB_KERNEL=0``, the
@@ -23,6 +26,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -108,8 +112,32 @@ def disabled():
         _disabled -= 1
 
 
-def _ptr(t: Tensor) -> ctypes.c_void_p:
-    return ctypes.c_void_p(t.data_ptr())
+@functools.cache
+def _pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=max(1, (os.cpu_count() or 1) - 1),
+                              thread_name_prefix="sinklab-kernel")
+
+
+def _by_members(fn: Any, n_members: int, batch: int, scalars: tuple[int, ...],
+                tensors: tuple[Tensor, ...]) -> None:
+    """Call ``fn(EB, B, *scalars, *pointers)`` over every member, split into contiguous member
+    ranges run side by side, one per torch thread (``torch.get_num_threads()``, at most one per
+    member). ``tensors`` are contiguous with a leading member axis (or member-major first
+    axis). Members share no sum, so the split leaves every bit as it is; ctypes releases the
+    GIL while the kernel runs."""
+    parts = min(torch.get_num_threads(), n_members)
+    bounds = [n_members * i // parts for i in range(parts + 1)]
+
+    def call(lo: int, hi: int) -> None:
+        pointers = [ctypes.c_void_p(t.data_ptr() + lo * (t.numel() // n_members)
+                                    * t.element_size()) for t in tensors]
+        if fn((hi - lo) * batch, batch, *scalars, *pointers):
+            raise MemoryError("sinklab's attention kernel could not allocate its workspace")
+
+    later = [_pool().submit(call, lo, hi) for lo, hi in zip(bounds[1:-1], bounds[2:])]
+    call(bounds[0], bounds[1])
+    for future in later:
+        future.result()
 
 
 class FusedAttention(torch.autograd.Function):
@@ -129,9 +157,8 @@ class FusedAttention(torch.autograd.Function):
         weights = torch.empty_like(scores)
         q = x.new_empty(eb, n_heads, seq, d)
         v = torch.empty_like(q)
-        lib.sinklab_attention_forward(eb, batch, n_heads, RULES[rule], _ptr(x), _ptr(a),
-                                      _ptr(m), _ptr(out), _ptr(scores), _ptr(weights), _ptr(q),
-                                      _ptr(v))
+        _by_members(lib.sinklab_attention_forward, n_members, batch, (n_heads, RULES[rule]),
+                    (x, a, m, out, scores, weights, q, v))
         ctx.save_for_backward(x, a, m, scores, weights, q, v)
         ctx.rule = rule
         ctx.mark_non_differentiable(scores, weights)
@@ -145,8 +172,6 @@ class FusedAttention(torch.autograd.Function):
         n_members, batch, seq, d = x.shape
         g = g.contiguous()
         gx, ga, gm = torch.empty_like(x), torch.empty_like(a), torch.empty_like(m)
-        _library(seq, d).sinklab_attention_backward(
-            n_members * batch, batch, a.shape[1], RULES[ctx.rule], _ptr(x), _ptr(a), _ptr(m),
-            _ptr(scores), _ptr(weights), _ptr(q), _ptr(v), _ptr(g), _ptr(gx), _ptr(ga),
-            _ptr(gm))
+        _by_members(_library(seq, d).sinklab_attention_backward, n_members, batch,
+                    (a.shape[1], RULES[ctx.rule]), (x, a, m, scores, weights, q, v, g, gx, ga, gm))
         return gx, ga, gm, None
