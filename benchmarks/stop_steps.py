@@ -7,7 +7,8 @@
 Both engines compute the same mathematics from the same data streams; only the order of
 floating-point operations differs, which can move a long run's stop step. Printed per run: the
 engine and stop step of each folder, the difference and its share of the first folder's steps,
-then each folder's training wall time.
+the training time per step of each (the run's train_time_s over its steps, in the worker that
+trained it), then each folder's training wall time.
 """
 
 from __future__ import annotations
@@ -30,15 +31,17 @@ def main() -> None:
     before, after = runs(args.before), runs(args.after)
     if sorted(before) != sorted(after) or not before:
         raise SystemExit(f"{args.before} and {args.after} do not hold the same runs.")
-    print(f"| run | {args.before} | {args.after} | difference |")
-    print("|---|---|---|---|")
+    print(f"| run | {args.before} | {args.after} | difference | ms/step before | ms/step after |")
+    print("|---|---|---|---|---|---|")
     moved = []
     for name in before:
         a, b = before[name], after[name]
         diff = b["steps"] - a["steps"]
         moved.append(abs(diff) / a["steps"])
         print(f"| {name} | {a['steps']:,} ({a.get('engine', 'pytorch')}) | {b['steps']:,} "
-              f"({b.get('engine', 'pytorch')}) | {diff:+,} ({100 * diff / a['steps']:+.2f}%) |")
+              f"({b.get('engine', 'pytorch')}) | {diff:+,} ({100 * diff / a['steps']:+.2f}%) | "
+              f"{1e3 * a['train_time_s'] / a['steps']:.2f} | "
+              f"{1e3 * b['train_time_s'] / b['steps']:.2f} |")
     same = sum(m == 0 for m in moved)
     print(f"\n{same} of {len(moved)} runs stop at the same step; the largest move is "
           f"{100 * max(moved):.2f}% of a run's steps.")
