@@ -146,3 +146,27 @@ def test_members_split_across_threads_change_no_bit():
     grads = torch.autograd.grad(alone[0], [x, a, m], grad[1:2])
     assert torch.equal(alone[0], results[0][0][1:2])
     assert torch.equal(grads[1][1:2], results[0][4][1:2])
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="no fork on this platform")
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # Python 3.12 warns on fork + threads
+def test_a_forked_child_can_still_split_members(tmp_path):
+    """The thread pool is rebuilt in a forked child instead of waiting on threads it lacks."""
+    import multiprocessing
+
+    x, a, m = torch.randn(2, 2, 8, 8), torch.randn(2, 1, 8, 8), torch.randn(2, 1, 8, 8)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        want = kernels.FusedAttention.apply(x, a, m, "relu")[0]  # the parent's pool exists now
+        ctx = multiprocessing.get_context("fork")
+        with ctx.Pool(1) as pool:
+            got = pool.apply_async(_split_in_child, (x, a, m)).get(timeout=60)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(got, want)
+
+
+def _split_in_child(x, a, m):
+    torch.set_num_threads(2)
+    return kernels.FusedAttention.apply(x, a, m, "relu")[0]

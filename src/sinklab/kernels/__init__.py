@@ -118,6 +118,9 @@ def _pool() -> ThreadPoolExecutor:
                               thread_name_prefix="sinklab-kernel")
 
 
+os.register_at_fork(after_in_child=_pool.cache_clear)  # a forked child has none of its threads
+
+
 def _by_members(fn: Any, n_members: int, batch: int, scalars: tuple[int, ...],
                 tensors: tuple[Tensor, ...]) -> None:
     """Call ``fn(EB, B, *scalars, *pointers)`` over every member, split into contiguous member
