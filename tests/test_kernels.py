@@ -92,6 +92,17 @@ def test_the_engine_is_recorded_and_can_be_switched_off(tmp_path, monkeypatch):
     assert kernels.engine("softmax", 16, 16, "meta") == "pytorch"  # not a CPU
 
 
+def test_float64_models_use_pytorch_operators():
+    """The kernel is float32 only: a float64 model is reported and computed by PyTorch."""
+    cfg = build_run_config({"model": {"n_layers": 2, "n_heads": 2}})
+    model = AttentionStack(cfg.model, 16, residual=True).double()
+    assert model.engine(16) == "pytorch"
+    x = torch.randn(3, 16, 16, dtype=torch.float64)
+    with kernels.disabled():
+        want = model(x).out
+    assert torch.equal(model(x).out, want)
+
+
 def test_a_missing_compiler_falls_back_and_a_build_is_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("SINKLAB_CACHE", str(tmp_path / "cache"))
     kernels._library.cache_clear()

@@ -76,9 +76,7 @@ class Attention(nn.Module):
         n_heads = self.w_q.shape[1]
         a = self.w_q @ self.w_k.transpose(-1, -2)  # (E, H, d, d)
         m = self.w_v @ self.w_o
-        per_head = (n_members, batch, seq, n_heads, seq)
-        if denied is None and x.dtype == torch.float32 and self.engine(seq, d, x.device) \
-                == "kernel":
+        if self.engine(seq, d, x.device, x.dtype) == "kernel":  # BOS visible: denied is None
             return kernels.FusedAttention.apply(x, a, m, self.rule_name)
         # (E, d, H*d): column block h is A_h (M_h), so one product serves every head.
         a_cat = a.transpose(1, 2).reshape(n_members, d, n_heads * d)
@@ -105,15 +103,16 @@ class Attention(nn.Module):
             v = v.transpose(2, 3)
         v = v.reshape(n_members * batch, n_heads * seq, d)
         out = weights.view(n_members * batch, seq, n_heads * seq) @ v  # summed over heads
+        per_head = (n_members, batch, seq, n_heads, seq)
         return (out.view(n_members, batch, seq, d), scores.view(per_head).transpose(2, 3),
                 weights.view(per_head).transpose(2, 3))
 
-
-    def engine(self, seq_len: int, d_model: int, device: torch.device) -> str:
+    def engine(self, seq_len: int, d_model: int, device: torch.device,
+               dtype: torch.dtype = torch.float32) -> str:
         """``"kernel"`` or ``"pytorch"``: what computes this layer (``sinklab.kernels``)."""
         if self.bos != "visible":
             return "pytorch"
-        return kernels.engine(self.rule_name, seq_len, d_model, device)
+        return kernels.engine(self.rule_name, seq_len, d_model, device, dtype)
 
 
 def cap_bos(weights: Tensor, rows: Tensor, mask: Tensor, eps: float) -> Tensor:
@@ -246,8 +245,9 @@ class AttentionStack(nn.Module):
     def engine(self, seq_len: int) -> str:
         """``"kernel"`` when every layer's attention runs on ``sinklab.kernels``' fused kernel
         for sequences of ``seq_len`` tokens (on this model's device), else ``"pytorch"``."""
-        device = next(self.parameters()).device
-        engines = {b.attn.engine(seq_len, self.d_model, device) for b in self.blocks}
+        weight = next(self.parameters())
+        engines = {b.attn.engine(seq_len, self.d_model, weight.device, weight.dtype)
+                   for b in self.blocks}
         return "kernel" if engines == {"kernel"} else "pytorch"
 
     def forward(self, x: Tensor, *, return_weights: bool = False) -> ModelOutput:

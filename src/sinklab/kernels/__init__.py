@@ -48,14 +48,18 @@ def _cache_dir() -> Path:
 
 
 def _cpu_id() -> str:
-    """What -march=native compiles for: the CPU model line, or the platform."""
+    """What -march=native compiles for: the first CPU's model name and instruction-set flags
+    (a virtual machine may hide some flags of the same model), or the platform."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("model name", "flags")):
-                return line
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
-        pass
-    return platform.processor() or platform.machine()
+        lines = []
+    found = {}
+    for line in lines:
+        key = line.partition(":")[0].strip()
+        if key in ("model name", "flags"):
+            found.setdefault(key, line)
+    return "\n".join(found.values()) or platform.processor() or platform.machine()
 
 
 @functools.cache
@@ -91,12 +95,14 @@ def _library(seq_len: int, d_model: int) -> ctypes.CDLL | None:
     return lib
 
 
-def engine(rule: str, seq_len: int, d_model: int, device: torch.device | str = "cpu") -> str:
+def engine(rule: str, seq_len: int, d_model: int, device: torch.device | str = "cpu",
+           dtype: torch.dtype = torch.float32) -> str:
     """``"kernel"`` when this configuration's attention runs on the fused kernel, else
-    ``"pytorch"``: CPU, a rule it knows, seq_len and d_model up to 16, a C compiler, and not
-    switched off (``SINKLAB_KERNEL=0`` or ``disabled()``)."""
+    ``"pytorch"``: CPU, float32, a rule it knows, seq_len and d_model up to 16, a C compiler,
+    and not switched off (``SINKLAB_KERNEL=0`` or ``disabled()``)."""
     usable = (not _disabled and os.environ.get(ENV, "1") != "0"
-              and torch.device(device).type == "cpu" and rule in RULES
+              and torch.device(device).type == "cpu" and dtype == torch.float32
+              and rule in RULES
               and 1 <= seq_len <= MAX_SIZE and 1 <= d_model <= MAX_SIZE)
     return "kernel" if usable and _library(seq_len, d_model) is not None else "pytorch"
 
