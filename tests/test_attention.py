@@ -1,6 +1,7 @@
 """Attention rules: every registered rule is causal and finite, gives each head its own weights in
-the model's (query, head) row layout, and the known traps of each rule are guarded.
-Parametrised over the registry, so new rules are tested too."""
+the model's (query, head) row layout, and the known traps of each rule are guarded; every
+registration declares its metadata and keyword arguments, whose defaults compute what the rule
+always computed. Parametrised over the registry, so new rules are tested too."""
 
 from __future__ import annotations
 
@@ -8,12 +9,17 @@ import pytest
 import torch
 
 from sinklab.attention import (
+    ROW_KINDS,
     RULES,
+    Arg,
+    ParamRule,
     build_rule,
     causal_mask,
     get_rule,
     has_parameters,
+    register,
     relu,
+    rule_info,
     softmax,
     softmax1,
 )
@@ -169,3 +175,121 @@ def test_sink_logit_survives_a_huge_logit_forward_and_backward():
     assert torch.isfinite(w).all() and w.abs().max() == 0
     (w.sum() + rule(s * 0, mask, x).sum()).backward()
     assert torch.isfinite(rule.logit.grad).all()
+
+
+# ------------------------------------------------------------- registrations and keyword arguments
+
+
+@pytest.mark.parametrize("name", ALL_RULES)
+def test_every_rule_is_registered_with_its_metadata(name):
+    info = rule_info(name)
+    assert info.name == name and info.rule is get_rule(name)
+    assert info.row_kind in ROW_KINDS
+    assert info.description and "\n" not in info.description
+    assert info.parameters == (isinstance(info.rule, type) and issubclass(info.rule, ParamRule))
+    for arg, spec in info.kwargs.items():  # every default is an allowed value of its own type
+        assert info.check_kwargs({arg: spec.default}) == {arg: spec.default}
+
+
+def test_rules_with_keyword_arguments_declare_them_from_their_signatures():
+    declared = {n: {a: (s.type, s.default) for a, s in rule_info(n).kwargs.items()}
+                for n in ALL_RULES if rule_info(n).kwargs}
+    assert declared == {"softmax": {"temperature": (float, 1.0)},
+                        "sigmoid": {"bias": (float | None, None)},
+                        "sink_logit": {"init": (float, 0.0)}}
+
+
+@pytest.mark.parametrize("name", ALL_RULES)
+def test_explicit_defaults_compute_the_same_bits_as_none_given(name):
+    rule, s, mask, x = rule_and_inputs(name)
+    defaults = {arg: spec.default for arg, spec in rule_info(name).kwargs.items()}
+    explicit = build_rule(name, E, H, D, **defaults)
+    explicit.load_state_dict(rule.state_dict())
+    assert torch.equal(explicit(s, mask, x), rule(s, mask, x))
+
+
+def test_default_paths_are_the_plain_formulas_bit_for_bit():
+    s, mask = scores(scale=10.0), causal_mask(16)
+    plain = s.masked_fill(~mask, float("-inf")).softmax(-1)
+    assert torch.equal(softmax(s, mask), plain)
+    n = mask.sum(-1, keepdim=True).float()
+    assert torch.equal(get_rule("sigmoid")(s, mask), torch.sigmoid(s - torch.log(n)) * mask)
+    rule = build_rule("sink_logit", 2, 3, 8)
+    rule.init_member(1, torch.Generator(), 0.02)
+    assert torch.equal(rule.logit[1], torch.zeros(3))
+
+
+def test_keyword_arguments_change_the_rule_as_documented():
+    s, mask = scores(), causal_mask(16)
+    torch.testing.assert_close(softmax(s, mask, temperature=2.0), softmax(s / 2, mask))
+    assert not torch.equal(softmax(s, mask, temperature=2.0), softmax(s, mask))
+    torch.testing.assert_close(build_rule("sigmoid", 1, 1, 8, bias=-1)(s, mask),
+                               torch.sigmoid(s - 1) * mask)
+    rule = build_rule("sink_logit", 2, 3, 8, init=-2)
+    rule.init_member(0, torch.Generator(), 0.02)
+    assert torch.equal(rule.logit[0], torch.full((3,), -2.0)) and rule.init == -2.0
+
+
+@pytest.mark.parametrize("name, kwargs, message", [
+    ("softmax", {"temp": 2.0}, "temp=2.0 is not allowed: attention rule 'softmax' takes the "
+                               "keyword argument temperature."),
+    ("relu", {"scale": 1}, "scale=1 is not allowed: attention rule 'relu' takes no keyword "
+                           "arguments."),
+    ("softmax", {"temperature": "2"}, "temperature='2' is not allowed: softmax's temperature "
+                                      "must be a number > 0."),
+    ("softmax", {"temperature": True}, "temperature=True is not allowed"),
+    ("softmax", {"temperature": 0.0}, "temperature=0.0 is not allowed: softmax's temperature "
+                                      "must be a number > 0."),
+    ("sigmoid", {"bias": float("nan")}, "bias=nan is not allowed: sigmoid's bias must be a "
+                                        "finite number or none."),
+    ("sink_logit", {"init": 10**400}, "init=1000000000"),
+])
+def test_bad_keyword_arguments_are_one_sentence(name, kwargs, message):
+    with pytest.raises(ValueError) as info:
+        build_rule(name, 1, 1, 8, **kwargs)
+    assert str(info.value).startswith(message) and "\n" not in str(info.value)
+
+
+def test_a_rule_registered_elsewhere_gets_its_declaration_checked():
+    try:
+        @register("test_scaled", row_kind="free", kwargs={
+            "scale": Arg("multiplies the ReLU weights", "a number >= 0", lambda v: v >= 0),
+            "floor": Arg("the smallest score that counts")})
+        def scaled(scores: torch.Tensor, mask: torch.Tensor, *, scale: float = 1.0,
+                   floor: int = 0) -> torch.Tensor:
+            """ReLU of (scores - floor) times scale, for this test."""
+            return torch.relu(scores - floor) * scale * mask
+
+        info = rule_info("test_scaled")
+        assert info.description == "ReLU of (scores - floor) times scale, for this test."
+        assert {a: s.type for a, s in info.kwargs.items()} == {"scale": float, "floor": int}
+        s, mask = scores(), causal_mask(16)
+        assert torch.equal(build_rule("test_scaled", 1, 1, 8, scale=2)(s, mask),
+                           torch.relu(s) * 2.0 * mask)
+        with pytest.raises(ValueError, match="scale=-1 is not allowed: test_scaled's scale must "
+                                             "be a number >= 0."):
+            build_rule("test_scaled", 1, 1, 8, scale=-1)
+        with pytest.raises(ValueError, match="floor=0.5 is not allowed: test_scaled's floor "
+                                             "must be an integer."):
+            build_rule("test_scaled", 1, 1, 8, floor=0.5)
+    finally:
+        RULES.pop("test_scaled", None)
+
+    def plain(scores, mask, scale=1.0):
+        """Its argument could be passed by position."""
+
+    def undescribed(scores: torch.Tensor, mask: torch.Tensor, *, scale: float = 1.0):
+        """Its argument has no Arg."""
+
+    def untyped(scores, mask, *, scale=1.0):
+        """Its argument has no type."""
+
+    for fn, words in ((plain, "must be keyword-only with a default"),
+                      (undescribed, "to describe 'scale'"),
+                      (untyped, "must be annotated with int, float, bool or str")):
+        docs = {"scale": Arg("x")} if fn is not undescribed else {}
+        with pytest.raises(TypeError, match=words):
+            register("test_bad", row_kind="free", kwargs=docs)(fn)
+    with pytest.raises(ValueError, match="row_kind='sum' is not one of simplex"):
+        register("test_bad", row_kind="sum")(untyped)
+    assert "test_bad" not in RULES

@@ -93,3 +93,94 @@ def test_roundtrip_through_dict():
 
     cfg = config_from_cli(["model.attention=relu", "model.n_layers=3"])
     assert build_run_config(cfg.to_dict()) == cfg
+
+
+# --------------------------------------------------------------- the rule's keyword arguments
+
+
+def test_rule_arguments_from_a_file_table_and_the_command_line(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text('[model]\nattention = "sigmoid"\n[model.attention_args]\nbias = -1\n')
+    cfg = config_from_cli([], str(path))
+    assert cfg.model.attention_args == {"bias": -1.0}
+    assert isinstance(cfg.model.attention_args["bias"], float)  # the declared type
+    assert config_from_cli(["model.attention_args.bias=2.5"], str(path)).model.attention_args \
+        == {"bias": 2.5}
+    assert config_from_cli(["model.attention_args.bias=none"], str(path)).model.attention_args \
+        == {"bias": None}
+    path.write_text('[model]\nattention = "softmax"\nattention_args = {temperature = 2}\n')
+    assert config_from_cli([], str(path)).model.attention_args == {"temperature": 2.0}
+    both = config_from_cli(["model.attention=sink_logit", "model.attention_args.init=-3"])
+    assert both.model.attention_args == {"init": -3.0}
+    assert parse_overrides(["model.attention_args.init=-3"]) == {
+        "model": {"attention_args": {"init": "-3"}}}
+
+
+def test_a_config_without_rule_arguments_reads_and_writes_as_before():
+    from sinklab.config import build_run_config
+
+    cfg = RunConfig()
+    assert cfg.model.attention_args == {} and "attention_args" not in cfg.to_dict()["model"]
+    legacy = {"task": {"seq_len": 16}, "model": {"attention": "relu", "n_layers": 1,
+                                                 "n_heads": 1, "init_std": 0.02,
+                                                 "bos": "visible", "bos_cap_eps": 0.1,
+                                                 "block": "attention"}}
+    assert build_run_config(legacy) == config_from_cli(["model.attention=relu"])
+    with_args = config_from_cli(["model.attention_args.temperature=0.5"])
+    assert with_args.to_dict()["model"]["attention_args"] == {"temperature": 0.5}
+    assert build_run_config(with_args.to_dict()) == with_args != cfg
+
+
+@pytest.mark.parametrize("items, message", [
+    (["model.attention_args.temp=2"], "model.attention_args.temp='2' is not allowed: attention "
+                                      "rule 'softmax' takes the keyword argument temperature."),
+    (["model.attention=relu", "model.attention_args.temperature=2"],
+     "model.attention_args.temperature='2' is not allowed: attention rule 'relu' takes no "
+     "keyword arguments."),
+    (["model.attention_args.temperature=warm"],
+     "model.attention_args.temperature='warm' is not allowed: it must be a number."),
+    (["model.attention_args.temperature=-1"],
+     "model.attention_args.temperature=-1.0 is not allowed: softmax's temperature must be a "
+     "number > 0."),
+    (["model.attention_args.temperature=inf"], "model.attention_args.temperature=inf is not "
+                                               "allowed"),
+    (["model.attention_args=2"], "override 'model.attention_args=2' is not allowed: set the "
+                                 "rule's keyword arguments one at a time"),
+    (["model.attention_args.a.b=2"], "unknown override key 'model.attention_args.a.b'"),
+])
+def test_bad_rule_arguments_get_one_sentence(items, message):
+    with pytest.raises(ConfigError) as info:
+        config_from_cli(items)
+    assert str(info.value).startswith(message) and "\n" not in str(info.value)
+
+
+def test_bad_rule_argument_tables_in_a_file(tmp_path):
+    bad = tmp_path / "bad.toml"
+    for text, message in (("[model]\nattention_args = 3\n", "model.attention_args=3 is not "
+                                                            "allowed: it must be a table"),
+                          ("[model.attention_args]\ntemperature = true\n",
+                           "model.attention_args.temperature=True is not allowed"),
+                          ("[model.attention_args]\ntemperature = [1.0]\n",
+                           "model.attention_args.temperature=[1.0] is not allowed")):
+        bad.write_text(text)
+        with pytest.raises(ConfigError, match=message.replace("[", r"\[")):
+            config_from_cli([], str(bad))
+
+
+def test_a_sweep_can_vary_a_rule_argument(tmp_path):
+    from sinklab.sweeps.spec import SpecError, cells, load_spec
+
+    spec = tmp_path / "s.toml"
+    spec.write_text('[base]\nmodel.attention = "sigmoid"\nmodel.attention_args.bias = -1.0\n'
+                    '[grid]\n"model.attention_args.bias" = [-2.0, 0.5]\n"train.lr" = [0.001]\n')
+    got = cells(load_spec(spec))
+    assert [c.name for c in got] == ["model.attention_args.bias=-2,train.lr=0.001,seed=0",
+                                     "model.attention_args.bias=0.5,train.lr=0.001,seed=0"]
+    assert [c.config.model.attention_args for c in got] == [{"bias": -2.0}, {"bias": 0.5}]
+    spec.write_text('[grid]\n"model.attention_args.bias" = [1.0]\n')
+    with pytest.raises(SpecError, match="attention rule 'softmax' takes the keyword argument "
+                                        "temperature"):
+        load_spec(spec)
+    spec.write_text('[grid]\n"model.attention_args" = [1.0]\n')
+    with pytest.raises(SpecError, match="vary one keyword argument of the rule at a time"):
+        load_spec(spec)

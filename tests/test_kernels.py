@@ -181,3 +181,18 @@ def test_a_forked_child_can_still_split_members(tmp_path):
 def _split_in_child(x, a, m):
     torch.set_num_threads(2)
     return kernels.FusedAttention.apply(x, a, m, "relu")[0]
+
+
+def test_the_kernel_runs_a_rule_only_with_its_default_arguments():
+    """The kernel computes the plain rule: a non-default keyword argument needs PyTorch's
+    operators, an explicit default keeps the kernel."""
+    assert kernels.engine("softmax", 16, 16, rule_args={"temperature": 1.0}) == "kernel"
+    assert kernels.engine("softmax", 16, 16, rule_args={"temperature": 2.0}) == "pytorch"
+    warm = Attention(1, 16, 1, "softmax", rule_args={"temperature": 2.0})
+    assert warm.engine(16, 16, torch.device("cpu")) == "pytorch"
+    cfg = build_run_config({"model": {"attention_args": {"temperature": 2.0}},
+                            "train": {"max_steps": 3}, "eval": {"n_sequences": 8}})
+    assert train_runs([cfg])[0]["engine"] == "pytorch"
+    plain = build_run_config({"model": {"attention_args": {"temperature": 1}},
+                              "train": {"max_steps": 3}, "eval": {"n_sequences": 8}})
+    assert train_runs([plain])[0]["engine"] == "kernel"

@@ -158,3 +158,78 @@ def test_encoder_importance_dormancy_and_first_token_mass():
     enc = metrics.first_token_mass(weights, causal=False)
     assert enc[1].item() == pytest.approx(0.7)
     assert enc[0].item() == pytest.approx(0.7 + 0.25 / 12)
+
+
+# ------------------------------------------------------------------------- the metric table
+
+
+def test_every_metric_declares_what_it_measures():
+    for name, m in metrics.METRICS.items():
+        assert m.name == name and m.kind in metrics.KINDS and m.per in metrics.PER
+        assert m.description and "\n" not in m.description
+        assert not m.listed or m.scalar
+    from sinklab.sweeps.results import columns
+
+    assert columns() == ["converged", "steps", "linf_error", "bos_max", "sink_heads"]
+    with pytest.raises(ValueError, match="metric 'mse' is registered twice"):
+        metrics.metric("mse", kind="error")(lambda ev: ev.errors["mse"])
+    with pytest.raises(ValueError, match="has kind 'volume', not one of error, mass"):
+        metrics.metric("test_volume", kind="volume")(lambda ev: ev.bos)
+    assert "test_volume" not in metrics.METRICS
+
+
+def test_a_trained_run_summary_holds_every_metric_of_the_table(tmp_path):
+    from conftest import small_config
+    from sinklab.results import read_json
+    from sinklab.train import train_runs
+
+    cfg = small_config(model={"n_layers": 2, "n_heads": 2}, train={"max_steps": 5},
+                       eval={"n_sequences": 20})
+    (summary,) = train_runs([cfg], [tmp_path], progress=False)
+    assert set(metrics.METRICS) <= set(summary)
+    assert summary["bos_max"] == max(max(layer) for layer in summary["bos_mass_nontrigger"])
+    assert summary["sink_heads"] == sum(summary["sink_heads_per_layer"])
+    assert len(summary["sink_rate_per_head"]) == 2 and len(summary["sink_rate_per_head"][0]) == 2
+    assert read_json(tmp_path / "summary.json") == summary
+
+
+def test_a_metric_registered_anywhere_reaches_summaries_the_store_and_results(tmp_path,
+                                                                               capsys):
+    from sinklab.results import read_json
+    from sinklab.sweeps.store import Store
+    from test_cli import run_cli
+
+    @metrics.metric("test_bos_mean", kind="mass", listed=True)
+    def bos_mean(ev: metrics.Evaluation) -> torch.Tensor:
+        """Non-trigger BOS mass averaged over layers and heads."""
+        return ev.bos.mean(dim=(-2, -1))
+
+    try:
+        code, _, err = run_cli(capsys, "train", "train.max_steps=3", "eval.n_sequences=16",
+                               "--out", str(tmp_path / "run"))
+        assert code == 0, err
+        summary = read_json(tmp_path / "run" / "summary.json")
+        assert summary["test_bos_mean"] == pytest.approx(summary["bos_mass_nontrigger"][0][0])
+        spec = tmp_path / "spec.toml"
+        spec.write_text('[base]\ntrain.max_steps = 3\neval.n_sequences = 16\n'
+                        '[grid]\n"model.attention" = ["softmax", "relu"]\n')
+        code, _, err = run_cli(capsys, "sweep", str(spec), "--out", str(tmp_path / "sw"),
+                               "--workers", "1")
+        assert code == 0, err
+        code, out, _ = run_cli(capsys, "results", str(tmp_path / "sw"))
+        header, *rows = out.splitlines()
+        assert header.split()[-2:] == ["test_bos_mean", "reason"] and len(rows) == 2
+        store = Store.read(tmp_path / "sw")
+        for row in store.rows():  # the store keeps the run's own value; results shows it
+            value = row["metrics"]["test_bos_mean"]
+            run = read_json(tmp_path / "sw" / row["path"] / "summary.json")
+            assert value == run["test_bos_mean"] == pytest.approx(
+                run["bos_mass_nontrigger"][0][0])
+            line = next(r for r in rows if r.split()[0] == row["name"])
+            assert line.split()[-1] == f"{value:.3g}"
+        store.close()
+        csv_head = (tmp_path / "sw" / "results.csv").read_text().splitlines()[0]
+        assert "test_bos_mean" in csv_head.split(",")
+    finally:
+        del metrics.METRICS["test_bos_mean"]
+    assert "test_bos_mean" not in run_cli(capsys, "results", str(tmp_path / "sw"))[1]

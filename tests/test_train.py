@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import small_config
-from sinklab.results import read_json, read_metrics
+from sinklab.results import read_json, read_log
 from sinklab.train import MemberAdam, build_ensemble, train_ensemble, train_runs
 
 
@@ -71,10 +71,10 @@ def test_1x1_softmax_reaches_the_stop_rule_with_a_sink(tmp_path):
     assert summary["train_linf"] < 5e-3
     assert summary["bos_mass_nontrigger"][0][0] >= 0.95
     assert summary["sink_heads"] == 1
-    rows = read_metrics(tmp_path / "metrics.jsonl")
+    rows = read_log(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in rows[:-1]] == list(range(0, summary["steps"], 200))
     assert rows[-1]["step"] == summary["steps"] and rows[-1]["status"] == "converged"
-    assert rows[-1]["linf"] < 5e-3
+    assert rows[-1]["train_linf"] == summary["train_linf"] < 5e-3
     assert all(len(r["bos_mass_nontrigger"]) == 1 for r in rows)
     assert read_json(tmp_path / "summary.json") == json.loads(json.dumps(summary))
     assert read_json(tmp_path / "config.json")["train"]["lr"] == 1e-3
@@ -114,8 +114,8 @@ def test_ensemble_members_equal_runs_trained_alone(tmp_path):
             torch.testing.assert_close(p_t, p_a, rtol=1e-5, atol=1e-6)
             # frozen after its stop: the ensemble's final weights are still the stop weights
             torch.testing.assert_close(p_end[i:i + 1], p_t, rtol=0, atol=0)
-        assert (read_metrics(tmp_path / f"together{i}" / "metrics.jsonl")[-1]["step"]
-                == read_metrics(tmp_path / f"alone{i}" / "metrics.jsonl")[-1]["step"])
+        assert (read_log(tmp_path / f"together{i}" / "metrics.jsonl")[-1]["step"]
+                == read_log(tmp_path / f"alone{i}" / "metrics.jsonl")[-1]["step"])
 
 
 def test_ensemble_initialisation_is_per_seed():
@@ -130,7 +130,7 @@ def test_divergence_stops_with_status_and_keeps_logs(tmp_path):
                        eval={"n_sequences": 20})
     (summary,) = train_runs([cfg], [tmp_path], progress=False)
     assert summary["status"] == "diverged" and not summary["converged"]
-    rows = read_metrics(tmp_path / "metrics.jsonl")
+    rows = read_log(tmp_path / "metrics.jsonl")
     assert rows[-1]["status"] == "diverged" and rows[-1]["loss"] is None
     assert read_json(tmp_path / "summary.json")["status"] == "diverged"
 
@@ -214,3 +214,32 @@ def test_a_truncated_npz_is_one_sentence(tmp_path):
     path.write_bytes(path.read_bytes()[:40])
     with pytest.raises(ResultsError, match="attention.npz is corrupted"):
         read_npz(path)
+
+
+def test_a_rule_argument_changes_the_run_and_its_default_changes_nothing(tmp_path):
+    def run(args, name):
+        cfg = small_config(model={"attention": "sigmoid", "attention_args": args},
+                           train={"max_steps": 30}, eval={"n_sequences": 50})
+        (summary,) = train_runs([cfg], [tmp_path / name], progress=False)
+        return {k: v for k, v in summary.items() if k not in ("train_time_s", "wall_time_s")}
+
+    default, explicit, shifted = run({}, "default"), run({"bias": None}, "none"), \
+        run({"bias": -1.0}, "shifted")
+    assert {k: v for k, v in explicit.items() if k != "attention_args"} == default
+    assert (tmp_path / "default" / "model.pt").read_bytes() == \
+        (tmp_path / "none" / "model.pt").read_bytes()
+    assert shifted["attention_args"] == {"bias": -1.0} and "attention_args" not in default
+    assert shifted["mse"] != default["mse"]
+    assert read_json(tmp_path / "shifted" / "config.json")["model"]["attention_args"] == \
+        {"bias": -1.0}
+    assert "attention_args" not in read_json(tmp_path / "default" / "config.json")["model"]
+
+
+def test_a_log_written_before_the_rename_reads_linf_as_train_linf(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 0, "loss": 0.5, "linf": 0.9, "bos_mass_nontrigger": [[0.1]]}\n'
+                    '{"step": 10, "loss": 0.2, "train_linf": 0.4, '
+                    '"bos_mass_nontrigger": [[0.2]]}\n')
+    rows = read_log(path)
+    assert [r["train_linf"] for r in rows] == [0.9, 0.4]
+    assert all("linf" not in r for r in rows)

@@ -6,26 +6,43 @@ True where query q may see key k, and returns weights of the same shape as ``sco
 (members * batch, query * head, key), rows ordered (query, head), with the matching
 (query * head, key) mask: a rule must not assume that a row's index is its query position.
 
-Most rules are plain functions, registered with ``@register("name")``. A rule with parameters (a
-learned sink logit, an output gate) is an ``nn.Module`` subclass of ``ParamRule``, registered the
-same way; it owns its parameters with a leading member axis, like the model's weights, and also
-sees the layer's input (for a gate computed from the query token). ``build_rule`` turns either
-kind into a module, which the attention layer builds once::
+A rule is registered once, with its metadata: ``@register("name", row_kind=..., kwargs=...)``
+records a ``RuleInfo`` (``rule_info(name)``): the function or class, what a row of its weights
+can sum to, its description (the docstring's first paragraph), whether it learns parameters,
+and its keyword arguments. Most rules are plain functions. A rule with parameters (a learned sink
+logit, an output gate) is an ``nn.Module`` subclass of ``ParamRule``, registered the same way; it
+owns its parameters with a leading member axis, like the model's weights, and also sees the
+layer's input (for a gate computed from the query token).
+
+A rule's keyword arguments are the keyword-only parameters of the function after
+``(scores, mask)``, or of the class's constructor after ``(n_members, n_heads, d_model)``: their
+types and defaults are read off the signature, their meaning and allowed values from the
+registration's ``Arg``. ``build_rule`` checks them and turns either kind into a module, which the
+attention layer builds once::
 
     rule = build_rule("relu", n_members=1, n_heads=2, d_model=16)
+    rule = build_rule("softmax", 1, 2, 16, temperature=2.0)
     weights = rule(scores, mask, x)        # x: the layer's input (members, batch, seq, d_model)
 
-The tests parametrise over ``RULES``, so a new rule is checked for causality automatically.
+The config passes them as ``model.attention_args``; ``sinklab rules`` lists every rule with its
+row kind and keyword arguments. The tests parametrise over ``RULES``, so a new rule is checked
+for causality automatically.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import inspect
+import math
+import types
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-AttentionRule = Callable[[Tensor, Tensor], Tensor]
+AttentionRule = Callable[..., Tensor]  # (scores, mask, *, **kwargs) -> weights
 
 
 class ParamRule(nn.Module):
@@ -59,23 +76,177 @@ class ParamRule(nn.Module):
 
 
 RuleSpec = AttentionRule | type[ParamRule]
-RULES: dict[str, RuleSpec] = {}
+
+# What a row of weights can sum to, which decides how a rule can output "zero" (sinklab zoo,
+# ``sinklab.metrics.default_source``): "simplex": exactly 1; "implicit sink": at most 1, the rest
+# going to a key with value 0; "gated": the gate's value (softmax times a gate in (0, 1));
+# "free": anything >= 0.
+ROW_KINDS = ("simplex", "implicit sink", "gated", "free")
+ARG_TYPES = (int, float, bool, str)  # the types a rule's keyword argument may have (or X | None)
 
 
-def register(name: str) -> Callable[[RuleSpec], RuleSpec]:
-    """Add a rule (a function, or a ``ParamRule`` class) to the registry under ``name``."""
+@dataclass(frozen=True)
+class Arg:
+    """How a registration describes one keyword argument of its rule; the type and the default
+    come from the rule's signature. ``check`` (optional) says whether a value of the right type
+    is allowed, ``allowed`` says which ones are, in words ("a number > 0")."""
+
+    help: str
+    allowed: str = ""
+    check: Callable[[Any], bool] | None = None
+
+
+@dataclass(frozen=True)
+class KwargSpec:
+    """A rule's keyword argument: its type (int, float, bool or str, or one of them | None), its
+    default, what it means, and which values it takes. None, where the type allows it, means
+    what the help says and is never range-checked."""
+
+    type: Any
+    default: Any
+    help: str
+    allowed: str = ""
+    check: Callable[[Any], bool] | None = None
+
+    @property
+    def base(self) -> type:
+        """The type without None: float for ``float | None``."""
+        return next(a for a in typing.get_args(self.type) if a is not type(None)) \
+            if self.optional else self.type
+
+    @property
+    def optional(self) -> bool:
+        return isinstance(self.type, types.UnionType)
+
+    def words(self) -> str:
+        """The allowed values in words: "a number > 0", "a finite number or none"."""
+        plain = {int: "an integer", float: "a finite number", bool: "true or false",
+                 str: "a string"}[self.base]
+        return (self.allowed or plain) + (" or none" if self.optional else "")
+
+    def type_text(self) -> str:
+        return self.base.__name__ + (" or none" if self.optional else "")
+
+    def validate(self, setting: str, rule: str, value: Any) -> Any:
+        """``value`` if it is allowed (an int given for a float becomes a float), else a
+        ValueError naming ``setting`` (e.g. ``model.attention_args.bias``) and what is allowed."""
+        if value is None and self.optional:
+            return None
+        base, given = self.base, value
+        numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if base is float and numeric:
+            try:
+                value = float(value)
+            except OverflowError:
+                value = math.inf  # a huge integer: refused as not finite below
+        ok = (isinstance(value, bool) if base is bool
+              else isinstance(value, float) and math.isfinite(value) if base is float
+              else isinstance(value, int) and not isinstance(value, bool) if base is int
+              else isinstance(value, str))
+        if not ok or (self.check is not None and not self.check(value)):
+            name = setting.rpartition(".")[2]
+            raise ValueError(f"{setting}={given!r} is not allowed: {rule}'s {name} must be "
+                             f"{self.words()}.")
+        return value
+
+
+@dataclass(frozen=True)
+class RuleInfo:
+    """One registered rule: ``rule`` is the function or the ``ParamRule`` class."""
+
+    name: str
+    rule: RuleSpec
+    row_kind: str
+    description: str  # the docstring's first paragraph, on one line
+    parameters: bool  # whether it learns parameters of its own
+    kwargs: dict[str, KwargSpec] = field(default_factory=dict)
+
+    def check_kwargs(self, kwargs: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+        """``kwargs`` checked against the declaration (ints given for floats made floats); an
+        unknown name, a wrong type or a value out of range is a ValueError of one sentence that
+        names ``prefix + name`` and what is allowed."""
+        checked = {}
+        for key, value in kwargs.items():
+            spec = self.kwargs.get(key)
+            if spec is None:
+                names = ", ".join(self.kwargs)
+                takes = ("takes no keyword arguments" if not self.kwargs
+                         else f"takes the keyword argument{'s' * (len(self.kwargs) > 1)} {names}")
+                raise ValueError(f"{prefix}{key}={value!r} is not allowed: attention rule "
+                                 f"{self.name!r} {takes}.")
+            checked[key] = spec.validate(f"{prefix}{key}", self.name, value)
+        return checked
+
+    def non_default(self, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """The keyword arguments whose value differs from their default."""
+        return {k: v for k, v in kwargs.items()
+                if k not in self.kwargs or v != self.kwargs[k].default}
+
+
+RULES: dict[str, RuleInfo] = {}
+
+
+def _declared_kwargs(name: str, rule: RuleSpec, docs: Mapping[str, Arg]) -> dict[str, KwargSpec]:
+    """The keyword-only parameters of ``rule`` (after its fixed ones) with their types and
+    defaults, joined with their descriptions; a parameter without a default, an annotation of
+    another type or a description without a parameter is a TypeError (a programming error)."""
+    target = rule.__init__ if isinstance(rule, type) else rule
+    params = list(inspect.signature(target).parameters.values())
+    # the fixed parameters: (self, n_members, n_heads, d_model), or (scores, mask)
+    fixed = 4 if isinstance(rule, type) else 2
+    hints = typing.get_type_hints(target)
+    specs = {}
+    for p in params[fixed:]:
+        if p.kind is not inspect.Parameter.KEYWORD_ONLY or p.default is inspect.Parameter.empty:
+            raise TypeError(f"attention rule {name!r}: parameter {p.name!r} must be keyword-only "
+                            "with a default (write it after a bare *).")
+        annotation = hints.get(p.name)
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(args) == 1 \
+                and args[0] in ARG_TYPES:
+            annotation = args[0] | None
+        elif annotation not in ARG_TYPES:
+            raise TypeError(f"attention rule {name!r}: parameter {p.name!r} must be annotated "
+                            "with int, float, bool or str (or one of them | None).")
+        if p.name not in docs:
+            raise TypeError(f"attention rule {name!r}: register it with "
+                            f"kwargs={{{p.name!r}: Arg(...)}} to describe {p.name!r}.")
+        doc = docs[p.name]
+        specs[p.name] = KwargSpec(annotation, p.default, doc.help, doc.allowed, doc.check)
+    extra = set(docs) - set(specs)
+    if extra:
+        raise TypeError(f"attention rule {name!r} describes {', '.join(sorted(extra))}, which "
+                        "it does not take as keyword-only parameters.")
+    return specs
+
+
+def _first_paragraph(doc: str | None) -> str:
+    paragraph = inspect.cleandoc(doc or "").split("\n\n")[0]
+    return " ".join(line.strip() for line in paragraph.splitlines())
+
+
+def register(name: str, *, row_kind: str,
+             kwargs: Mapping[str, Arg] | None = None) -> Callable[[RuleSpec], RuleSpec]:
+    """Add a rule (a function, or a ``ParamRule`` class) to the registry under ``name``, with
+    what its rows can sum to (one of ``ROW_KINDS``) and a description of each keyword
+    argument it takes (see the module docstring)."""
 
     def add(rule: RuleSpec) -> RuleSpec:
         if name in RULES:
             raise ValueError(f"attention rule {name!r} is registered twice")
-        RULES[name] = rule
+        if row_kind not in ROW_KINDS:
+            raise ValueError(f"attention rule {name!r}: row_kind={row_kind!r} is not one of "
+                             f"{', '.join(ROW_KINDS)}")
+        learned = isinstance(rule, type) and issubclass(rule, ParamRule)
+        RULES[name] = RuleInfo(name, rule, row_kind, _first_paragraph(rule.__doc__), learned,
+                               _declared_kwargs(name, rule, kwargs or {}))
         return rule
 
     return add
 
 
-def get_rule(name: str) -> RuleSpec:
-    """Look a rule up by name; an unknown name is a ValueError listing the known ones."""
+def rule_info(name: str) -> RuleInfo:
+    """A rule's registration by name; an unknown name is a ValueError listing the known ones."""
     try:
         return RULES[name]
     except KeyError:
@@ -83,35 +254,44 @@ def get_rule(name: str) -> RuleSpec:
                          f"{', '.join(sorted(RULES))}") from None
 
 
+def get_rule(name: str) -> RuleSpec:
+    """The rule's function or ``ParamRule`` class, by name (see ``rule_info``)."""
+    return rule_info(name).rule
+
+
 def has_parameters(name: str) -> bool:
     """Whether the rule learns parameters of its own."""
-    rule = get_rule(name)
-    return isinstance(rule, type) and issubclass(rule, ParamRule)
+    return rule_info(name).parameters
 
 
 class FunctionRule(nn.Module):
-    """A parameter-free rule as a module: ``forward(scores, mask, x)`` ignores x."""
+    """A parameter-free rule as a module: ``forward(scores, mask, x)`` ignores x and calls the
+    function with the keyword arguments it was built with."""
 
-    def __init__(self, fn: AttentionRule) -> None:
+    def __init__(self, fn: AttentionRule, **kwargs: Any) -> None:
         super().__init__()
-        self.fn = fn
+        self.fn, self.kwargs = fn, kwargs
 
     def forward(self, scores: Tensor, mask: Tensor, x: Tensor | None = None) -> Tensor:
-        return self.fn(scores, mask)
+        return self.fn(scores, mask, **self.kwargs)
 
     def init_member(self, member: int, generator: torch.Generator, init_std: float) -> None:
         """No parameters to draw."""
 
     def head(self, member: int, head: int) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
-        return lambda scores, mask, x=None: self.fn(scores, mask)
+        return lambda scores, mask, x=None: self.fn(scores, mask, **self.kwargs)
 
 
-def build_rule(name: str, n_members: int, n_heads: int, d_model: int) -> nn.Module:
-    """The rule ``name`` as a module for a layer of ``n_heads`` heads and ``n_members`` members."""
-    rule = get_rule(name)
-    if isinstance(rule, type) and issubclass(rule, ParamRule):
-        return rule(n_members, n_heads, d_model)
-    return FunctionRule(rule)
+def build_rule(name: str, n_members: int, n_heads: int, d_model: int, /,
+               **kwargs: Any) -> nn.Module:
+    """The rule ``name`` as a module for a layer of ``n_heads`` heads and ``n_members`` members,
+    with its keyword arguments ``kwargs`` (checked: ValueError for an unknown name, a wrong type
+    or a value out of range)."""
+    info = rule_info(name)
+    kwargs = info.check_kwargs(kwargs)
+    if info.parameters:
+        return info.rule(n_members, n_heads, d_model, **kwargs)
+    return FunctionRule(info.rule, **kwargs)
 
 
 def causal_mask(seq_len: int, device: torch.device | str | None = None) -> Tensor:
@@ -131,17 +311,26 @@ def _neg_inf_bias(mask: Tensor, dtype: torch.dtype, device: torch.device) -> Ten
     return bias.masked_fill_(~mask, float("-inf"))
 
 
-@register("softmax")
-def softmax(scores: Tensor, mask: Tensor) -> Tensor:
+def _positive(value: float) -> bool:
+    return value > 0
+
+
+@register("softmax", row_kind="simplex", kwargs={
+    "temperature": Arg("every score is divided by it before the softmax (1: the plain rule)",
+                       "a number > 0", _positive)})
+def softmax(scores: Tensor, mask: Tensor, *, temperature: float = 1.0) -> Tensor:
     """Standard softmax attention over the visible keys (Vaswani et al., 2017).
 
     Rows lie on the probability simplex, so a row cannot be all zero: this is what forces a sink
-    in the trigger-conditional task (Ran-Milo, 2026, Theorem 1).
+    in the trigger-conditional task (Ran-Milo, 2026, Theorem 1). softmax(S / temperature); the
+    default temperature 1 computes exactly what it always has (and runs on the fused kernel).
     """
+    if temperature != 1.0:
+        scores = scores / temperature
     return (scores + _neg_inf_bias(mask, scores.dtype, scores.device)).softmax(dim=-1)
 
 
-@register("relu")
+@register("relu", row_kind="free")
 def relu(scores: Tensor, mask: Tensor) -> Tensor:
     """The paper's non-normalised ReLU attention: A_ik = ReLU(S_ik) / max(i, 1) for k <= i.
 
@@ -153,7 +342,7 @@ def relu(scores: Tensor, mask: Tensor) -> Tensor:
     return torch.relu(scores) * scale  # scale is 0 on future keys
 
 
-@register("relu_len")
+@register("relu_len", row_kind="free")
 def relu_len(scores: Tensor, mask: Tensor) -> Tensor:
     """ReLU attention divided by the sequence length L for every query: ReLU(S_ik) / L.
 
@@ -163,7 +352,7 @@ def relu_len(scores: Tensor, mask: Tensor) -> Tensor:
     return torch.relu(scores) * (mask.to(scores.dtype) / mask.shape[-1])
 
 
-@register("relu_raw")
+@register("relu_raw", row_kind="free")
 def relu_raw(scores: Tensor, mask: Tensor) -> Tensor:
     """ReLU attention with no scaling at all: ReLU(S_ik) on the visible keys (Shen et al., 2023,
     "A study on ReLU and softmax in transformer")."""
@@ -185,7 +374,7 @@ def _sink_softmax(scores: Tensor, mask: Tensor, sink: Tensor | float) -> Tensor:
     return num / ((sink - m).exp() + num.sum(dim=-1, keepdim=True))
 
 
-@register("softmax1")
+@register("softmax1", row_kind="implicit sink")
 def softmax1(scores: Tensor, mask: Tensor) -> Tensor:
     """softmax_1: e^{s_k} / (1 + sum_k e^{s_k}), "attention is off by one" (Miller, 2023).
 
@@ -195,23 +384,25 @@ def softmax1(scores: Tensor, mask: Tensor) -> Tensor:
     return _sink_softmax(scores, mask, 0.0)
 
 
-@register("sink_logit")
+@register("sink_logit", row_kind="implicit sink", kwargs={
+    "init": Arg("the value every head's sink logit b_h starts from (0: softmax_1)")})
 class SinkLogit(ParamRule):
     """Softmax with a learned per-head sink logit b_h: the logit is concatenated as an extra key,
     the softmax taken, and that column dropped, i.e. e^{s_k} / (e^{b_h} + sum_k e^{s_k}).
 
     The "off-by-one" key with a learned logit, as in the attention-sink literature (Xiao et al.,
-    2024, learnable sink token; OpenAI gpt-oss, 2025, per-head sink logits). Initialised at 0,
-    where it equals softmax_1.
+    2024, learnable sink token; OpenAI gpt-oss, 2025, per-head sink logits). Initialised at
+    ``init`` (default 0, where it equals softmax_1).
     """
 
-    def __init__(self, n_members: int, n_heads: int, d_model: int) -> None:
+    def __init__(self, n_members: int, n_heads: int, d_model: int, *, init: float = 0.0) -> None:
         super().__init__(n_members, n_heads, d_model)
-        self.logit = nn.Parameter(torch.zeros(n_members, n_heads))
+        self.init = init
+        self.logit = nn.Parameter(torch.full((n_members, n_heads), init))
 
     @torch.no_grad()
     def init_member(self, member: int, generator: torch.Generator, init_std: float) -> None:
-        self.logit[member] = 0.0
+        self.logit[member] = self.init
 
     def forward(self, scores: Tensor, mask: Tensor, x: Tensor | None = None) -> Tensor:
         split = self.split(scores)  # (E, B, T*H, K)
@@ -222,16 +413,23 @@ class SinkLogit(ParamRule):
         return lambda scores, mask, x=None: _sink_softmax(scores, mask, self.logit[member, head])
 
 
-@register("sigmoid")
-def sigmoid(scores: Tensor, mask: Tensor) -> Tensor:
+@register("sigmoid", row_kind="free", kwargs={
+    "bias": Arg("the bias b in sigmoid(S + b), the same for every row; none: -log n, n the "
+                "keys the row sees")})
+def sigmoid(scores: Tensor, mask: Tensor, *, bias: float | None = None) -> Tensor:
     """Sigmoid attention with bias -log(n): A_ik = sigmoid(S_ik - log n) (Ramapuram et al., 2025,
     "Theory, analysis, and best practices for sigmoid self-attention"), n being the number of
-    keys the query sees, so that a row of equal scores starts near the mass of a softmax row."""
-    bias = torch.log(_visible(mask, scores.dtype))
-    return torch.sigmoid(scores - bias) * mask.to(scores.dtype)
+    keys the query sees, so that a row of equal scores starts near the mass of a softmax row.
+
+    A fixed ``bias`` b instead gives sigmoid(S_ik + b) on every row.
+    """
+    if bias is None:
+        return torch.sigmoid(scores - torch.log(_visible(mask, scores.dtype))) \
+            * mask.to(scores.dtype)
+    return torch.sigmoid(scores + bias) * mask.to(scores.dtype)
 
 
-@register("softpick")
+@register("softpick", row_kind="free")
 def softpick(scores: Tensor, mask: Tensor) -> Tensor:
     """Softpick: ReLU(e^{s_k} - 1) / sum_k |e^{s_k} - 1| over the visible keys (Zuhri et al.,
     2025, "Softpick: no attention sink, no massive activations with rectified softmax").
@@ -248,7 +446,7 @@ def softpick(scores: Tensor, mask: Tensor) -> Tensor:
     return torch.relu(shifted) / (den + tiny)
 
 
-@register("gated")
+@register("gated", row_kind="gated")
 class Gated(ParamRule):
     """Softmax attention times a per-head sigmoid output gate computed from the query token:
     A_ik = sigmoid(x_i . w_h + c_h) softmax(S_i)_k (Qiu et al., 2025, "Gated attention for large
@@ -286,22 +484,10 @@ class Gated(ParamRule):
         return rule
 
 
-@register("uniform")
+@register("uniform", row_kind="simplex")
 def uniform(scores: Tensor, mask: Tensor) -> Tensor:
     """A null baseline: 1 / (number of visible keys) on every visible key, whatever the scores.
 
     It cannot attend selectively, so it shows what the task costs without attention."""
     weights = mask.to(scores.dtype) / _visible(mask, scores.dtype)
     return torch.zeros_like(scores) + weights
-
-
-
-# What a row of weights can sum to, which decides how a rule can output "zero" (sinklab zoo):
-# "simplex": exactly 1; "implicit sink": at most 1, the rest going to a key with value 0;
-# "gated": the gate's value (softmax times a gate in (0, 1)); "free": anything >= 0.
-ROW_KIND = {
-    "softmax": "simplex", "uniform": "simplex",
-    "softmax1": "implicit sink", "sink_logit": "implicit sink",
-    "gated": "gated",
-    "relu": "free", "relu_len": "free", "relu_raw": "free", "sigmoid": "free", "softpick": "free",
-}

@@ -4,6 +4,10 @@ A run is configured in three layers, later ones winning:
 dataclass defaults < a TOML file (``--config FILE``) < ``section.field=value`` overrides.
 Every value is checked in ``__post_init__``; a bad one raises ``ConfigError`` with one sentence
 naming the field, the value and what is allowed. Unknown keys are errors, never ignored.
+
+The attention rule's keyword arguments are ``model.attention_args``: a ``[model.attention_args]``
+table in the file, ``model.attention_args.NAME=VALUE`` on the command line, each coerced to and
+checked against the type the rule declares (``sinklab.attention``, ``sinklab rules``).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sinklab.attention import RULES
+from sinklab.attention import RULES, rule_info
 
 
 class SinklabError(Exception):
@@ -159,12 +163,22 @@ class ModelConfig:
     # "attention": the paper's layer, attention only. "standard": a pre-LayerNorm block,
     # x <- x + MHA(LN(x)); x <- x + MLP(LN(x)), with a GELU MLP of width 4 d_model.
     block: str = "attention"
+    # The rule's keyword arguments, e.g. {"temperature": 2.0} for softmax; empty: its defaults.
+    attention_args: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _check_finite(self, "model")
         _check(self.attention in RULES,
                f"model.attention={self.attention!r} is not a known attention rule: choose one of "
                f"{', '.join(sorted(RULES))}.")
+        _check(isinstance(self.attention_args, dict),
+               f"model.attention_args={self.attention_args!r} is not allowed: it must be a table "
+               "of the rule's keyword arguments, e.g. [model.attention_args] temperature = 2.0.")
+        try:
+            self.attention_args = rule_info(self.attention).check_kwargs(
+                self.attention_args, ARGS_KEY + ".")
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         for name in ("n_layers", "n_heads"):
             value = getattr(self, name)
             _check(_is_int(value) and value >= 1,
@@ -254,7 +268,12 @@ class RunConfig:
         return self.task.target == "residual"
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Every setting, as ``build_run_config`` reads it back. Empty ``model.attention_args``
+        are left out, so a config without them is written as it was before the field existed."""
+        d = dataclasses.asdict(self)
+        if not d["model"]["attention_args"]:
+            del d["model"]["attention_args"]
+        return d
 
 
 SECTIONS: dict[str, type] = {
@@ -265,9 +284,37 @@ SECTIONS: dict[str, type] = {
 }
 
 
+ARGS_KEY = "model.attention_args"  # a table: its keys are ARGS_KEY.NAME
+
+
 def allowed_keys() -> list[str]:
-    """Every ``section.field`` key that an override may set."""
+    """Every ``section.field`` key of the config (``model.attention_args`` is set one argument
+    at a time, as ``model.attention_args.NAME``)."""
     return [f"{s}.{f.name}" for s, cls in SECTIONS.items() for f in dataclasses.fields(cls)]
+
+
+def _keys_text() -> str:
+    return ", ".join(f"{k}.NAME" if k == ARGS_KEY else k for k in allowed_keys())
+
+
+def is_args_key(key: str) -> bool:
+    """Whether ``key`` sets one of the rule's keyword arguments: ``model.attention_args.NAME``."""
+    prefix, dot, name = key.rpartition(".")
+    return prefix == ARGS_KEY and bool(name.strip())
+
+
+def set_key(values: dict[str, Any], key: str, value: Any) -> None:
+    """Set ``section.field`` (or ``model.attention_args.NAME``) in a nested dict of settings,
+    copying the tables it changes so that a shared base is never edited."""
+    section, _, name = key.partition(".")
+    table = dict(values.get(section) or {})
+    if is_args_key(key):
+        field_name, _, arg = name.partition(".")
+        prior = table.get(field_name)
+        table[field_name] = {**(prior if isinstance(prior, dict) else {}), arg: value}
+    else:
+        table[name] = value
+    values[section] = table
 
 
 def field_type(cls: type, name: str) -> Any:
@@ -328,11 +375,13 @@ def parse_overrides(items: list[str]) -> dict[str, dict[str, str]]:
         if not sep or not key:
             raise ConfigError(f"override {item!r} is not of the form section.field=value, "
                               "for example model.attention=relu.")
-        section, dot, name = key.partition(".")
-        if not dot or key not in allowed_keys():
+        if key == ARGS_KEY:
+            raise ConfigError(f"override {item!r} is not allowed: set the rule's keyword "
+                              f"arguments one at a time, as {ARGS_KEY}.NAME=VALUE.")
+        if key not in allowed_keys() and not is_args_key(key):
             raise ConfigError(f"unknown override key {key!r}: allowed keys are "
-                              f"{', '.join(allowed_keys())}.")
-        nested.setdefault(section, {})[name] = value
+                              f"{_keys_text()}.")
+        set_key(nested, key, value)
     return nested
 
 
@@ -365,14 +414,20 @@ def read_toml_text(path: str | Path, what: str) -> tuple[str, dict[str, Any]]:
 
 
 def merge(*layers: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Merge nested dicts section by section; later layers win."""
+    """Merge nested dicts section by section, and tables inside a section (a file's
+    ``[model.attention_args]`` and a command line's ``model.attention_args.NAME``) key by key;
+    later layers win."""
     merged: dict[str, dict[str, Any]] = {}
     for layer in layers:
         for section, values in layer.items():
             if not isinstance(values, dict):
                 raise ConfigError(f"config key {section!r} must be a table of fields; "
                                   f"sections are {', '.join(SECTIONS)}.")
-            merged.setdefault(section, {}).update(values)
+            table = merged.setdefault(section, {})
+            for name, value in values.items():
+                if isinstance(value, dict) and isinstance(table.get(name), dict):
+                    value = {**table[name], **value}
+                table[name] = value
     return merged
 
 
@@ -391,10 +446,26 @@ def build_run_config(values: dict[str, Any] | None = None) -> RunConfig:
             key = f"{section}.{name}"
             if name not in names:
                 raise ConfigError(f"unknown config key {key!r}: allowed keys are "
-                                  f"{', '.join(allowed_keys())}.")
+                                  f"{_keys_text()}.")
+            if key == ARGS_KEY:
+                continue  # coerced once the rule is known
             kwargs[name] = coerce(key, raw, field_type(cls, name))
+        if section == "model" and "attention_args" in fields_:
+            kwargs["attention_args"] = _coerce_args(fields_["attention_args"],
+                                                    kwargs.get("attention", cls.attention))
         parts[section] = cls(**kwargs)
     return RunConfig(**parts)
+
+
+def _coerce_args(raw: Any, rule: str) -> Any:
+    """The rule's keyword arguments from a file or the command line, each coerced to the type
+    the rule declares; names it does not declare (and a rule that does not exist) are left for
+    ``ModelConfig`` to refuse in one sentence."""
+    if not isinstance(raw, dict) or rule not in RULES:
+        return raw
+    declared = rule_info(rule).kwargs
+    return {name: coerce(f"{ARGS_KEY}.{name}", value, declared[name].type)
+            if name in declared else value for name, value in raw.items()}
 
 
 def config_from_cli(overrides: list[str], config_file: str | None = None,

@@ -7,9 +7,26 @@ several in a sequence, ``trigger`` is instead a boolean mask (..., batch, L) of 
 function but ``trigger_row`` and ``trigger_stats`` (which read the one trigger row) accepts it.
 Query row 0 is the BOS query, which can only see BOS; the theorem is about the *non-trigger* rows
 1..L-1 except the trigger.
+
+The metric table, ``METRICS``, names every number of a trained run's ``summary.json``: each entry
+(``@metric("name", kind=..., per=...)`` on a function of an ``Evaluation``) is computed by
+``sinklab.evaluate`` for every run, stored by a sweep's results store when it is one number per
+run, listed by ``sinklab results`` when marked ``listed``, and read by reports by its name.
+Adding a metric is one decorated function::
+
+    @metric("bos_mass_mean", kind="mass")
+    def _bos_mass_mean(ev: Evaluation) -> Tensor:
+        '''Non-trigger BOS mass averaged over layers and heads.'''
+        return ev.bos.mean(dim=(-2, -1))  # (members,)
 """
 
 from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -194,7 +211,7 @@ def default_source(bos: float, row_nontrigger: float, row_trigger: float, row_ki
     """Where one head's "output zero" at non-trigger rows comes from, read off its weights.
 
     From the head's mean non-trigger BOS mass, mean non-trigger and trigger row sums, and the
-    rule's ``row_kind`` (``sinklab.attention.ROW_KIND``):
+    rule's ``row_kind`` (``sinklab.attention.rule_info(rule).row_kind``):
 
     - "BOS" when the row is on (sum at least ``OFF_ROW`` of the trigger row's, or the rule's
       rows always sum to 1) and at least ``BOS_SHARE`` of it is on BOS;
@@ -209,3 +226,296 @@ def default_source(bos: float, row_nontrigger: float, row_trigger: float, row_ki
     if bos >= BOS_SHARE * max(row_nontrigger, 1e-12):
         return "BOS"
     return "content"
+
+
+# --------------------------------------------------------------------------- the metric table
+
+KINDS = ("error", "mass", "count", "rate", "steps", "flag", "seconds")
+PER = {"run": 1, "layer": 2, "head": 3}  # what a metric gives per member -> its tensor's dims
+
+
+@dataclass(frozen=True)
+class Training:
+    """How each member's training ended, each a (members,) tensor: what training metrics read."""
+
+    steps: Tensor  # updates made before it stopped
+    converged: Tensor  # bool: it met the stop rule
+    loss: Tensor  # MSE of its last training batch
+    linf: Tensor  # L-infinity error of its last training batch
+    time_s: Tensor  # float64: seconds the ensemble had trained when it stopped
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """What metrics are computed from: an ensemble's outputs and weights on the test set and,
+    for an ensemble just trained, how its training ended (None when a model is only evaluated).
+
+    ``weights`` (E, layers, B, H, L, L), ``pred`` (E, B, L, d), ``target`` (B, L, d) or
+    (E, B, L, d), ``trigger`` (B,) positions or a boolean (B, L) mask of trigger rows. The
+    properties hold values that several metrics share, each computed once.
+    """
+
+    weights: Tensor
+    pred: Tensor
+    target: Tensor
+    trigger: Tensor
+    training: Training | None = None
+
+    @cached_property
+    def errors(self) -> dict[str, Tensor]:
+        """``error_split`` of the test set, each (E,)."""
+        return error_split(self.pred, self.target, self.trigger)
+
+    @cached_property
+    def bos(self) -> Tensor:
+        """Non-trigger BOS mass, (E, layers, H)."""
+        return bos_mass_nontrigger(self.weights, self.trigger)
+
+    @cached_property
+    def trigger_weights(self) -> dict[str, Tensor]:
+        """``trigger_stats``, each (E, layers, H)."""
+        return trigger_stats(self.weights, self.trigger)
+
+    @cached_property
+    def sums(self) -> dict[str, Tensor]:
+        """``row_sums``, each (E, layers, H)."""
+        return row_sums(self.weights, self.trigger)
+
+    @cached_property
+    def rate(self) -> Tensor:
+        """Gu et al.'s sink rate per head, absolute, (E, layers, H)."""
+        return sink_rate(self.weights)
+
+    @cached_property
+    def rate_relative(self) -> Tensor:
+        """The same with each row divided by its sum, (E, layers, H)."""
+        return sink_rate(self.weights, relative=True)
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One registered metric: ``fn(ev)`` gives every member's value at once, a tensor of shape
+    (members,) for ``per="run"``, (members, layers) for ``"layer"`` and (members, layers, heads)
+    for ``"head"``. ``training`` metrics read ``ev.training`` and exist only for runs just
+    trained; ``listed`` ones (one number per run) are columns of ``sinklab results``."""
+
+    name: str
+    description: str  # the function's docstring, first paragraph
+    kind: str  # one of KINDS
+    per: str  # one of PER
+    fn: Callable[[Evaluation], Tensor]
+    listed: bool = False
+    training: bool = False
+
+    @property
+    def per_head(self) -> bool:
+        return self.per == "head"
+
+    @property
+    def scalar(self) -> bool:
+        """One number per run: the metrics a sweep's store keeps."""
+        return self.per == "run"
+
+
+METRICS: dict[str, Metric] = {}
+
+
+def metric(name: str, *, kind: str, per: str = "run", listed: bool = False,
+           training: bool = False) -> Callable[[Callable[[Evaluation], Tensor]],
+                                               Callable[[Evaluation], Tensor]]:
+    """Register a function of an ``Evaluation`` as the metric ``name`` (see ``Metric``); its
+    docstring's first paragraph is the metric's description."""
+
+    def add(fn: Callable[[Evaluation], Tensor]) -> Callable[[Evaluation], Tensor]:
+        problem = ("is registered twice" if name in METRICS
+                   else f"has kind {kind!r}, not one of {', '.join(KINDS)}" if kind not in KINDS
+                   else f"has per={per!r}, not one of {', '.join(PER)}" if per not in PER
+                   else "is listed but not one number per run" if listed and per != "run"
+                   else "has no docstring to describe it" if not (fn.__doc__ or "").strip()
+                   else None)
+        if problem:
+            raise ValueError(f"metric {name!r} {problem}")
+        paragraph = inspect.cleandoc(fn.__doc__).split("\n\n")[0]
+        description = " ".join(line.strip() for line in paragraph.splitlines())
+        METRICS[name] = Metric(name, description, kind, per, fn, listed, training)
+        return fn
+
+    return add
+
+
+def metric_values(ev: Evaluation) -> list[dict[str, Any]]:
+    """Every registered metric that ``ev`` can give (training metrics only with
+    ``ev.training``), in the table's order: one dict per member, of Python numbers (``per="run"``)
+    and lists indexed [layer] or [layer][head]."""
+    n_members = ev.weights.shape[0]
+    rows: list[dict[str, Any]] = [{} for _ in range(n_members)]
+    for m in METRICS.values():
+        if m.training and ev.training is None:
+            continue
+        value = m.fn(ev).detach().cpu()
+        if value.dim() != PER[m.per] or value.shape[0] != n_members:
+            raise ValueError(f"metric {m.name!r} (per={m.per!r}) gave a tensor of shape "
+                             f"{tuple(value.shape)}; it must have {PER[m.per]} dimensions, the "
+                             f"first one of {n_members} members")
+        for e, row in enumerate(rows):
+            row[m.name] = value[e].item() if m.scalar else value[e].tolist()
+    return rows
+
+
+# The summary's numbers, in the order summary.json has them.
+
+@metric("converged", kind="flag", listed=True, training=True)
+def _converged(ev: Evaluation) -> Tensor:
+    """Whether the run met the stop rule (training batch L-infinity error below train.tol)."""
+    return ev.training.converged
+
+
+@metric("steps", kind="steps", listed=True, training=True)
+def _steps(ev: Evaluation) -> Tensor:
+    """Updates made before the run stopped."""
+    return ev.training.steps
+
+
+@metric("train_loss", kind="error", training=True)
+def _train_loss(ev: Evaluation) -> Tensor:
+    """MSE of the last training batch (the loss at the stop step)."""
+    return ev.training.loss
+
+
+@metric("train_linf", kind="error", training=True)
+def _train_linf(ev: Evaluation) -> Tensor:
+    """L-infinity error of the last training batch, the quantity the stop rule reads; the
+    training log's ``train_linf`` at every logged step."""
+    return ev.training.linf
+
+
+@metric("linf_error", kind="error", listed=True)
+def _linf_error(ev: Evaluation) -> Tensor:
+    """Test-set L-infinity error over every row (the test L-infinity)."""
+    return ev.errors["linf"]
+
+
+@metric("mse", kind="error")
+def _mse(ev: Evaluation) -> Tensor:
+    """Test-set mean squared error over every row."""
+    return ev.errors["mse"]
+
+
+@metric("linf_trigger", kind="error")
+def _linf_trigger(ev: Evaluation) -> Tensor:
+    """Test-set L-infinity error at the trigger rows."""
+    return ev.errors["linf_trigger"]
+
+
+@metric("mse_trigger", kind="error")
+def _mse_trigger(ev: Evaluation) -> Tensor:
+    """Test-set mean squared error at the trigger rows."""
+    return ev.errors["mse_trigger"]
+
+
+@metric("linf_nontrigger", kind="error")
+def _linf_nontrigger(ev: Evaluation) -> Tensor:
+    """Test-set L-infinity error at every row but the trigger (the BOS row included)."""
+    return ev.errors["linf_nontrigger"]
+
+
+@metric("mse_nontrigger", kind="error")
+def _mse_nontrigger(ev: Evaluation) -> Tensor:
+    """Test-set mean squared error at every row but the trigger (the BOS row included)."""
+    return ev.errors["mse_nontrigger"]
+
+
+@metric("bos_mass_nontrigger", kind="mass", per="head")
+def _bos_mass_nontrigger(ev: Evaluation) -> Tensor:
+    """Mean BOS weight over the non-trigger rows; a head sinks when it is at least
+    ``SINK_HEAD_THRESHOLD``."""
+    return ev.bos
+
+
+@metric("bos_mass_nontrigger_min", kind="mass", per="head")
+def _bos_mass_nontrigger_min(ev: Evaluation) -> Tensor:
+    """The smallest per-row BOS weight (averaged over the test set) among the non-trigger rows."""
+    rows = bos_mass_nontrigger_rows(ev.weights, ev.trigger)
+    return rows.nan_to_num(nan=float("inf")).amin(-1)
+
+
+@metric("bos_max", kind="mass", listed=True)
+def _bos_max(ev: Evaluation) -> Tensor:
+    """Non-trigger BOS mass of the most sinking head (the largest finite one; NaN if none)."""
+    bos = ev.bos.flatten(1)
+    finite = torch.isfinite(bos)
+    best = bos.masked_fill(~finite, float("-inf")).amax(-1)
+    return torch.where(finite.any(-1), best, float("nan"))
+
+
+@metric("bos_mass_trigger", kind="mass", per="head")
+def _bos_mass_trigger(ev: Evaluation) -> Tensor:
+    """BOS weight at the trigger row."""
+    return ev.trigger_weights["bos"]
+
+
+@metric("trigger_content_mass", kind="mass", per="head")
+def _trigger_content_mass(ev: Evaluation) -> Tensor:
+    """Total weight of the trigger row on keys 1..j, the tokens to be averaged."""
+    return ev.trigger_weights["content"]
+
+
+@metric("trigger_key_mean", kind="mass", per="head")
+def _trigger_key_mean(ev: Evaluation) -> Tensor:
+    """Mean weight of the trigger row per key 1..j (1/j for an exact softmax average)."""
+    return ev.trigger_weights["key_mean"]
+
+
+@metric("trigger_key_std", kind="mass", per="head")
+def _trigger_key_std(ev: Evaluation) -> Tensor:
+    """Spread of the trigger row's weight across keys 1..j (0 for a uniform average)."""
+    return ev.trigger_weights["key_std"]
+
+
+@metric("row_sum_nontrigger", kind="mass", per="head")
+def _row_sum_nontrigger(ev: Evaluation) -> Tensor:
+    """Mean row sum at the non-trigger rows (1 for softmax; 0 for an all-zero ReLU row)."""
+    return ev.sums["nontrigger"]
+
+
+@metric("row_sum_trigger", kind="mass", per="head")
+def _row_sum_trigger(ev: Evaluation) -> Tensor:
+    """Mean row sum at the trigger row."""
+    return ev.sums["trigger"]
+
+
+@metric("sink_rate", kind="rate")
+def _sink_rate(ev: Evaluation) -> Tensor:
+    """Gu et al.'s sink rate in percent (eps = ``GU_EPS``) over samples, layers and heads."""
+    # each member's mean as one reduction over its heads, then x100 in float64
+    return 100 * torch.stack([rate.mean() for rate in ev.rate]).double()
+
+
+@metric("sink_rate_relative", kind="rate")
+def _sink_rate_relative(ev: Evaluation) -> Tensor:
+    """The same in percent with each row first divided by its sum (rows that need not sum to 1)."""
+    return 100 * torch.stack([rate.mean() for rate in ev.rate_relative]).double()
+
+
+@metric("sink_rate_per_head", kind="rate", per="head")
+def _sink_rate_per_head(ev: Evaluation) -> Tensor:
+    """Gu et al.'s sink rate of each head, as a fraction of the test sequences."""
+    return ev.rate
+
+
+@metric("sink_heads", kind="count", listed=True)
+def _sink_heads(ev: Evaluation) -> Tensor:
+    """Number of sink heads (non-trigger BOS mass at least ``SINK_HEAD_THRESHOLD``)."""
+    return sink_heads(ev.bos)
+
+
+@metric("sink_heads_per_layer", kind="count", per="layer")
+def _sink_heads_per_layer(ev: Evaluation) -> Tensor:
+    """Number of sink heads in each layer."""
+    return (ev.bos >= SINK_HEAD_THRESHOLD).sum(-1)
+
+
+@metric("train_time_s", kind="seconds", training=True)
+def _train_time_s(ev: Evaluation) -> Tensor:
+    """Seconds the ensemble had trained when the run stopped."""
+    return ev.training.time_s

@@ -20,6 +20,7 @@ Stable names for activations returned by ``forward(..., return_weights=True)``:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -43,15 +44,17 @@ class Attention(nn.Module):
     """Multi-head attention with full-width heads, batched over ensemble members."""
 
     def __init__(self, n_members: int, d_model: int, n_heads: int, rule: str,
-                 bos: str = "visible", bos_cap_eps: float = 0.1) -> None:
+                 bos: str = "visible", bos_cap_eps: float = 0.1,
+                 rule_args: dict[str, Any] | None = None) -> None:
         super().__init__()
         shape = (n_members, n_heads, d_model, d_model)
         self.w_q = nn.Parameter(torch.zeros(shape))
         self.w_k = nn.Parameter(torch.zeros(shape))
         self.w_v = nn.Parameter(torch.zeros(shape))
         self.w_o = nn.Parameter(torch.zeros(shape))  # head h's block of rows of W_O
-        self.rule = build_rule(rule, n_members, n_heads, d_model)  # blocks.{l}.attn.rule.*
-        self.rule_name = rule
+        rule_args = dict(rule_args or {})  # the rule's keyword arguments (model.attention_args)
+        self.rule = build_rule(rule, n_members, n_heads, d_model, **rule_args)  # .attn.rule.*
+        self.rule_name, self.rule_args = rule, rule_args
         self.bos, self.bos_cap_eps = bos, bos_cap_eps
 
     def forward(self, x: Tensor, mask: Tensor,
@@ -69,8 +72,9 @@ class Attention(nn.Module):
         gain against the plain per-head products, and the tests compare both with the paper's
         per-head equations.
 
-        On a CPU, softmax and ReLU layers with every BOS key visible run the same folded
-        products on ``sinklab.kernels``' fused kernel when it is available (``engine``).
+        On a CPU, softmax and ReLU layers with every BOS key visible and the rule's default
+        keyword arguments run the same folded products on ``sinklab.kernels``' fused kernel
+        when it is available (``engine``).
         """
         n_members, batch, seq, d = x.shape
         n_heads = self.w_q.shape[1]
@@ -112,7 +116,7 @@ class Attention(nn.Module):
         """``"kernel"`` or ``"pytorch"``: what computes this layer (``sinklab.kernels``)."""
         if self.bos != "visible":
             return "pytorch"
-        return kernels.engine(self.rule_name, seq_len, d_model, device, dtype)
+        return kernels.engine(self.rule_name, seq_len, d_model, device, dtype, self.rule_args)
 
 
 def cap_bos(weights: Tensor, rows: Tensor, mask: Tensor, eps: float) -> Tensor:
@@ -188,7 +192,7 @@ class Block(nn.Module):
         super().__init__()
         self.residual = residual
         self.attn = Attention(n_members, d_model, cfg.n_heads, cfg.attention, cfg.bos,
-                              cfg.bos_cap_eps)
+                              cfg.bos_cap_eps, cfg.attention_args)
         self.standard = cfg.block == "standard"
         if self.standard:
             self.norm1 = LayerNorm(n_members, d_model)

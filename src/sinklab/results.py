@@ -1,10 +1,10 @@
 """Results files: atomic JSON writes, the flushed ``metrics.jsonl`` log, and checked reads.
 
-A run directory holds ``config.json``, ``metrics.jsonl`` (one JSON object per logged step),
-``summary.json``, ``attention.npz`` (mean and std maps over the evaluation set), ``model.pt``
-(the final weights), figures, and ``sinklab.json``, whose completion record (written last, see
-``sinklab.folders``) marks a finished run. Binary files are written byte for byte the same for
-the same arrays, so two identical runs leave identical files.
+A run directory holds ``config.json``, ``metrics.jsonl`` (one JSON object per logged step, read
+with ``read_log``), ``summary.json``, ``attention.npz`` (mean and std maps over the evaluation
+set), ``model.pt`` (the final weights), figures, and ``sinklab.json``, whose completion record
+(written last, see ``sinklab.folders``) marks a finished run. Binary files are written byte for
+byte the same for the same arrays, so two identical runs leave identical files.
 """
 
 from __future__ import annotations
@@ -151,8 +151,22 @@ class MetricsLog:
             pass
 
 
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """Read a ``metrics.jsonl`` log; a torn last line (an interrupted write) is dropped."""
+LEGACY_LOG_KEYS = {"linf": "train_linf"}  # the training log's keys before they were renamed
+
+
+def read_log(path: Path) -> list[dict[str, Any]]:
+    """Read a ``metrics.jsonl`` training log, one dict per logged step; a torn last line (an
+    interrupted write) is dropped. Each row's ``train_linf`` is the training batch's L-infinity
+    error (logs written before the rename call it ``linf``, which is read as ``train_linf``)."""
+    rows = _read_jsonl(path)
+    for row in rows:
+        for old, new in LEGACY_LOG_KEYS.items():
+            if isinstance(row, dict) and old in row and new not in row:
+                row[new] = row.pop(old)
+    return rows
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         raise ResultsError(f"{path} does not exist.")
     rows = []

@@ -344,7 +344,7 @@ def train_ensemble(
             if logs[e] is None:
                 continue
             row = {"step": step,
-                   "loss": loss[e].item(), "linf": linf[e].item(),
+                   "loss": loss[e].item(), "train_linf": linf[e].item(),
                    "bos_mass_nontrigger": bos[e].tolist()}
             if e in status:
                 row["status"] = STATUS[status[e]]
@@ -355,19 +355,25 @@ def train_ensemble(
         # A member that stops at step s has had exactly s updates (steps 0..s-1).
         train_time = time.perf_counter() - start
         finished = _select(model, members)
-        evals, maps = evaluate(finished, test)
+        index = torch.tensor(members, device=loss.device)
+        training = metrics.Training(
+            steps=torch.full((len(members),), step),
+            converged=torch.tensor([status[e] == CONVERGED for e in members]),
+            loss=loss.detach()[index], linf=linf[index],
+            time_s=torch.full((len(members),), train_time, dtype=torch.float64))
+        evals, maps = evaluate(finished, test, training)  # every metric (sinklab.metrics)
         for i, e in enumerate(members):
+            args = {"attention_args": cfg.model.attention_args} if cfg.model.attention_args \
+                else {}  # absent when empty: a default run's summary is what it always was
             summary = {
-                "attention": cfg.model.attention, "n_layers": cfg.model.n_layers,
+                "attention": cfg.model.attention, **args, "n_layers": cfg.model.n_layers,
                 "n_heads": cfg.model.n_heads, "seq_len": cfg.task.seq_len,
                 "d_model": cfg.task.d_model, "seed": cfgs[e].train.seed, "lr": cfgs[e].train.lr,
-                "steps": step, "status": STATUS[status[e]],
-                "converged": status[e] == CONVERGED,
-                "train_loss": loss[e].item(), "train_linf": linf[e].item(),
+                "status": STATUS[status[e]],
                 **evals[i],
                 "eval": {"n_sequences": cfg.eval.n_sequences, "trigger": cfg.task.eval_trigger,
                          "seed": cfg.eval.seed},
-                "train_time_s": train_time, "wall_time_s": time.perf_counter() - start,
+                "wall_time_s": time.perf_counter() - start,
                 "device": str(device), "engine": engine,
                 "versions": versions(),
             }

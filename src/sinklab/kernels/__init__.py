@@ -34,8 +34,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from sinklab.attention import rule_info
+
 SOURCE = Path(__file__).with_name("attention.c")
-RULES = {"softmax": 0, "relu": 1}  # the rules the kernel computes, by its own codes
+RULES = {"softmax": 0, "relu": 1}  # the rules the kernel computes (default arguments), by code
 MAX_SIZE = 16  # seq_len and d_model must each fit in one 16-lane vector
 FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-shared", "-fPIC")
 ENV = "SINKLAB_KERNEL"
@@ -96,13 +98,14 @@ def _library(seq_len: int, d_model: int) -> ctypes.CDLL | None:
 
 
 def engine(rule: str, seq_len: int, d_model: int, device: torch.device | str = "cpu",
-           dtype: torch.dtype = torch.float32) -> str:
+           dtype: torch.dtype = torch.float32, rule_args: dict[str, Any] | None = None) -> str:
     """``"kernel"`` when this configuration's attention runs on the fused kernel, else
-    ``"pytorch"``: CPU, float32, a rule it knows, seq_len and d_model up to 16, a C compiler,
-    and not switched off (``SINKLAB_KERNEL=0`` or ``disabled()``)."""
+    ``"pytorch"``: CPU, float32, a rule it knows with every keyword argument (``rule_args``) at
+    its default, seq_len and d_model up to 16, a C compiler, and not switched off
+    (``SINKLAB_KERNEL=0`` or ``disabled()``)."""
     usable = (not _disabled and os.environ.get(ENV, "1") != "0"
               and torch.device(device).type == "cpu" and dtype == torch.float32
-              and rule in RULES
+              and rule in RULES and not rule_info(rule).non_default(rule_args or {})
               and 1 <= seq_len <= MAX_SIZE and 1 <= d_model <= MAX_SIZE)
     return "kernel" if usable and _library(seq_len, d_model) is not None else "pytorch"
 

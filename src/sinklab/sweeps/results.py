@@ -7,11 +7,16 @@ from pathlib import Path
 from typing import Any
 
 from sinklab.config import ConfigError
+from sinklab.metrics import METRICS
 from sinklab.results import write_atomic
 from sinklab.sweeps.store import STATUSES, Store, to_csv
 
-COLUMNS = ("status", "converged", "steps", "linf_error", "bos_max", "sink_heads")
 CSV_HEAD = b"name,status,reason"  # how every CSV of cells begins (sweeps.store.to_csv)
+
+
+def columns() -> list[str]:
+    """The metrics shown for each cell: those of ``sinklab.metrics.METRICS`` marked ``listed``."""
+    return [name for name, m in METRICS.items() if m.listed]
 
 
 def select(rows: list[dict[str, Any]], status: str | None,
@@ -92,10 +97,11 @@ def list_results(folder: Path, status: str | None, where: list[str],
         write_atomic(csv_path, to_csv(rows).encode())
         print(f"wrote {len(rows)} cells to {csv_path}")
         return 0
-    table = [["cell", *COLUMNS, "reason"]]
+    shown = columns()
+    table = [["cell", "status", *shown, "reason"]]
     for r in rows:
         m = r["metrics"] or {}
-        table.append([r["name"], r["status"], *(_fmt(m.get(c)) for c in COLUMNS[1:]),
+        table.append([r["name"], r["status"], *(_fmt(m.get(c)) for c in shown),
                       r["reason"] or ""])
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     for row in table:

@@ -44,7 +44,7 @@ from tqdm.auto import tqdm
 from sinklab import folders, limits
 from sinklab.config import ConfigError, RunConfig, build_run_config
 from sinklab.sweeps import spec as spec_mod
-from sinklab.sweeps.store import DB, METRICS, Store
+from sinklab.sweeps.store import DB, Store, metric_names
 from sinklab.train import _shared, resolve_device, train_runs, versions
 
 EXECUTORS = ("local", "ray")
@@ -123,17 +123,10 @@ def compute(job: Job) -> list[dict[str, Any]]:
 _SCRATCH: set[Path] = set()  # the temporary folders of the jobs this process is computing
 
 
-def _finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) \
-        and math.isfinite(value)
-
-
 def metrics_of(summary: dict[str, Any]) -> dict[str, Any]:
-    """The store's summary numbers of a run; a number that is missing or not finite (a
-    diverged run's, stored in JSON as null) is None."""
-    values = {key: summary.get(key) for key in METRICS if key != "bos_max"}
-    bos = [v for layer in summary.get("bos_mass_nontrigger") or [] for v in layer if _finite(v)]
-    values["bos_max"] = max(bos) if bos else None
+    """The store's summary numbers of a run (``sinklab.sweeps.store.metric_names``); a number
+    that is missing or not finite (a diverged run's, stored in JSON as null) is None."""
+    values = {key: summary.get(key) for key in metric_names()}
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
             for k, v in values.items()}
 

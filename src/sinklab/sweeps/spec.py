@@ -9,6 +9,7 @@
     [grid]                         # section.field = [values]; every combination is a cell
     "model.attention" = ["softmax", "relu"]
     "task.seq_len" = [16, 32]
+    "model.attention_args.temperature" = [1.0, 2.0]   # a keyword argument of the rule
 
 ``load_spec`` validates everything before anything runs: an unknown key, an empty grid, a value
 of the wrong type or out of range is a ``SpecError`` naming the key and its line in the file.
@@ -35,7 +36,9 @@ from sinklab.config import (
     build_run_config,
     coerce,
     field_type,
+    is_args_key,
     read_toml_text,
+    set_key,
     value_text,
 )
 
@@ -159,15 +162,24 @@ def load_spec(path: str | Path) -> Spec:
     grid: dict[str, list[Any]] = {}
     for key, values in _flatten_grid(data["grid"]).items():
         at = _at(text, "grid", key)
-        if key not in allowed_keys():
+        if key not in allowed_keys() and not is_args_key(key):
             raise SpecError(f"{where}: unknown grid key {key!r}{at}: allowed keys are "
                             f"{', '.join(allowed_keys())}.")
         if key == "train.seed":
             raise SpecError(f"{where}: grid key 'train.seed'{at} is not allowed: seeds come from "
                             "the top-level seeds.")
+        if key == "model.attention_args":
+            raise SpecError(f"{where}: grid key 'model.attention_args'{at} is not allowed: vary "
+                            "one keyword argument of the rule at a time, as "
+                            "\"model.attention_args.NAME\" = [values].")
         if not isinstance(values, list) or not values:
             raise SpecError(f"{where}: grid key {key!r}{at} must be a non-empty list of "
                             "values.")
+        if is_args_key(key):  # typed by the cell's rule: every cell's config checks them
+            if len(set(map(repr, values))) != len(values):
+                raise SpecError(f"{where}: grid key {key!r}{at} lists a value twice.")
+            grid[key] = values
+            continue
         section, name = key.split(".")
         annotation = field_type(SECTIONS[section], name)
         coerced = []
@@ -241,11 +253,10 @@ def cells(spec: Spec) -> list[Cell]:
     for combo in itertools.product(*(spec.grid[k] for k in keys)):
         overrides = dict(zip(keys, combo))
         for seed in spec.seeds:
-            values = {section: dict(fields) for section, fields in spec.base.items()}
+            values = dict(spec.base)
             for key, value in overrides.items():
-                section, name = key.split(".")
-                values.setdefault(section, {})[name] = value
-            values.setdefault("train", {})["seed"] = seed
+                set_key(values, key, value)
+            set_key(values, "train.seed", seed)
             name = cell_name(overrides, seed)
             try:
                 config = build_run_config(values)

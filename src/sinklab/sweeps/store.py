@@ -1,7 +1,8 @@
 """The results store of a sweep: one SQLite database, ``DIR/sweep.db``, beside the run folders.
 
 One row per cell: its status (pending, running, done, failed with a reason), run folder, config,
-grid values, summary metrics, timings, attempts and the code version that ran it. Every change is
+grid values, summary metrics (every metric of ``sinklab.metrics.METRICS`` that is one number per
+run, ``metric_names``), timings, attempts and the code version that ran it. Every change is
 one transaction, so a killed sweep leaves the database as it was after the last finished cell.
 Only the process that drives the sweep writes it; workers only compute.
 
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from sinklab import folders
+from sinklab.metrics import METRICS
 from sinklab.results import ResultsError, write_atomic
 from sinklab.sweeps.spec import Cell, Spec, folder_name
 
@@ -38,8 +40,13 @@ KIND = "sinklab sweep"
 FORMAT = "1"
 DB = "sweep.db"
 STATUSES = ("pending", "running", "done", "failed")
-METRICS = ("converged", "steps", "linf_error", "mse", "linf_trigger", "linf_nontrigger",
-           "bos_max", "sink_rate", "sink_heads", "train_time_s")
+
+
+def metric_names() -> list[str]:
+    """The metrics a cell's row keeps: every registered metric that is one number per run, read
+    from the table when asked, so a metric registered later is stored too."""
+    return [name for name, m in METRICS.items() if m.scalar]
+
 
 SCHEMA = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -283,8 +290,8 @@ def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
 
 def to_csv(rows: list[dict[str, Any]]) -> str:
     grid_keys = list(dict.fromkeys(k for r in rows for k in r["overrides"]))
-    fields = ["name", "status", "reason", *grid_keys, "seed", *METRICS, "attempts", "seconds",
-              "code_version"]
+    fields = ["name", "status", "reason", *grid_keys, "seed", *metric_names(), "attempts",
+              "seconds", "code_version"]
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n", extrasaction="ignore")
     writer.writeheader()

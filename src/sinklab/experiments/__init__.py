@@ -1,1 +1,0 @@
-"""Recipes that combine the library parts into the paper's experiments."""
