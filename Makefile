@@ -34,11 +34,13 @@ quick: $(STAMP)
 # The theorem checked numerically (docs/theory.md); reuses results/reproduce when it is there.
 theory: $(STAMP)
 	$(BIN)/sinklab theory --out results/theory \
-		$(if $(wildcard results/reproduce/summary.json),--reproduce results/reproduce)
+		$(if $(wildcard results/reproduce/records.json),--reproduce results/reproduce)
 
-# Every attention rule on the task, and the extensions past the paper (docs/zoo.md).
+# Every attention rule on the task (docs/zoo.md), and the extensions past the paper
+# (docs/extensions.md).
 zoo: $(STAMP)
 	$(BIN)/sinklab zoo --out results/zoo
+	$(BIN)/sinklab extensions --out results/extensions
 
 # Sinks in real pretrained models, SmolLM2 and MiniLM (docs/real-models.md).
 lm: $(STAMP)
@@ -56,16 +58,17 @@ bench: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 
-# Regenerate docs/reproduction.md, docs/theory.md, docs/zoo.md and docs/real-models.md, with their
-# figures, from a fresh default reproduction, the theory checks on its models, the zoo with its
-# extensions, and the real models.
+# Regenerate the reports in docs/ (reproduction, theory, zoo, extensions, real models), with
+# their figures and records, using the options in docs/studies.toml. Resumable: finished runs in
+# results/docs-* are kept, so an interrupted regeneration continues where it stopped.
+DOCS_CONFIG := --config docs/studies.toml
 docs: $(STAMP)
-	rm -rf results/docs-reproduce results/docs-theory results/docs-zoo
-	$(BIN)/sinklab reproduce --out results/docs-reproduce --docs docs/reproduction.md
-	$(BIN)/sinklab theory --reproduce results/docs-reproduce --out results/docs-theory \
-		--docs docs/theory.md
-	$(BIN)/sinklab zoo --out results/docs-zoo --docs docs/zoo.md
-	rm -rf results/docs-lm
+	$(BIN)/sinklab reproduce $(DOCS_CONFIG) --out results/docs-reproduce --docs docs/reproduction.md
+	$(BIN)/sinklab theory $(DOCS_CONFIG) --reproduce results/docs-reproduce \
+		--out results/docs-theory --docs docs/theory.md
+	$(BIN)/sinklab zoo $(DOCS_CONFIG) --out results/docs-zoo --docs docs/zoo.md
+	$(BIN)/sinklab extensions $(DOCS_CONFIG) --reuse results/docs-zoo \
+		--out results/docs-extensions --docs docs/extensions.md
 	$(BIN)/sinklab lm --model smollm2 --model minilm --out results/docs-lm \
 		--docs docs/real-models.md
 

@@ -115,6 +115,23 @@ CASES: dict[str, Case] = {
                          "model.attention='sigmoidish' is not a known attention rule"),
     "out of range": Case("value out of range", train("task.seq_len=3"),
                          "task.seq_len=3 is not allowed"),
+    "rule argument unknown": Case("unknown key", train("model.attention_args.temp=2"),
+                                  "model.attention_args.temp='2' is not allowed: attention rule "
+                                  "'softmax' takes the keyword argument temperature."),
+    "rule argument of another rule": Case("unknown key", train(
+        "model.attention=relu", "model.attention_args.temperature=2"),
+        "attention rule 'relu' takes no keyword arguments"),
+    "rule argument type": Case("value of the wrong type", train(
+        "model.attention_args.temperature=warm"),
+        "model.attention_args.temperature='warm' is not allowed: it must be a number."),
+    "rule argument range": Case("value out of range", train(
+        "model.attention_args.temperature=0"),
+        "model.attention_args.temperature=0.0 is not allowed: softmax's temperature must be a "
+        "number > 0."),
+    "rule argument in a file": Case("value of the wrong type", lambda tmp: [
+        "train", "--config", str(write(tmp, "run.toml", "[model]\nattention = 'sigmoid'\n"
+                                                        "[model.attention_args]\nbias = 'low'\n")),
+        "--out", str(tmp / "o")], "model.attention_args.bias='low' is not allowed"),
     "trigger out of range": Case("value out of range", train("task.seq_len=8",
                                                              "task.eval_trigger=8"),
                                  "task.eval_trigger=8 is not allowed"),

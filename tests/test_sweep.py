@@ -283,14 +283,14 @@ def test_report_gathers_every_result_into_markdown_and_a_self_contained_page(
         tmp_path, capsys, monkeypatch):
     import re
 
-    from sinklab.experiments import zoo
+    from sinklab.studies import zoo
 
     monkeypatch.setattr(zoo, "QUICK_STEPS", {"1x1": 20, "2x2": 10})
     root = tmp_path / "results"
     code, _, err = run_cli(capsys, "sweep", str(write(tmp_path, TINY)), "--out",
                            str(root / "sweep"), "--workers", "1")
     assert code == 0, err
-    code, _, err = run_cli(capsys, "zoo", "--quick", "--no-extensions", "--rules", "softmax,relu",
+    code, _, err = run_cli(capsys, "zoo", "--quick", "--rules", "softmax,relu",
                            "--workers", "1", "--out", str(root / "zoo"))
     assert code == 0, err
     code, stdout, err = run_cli(capsys, "report", str(root))
@@ -298,10 +298,10 @@ def test_report_gathers_every_result_into_markdown_and_a_self_contained_page(
     assert "zoo" in stdout and "sweep" in stdout
     text = (root / "report" / "REPORT.md").read_text()
     # the zoo's report first, then the sweep's section, written from its store
-    assert text.index("## Zoo (") < text.index("## Sweep (")
+    assert text.index("## Zoo: which attention rules need a sink (") < text.index("## Sweep (")
     assert "### Zoo: which attention rules need a sink" in text
     assert "`sinklab sweep " in text and "8 done" in text
-    assert "- [Zoo (" in text  # the contents
+    assert "- [Zoo: which attention rules need a sink (" in text  # the contents
     links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
     assert links and all((root / "report" / link).resolve().is_file() for link in links)
     page = (root / "report" / "REPORT.html").read_text()

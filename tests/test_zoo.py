@@ -1,20 +1,28 @@
-"""The attention-rule zoo: reading "where zero comes from" off weights, the learning-rate choice
-on validation sequences, and ``sinklab zoo`` end to end."""
+"""The attention-rule zoo (``sinklab.studies.zoo``): reading "where zero comes from" and "sinks on
+BOS" off weights, the outcome labels and the capacity arguments behind "cannot express", the
+relative Gu rate's row floor, and ``sinklab zoo`` end to end (learning rate chosen on
+validation, claims, resume)."""
 
 from __future__ import annotations
 
 import csv
 
 import pytest
+import torch
 
-from sinklab.attention import ROW_KIND, RULES
+from sinklab import metrics, theory
+from sinklab.attention import RULES, rule_info
+from sinklab.config import build_run_config
 from sinklab.metrics import default_source
+from sinklab.model import AttentionStack
+from sinklab.results import read_json
+from sinklab.studies import zoo
+from sinklab.task import sample_batch
 from test_cli import run_cli
 
 
 def test_every_rule_declares_its_row_kind():
-    assert set(ROW_KIND) == set(RULES)
-    assert set(ROW_KIND.values()) <= {"simplex", "implicit sink", "gated", "free"}
+    assert {rule_info(r).row_kind for r in RULES} <= {"simplex", "implicit sink", "gated", "free"}
 
 
 @pytest.mark.parametrize(("bos", "row_nt", "row_t", "kind", "want"), [
@@ -32,10 +40,141 @@ def test_default_source_reads_the_mechanism(bos, row_nt, row_t, kind, want):
     assert default_source(bos, row_nt, row_t, kind) == want
 
 
+def _run(bos, row_nt, row_t, rule):
+    summary = {"bos_mass_nontrigger": [bos], "row_sum_nontrigger": [row_nt],
+               "row_sum_trigger": [row_t]}
+    return zoo.bos_shares(summary), zoo.head_sources(summary, rule)
+
+
+def test_sinking_is_judged_by_the_bos_share_of_rows_that_are_on():
+    assert zoo.sinks(*_run([0.50, 0.05], [0.51, 0.5], [0.8, 0.8], "gated"))  # half-open gate
+    assert not zoo.sinks(*_run([0.0], [0.0], [3.0], "relu"))  # an all-zero row is no sink
+    assert not zoo.sinks(*_run([0.6, 0.3], [1.0, 1.0], [1.0, 1.0], "softmax"))  # under 0.9
+    # a sigmoid row of 1e-5 all on BOS: share 1, but the row is off, so it is no sink
+    assert not zoo.sinks(*_run([1e-5], [1e-5], [0.24], "sigmoid"))
+    assert zoo.bos_shares({"bos_mass_nontrigger": [[0.0, 0.3]],
+                           "row_sum_nontrigger": [[0.0, 0.6]]}) == [[None, 0.5]]
+
+
+def test_outcome_and_share_labels_say_mixed_when_seeds_disagree():
+    assert zoo.outcome(5, 5, 3000, None) == "solved"
+    assert zoo.outcome(2, 5, 3000, None) == "mixed (2 of 5 solved)"
+    assert zoo.outcome(0, 5, 3000, None) == "not reached in 3,000 steps"
+    assert zoo.outcome(0, 5, 3000, zoo.POSITION_FREE) == "cannot express (argument in the report)"
+    # a seed that solves anyway is reported as it is (and flagged against the argument)
+    assert zoo.outcome(1, 5, 3000, zoo.POSITION_FREE) == "mixed (1 of 5 solved)"
+    assert [zoo.share_label(k, 5) for k in (5, 0, 3)] == ["yes (5 of 5)", "no (0 of 5)",
+                                                          "mixed (3 of 5)"]
+
+
+def test_capacity_table_and_when_its_arguments_apply():
+    assert set(zoo.CAPACITY) == {("1x1", "relu_len"), ("1x1", "relu_raw"), ("1x1", "uniform")}
+    # not sigmoid (it sees the row's length) and nothing at 2x2 (a layer can write position)
+    assert not any(rule == "sigmoid" or config == "2x2" for config, rule in zoo.CAPACITY)
+    one = zoo.run_config("1x1", "relu_len", 1e-3, 0, False, "auto")
+    assert zoo.capacity_applies(one)
+    assert not zoo.capacity_applies(zoo.run_config("2x2", "relu_len", 1e-3, 0, False, "auto"))
+    assert not zoo.capacity_applies(zoo.run_config("1x1", "relu_len", 1e-3, 0, False, "auto",
+                                                   model={"block": "standard"}))
+    assert not zoo.capacity_applies(zoo.run_config("1x1", "relu_len", 1e-3, 0, False, "auto",
+                                                   task={"max_triggers": 2}))
+
+
+def test_capacity_bounds_are_the_stated_formulas():
+    bounds = zoo.capacity_bounds(zoo.run_config("1x1", "relu_len", 1e-3, 0, False, "auto"))
+    pf, fw = bounds["position_free"], bounds["fixed_weights"]
+    inv = [1 / j for j in range(2, 16)]  # training triggers 2..15 at L = 16
+    var = sum(v * v for v in inv) / 14 - (sum(inv) / 14) ** 2
+    assert pf["mse_floor"] == pytest.approx(var / 3) and pf["var_inv_j"] == pytest.approx(var)
+    assert pf["sup_floor"] == pytest.approx((1 / 2 - 1 / 15) / 2)
+    assert pf["mse_floor"] / pf["tol"] ** 2 == pytest.approx(pf["mse_floor_over_tol2"])
+    assert pf["mse_floor"] > pf["tol"] ** 2 * 100  # far above what the stop rule allows
+    assert fw["sup_floor"] == pytest.approx(3 / 10)  # (j + 1) / (j (j + 3)) at j = 2
+    w, j = fw["w_best"], 2  # the two errors the argument balances are equal there
+    assert w / 2 == pytest.approx(1 / j - w / (j + 1))
+
+
+def _position_free_model(rule, generator, scale):
+    cfg = build_run_config({"model": {"attention": rule}})
+    model = AttentionStack(cfg.model, cfg.task.d_model, residual=cfg.residual)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=generator) * scale)
+    return cfg, model
+
+
+@pytest.mark.parametrize("rule", ["relu_len", "relu_raw"])
+def test_no_position_free_model_beats_the_floor_even_when_trained(rule):
+    """The floor holds for any weights: random ones, and ones trained on the training
+    distribution (a few hundred Adam steps), measured on training sequences."""
+    generator = torch.Generator().manual_seed(0)
+    floor = None
+    for scale in (0.02, 0.3):
+        cfg, model = _position_free_model(rule, generator, scale)
+        floor = zoo.capacity_bounds(cfg)["position_free"]["mse_floor"]
+        assert zoo.capacity_mse(cfg, model) >= floor
+    cfg, model = _position_free_model(rule, generator, 0.1)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    data = torch.Generator().manual_seed(1)
+    for _ in range(300):
+        batch = sample_batch(cfg.task, 128, data, residual=cfg.residual)
+        loss = (model(batch.x).out[0] - batch.y).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert zoo.capacity_mse(cfg, model) >= floor
+    # the paper's ReLU divides by the query's position and so escapes: its exact construction
+    cfg, model = theory.relu_construction()
+    assert zoo.capacity_mse(cfg, model) < 1e-9
+
+
+def test_relative_gu_rate_ignores_rows_under_the_floor():
+    L, B = 16, 4
+    trigger = torch.full((B,), 7)
+    # one head (layers=1, H=1): non-trigger rows sum to 1e-5, all on BOS; the trigger row sums
+    # to 0.24 over keys 1..7: the sigmoid rows of the issue
+    w = torch.zeros(1, B, 1, L, L)
+    w[..., :, 0] = 1e-5
+    w[..., 7, :] = 0.0
+    w[..., 7, 1:8] = 0.24 / 7
+    unfloored = metrics.sink_rate(w[0], relative=True).mean().item()
+    assert unfloored == 1.0  # every sample counts as a sink without the floor
+    got = zoo.gu_relative(w, trigger)
+    assert got["rate"] == 0.0
+    assert got["rows"] == B * L and got["rows_ignored"] == B * (L - 1) and got["rows_zero"] == 0
+    # a softmax head parked on BOS keeps every row and is a sink in every sample
+    soft = torch.zeros(1, B, 1, L, L)
+    soft[..., :, 0] = 1.0
+    soft[..., 7, :] = 0.0
+    soft[..., 7, 1:8] = 1 / 7
+    got = zoo.gu_relative(soft, trigger)
+    assert got == {"rate": 100.0, "rows_ignored": 0, "rows_zero": 0, "rows": B * L}
+    # all-zero rows are ignored and counted as exactly zero
+    relu = torch.zeros(1, B, 1, L, L)
+    relu[..., 7, 1:8] = 0.5
+    got = zoo.gu_relative(relu, trigger)
+    assert got["rate"] == 0.0 and got["rows_ignored"] == got["rows_zero"] == B * (L - 1)
+
+
+def test_cells_keep_the_run_names_and_configs_of_earlier_zoo_folders():
+    opts = zoo.ZooOptions(seeds=2, rules=("softmax", "relu"))
+    from sinklab.studies.base import Execution
+
+    cells = zoo.cells(opts, Execution())
+    names = [c.name for c in cells]
+    assert len(names) == len(set(names)) == 2 * 2 * 3 * 2
+    assert "runs/1x1_softmax_lr0.001_seed0" in names and "runs/2x2_relu_lr0.0003_seed1" in names
+    cell = next(c for c in cells if c.name == "runs/1x1_relu_lr0.003_seed1")
+    assert cell.config == build_run_config({
+        "model": {"attention": "relu", "n_layers": 1, "n_heads": 1},
+        "train": {"seed": 1, "lr": 3e-3, "max_steps": 3000, "device": "auto", "log_every": 10}})
+    quick = zoo.cells(zoo.ZooOptions(quick=True, rules=("softmax",)), Execution())
+    assert [c.name for c in quick] == ["runs/1x1_softmax_lr0.001_seed0",
+                                       "runs/2x2_softmax_lr0.0003_seed0"]
+
+
 @pytest.fixture
 def tiny_zoo(monkeypatch):
-    from sinklab.experiments import zoo
-
     monkeypatch.setattr(zoo, "STEPS", {"1x1": 40, "2x2": 10})
     monkeypatch.setattr(zoo, "QUICK_STEPS", {"1x1": 30, "2x2": 10})
     monkeypatch.setattr(zoo, "LR_GRID", {"1x1": (1e-3, 3e-3), "2x2": (1e-4, 1e-3)})
@@ -45,42 +184,66 @@ def tiny_zoo(monkeypatch):
 @pytest.mark.slow
 def test_zoo_end_to_end_chooses_lr_on_validation_and_resumes(tmp_path, capsys, tiny_zoo):
     out, docs = tmp_path / "zoo", tmp_path / "docs" / "zoo.md"
-    args = ["zoo", "--seeds", "2", "--rules", "softmax,relu,gated", "--workers", "1",
-            "--no-extensions", "--out", str(out)]
+    args = ["zoo", "--seeds", "2", "--rules", "softmax,relu_len", "--workers", "1",
+            "--out", str(out)]
     code, _, err = run_cli(capsys, *args, "--docs", str(docs))
     assert code == 0, err
-    result = tiny_zoo.read_json(out / "zoo.json")
-    entries = result["entries"]
+    result = read_json(out / "records.json")
+    records = result["records"]
+    entries = records["entries"]
     assert [(e["config"], e["rule"]) for e in entries] == [
-        (c, r) for c in ("1x1", "2x2") for r in ("softmax", "relu", "gated")]
+        (c, r) for c in ("1x1", "2x2") for r in ("softmax", "relu_len")]
     for e in entries:
-        scores = e["validation_mse_by_lr"]
-        assert len(scores) == 2 and float(e["lr"]) == float(min(scores, key=scores.get))
-        assert len(e["runs"]) == 4 and e["chosen"]["n"] == 2
-        for run in e["runs"]:  # validation sequences are not the test sequences
+        scores = {s["lr"]: s["validation_mse"] for s in e["validation_mse_by_lr"]}
+        assert len(scores) == 2 and e["lr"] == min(scores, key=scores.get)
+        assert e["n"] == 2 and e["converged"] == 0  # 40 steps solve nothing
+        runs = [r for r in records["runs"] if (r["config"], r["rule"]) == (e["config"], e["rule"])]
+        assert len(runs) == 4
+        for run in runs:  # validation sequences are not the test sequences
             assert run["validation_mse"] != run["mse"]
-            assert set(run["bos_ablated"]) == {"linf_trigger", "linf_nontrigger",
-                                               "mse_trigger", "mse_nontrigger"}
-        if e["rule"] == "softmax":  # hiding BOS changes a softmax model's outputs
-            assert run["bos_ablated"]["mse_nontrigger"] != run["mse_nontrigger"]
-    rows = list(csv.DictReader((out / "zoo.csv").read_text().splitlines()))
-    assert len(rows) == 6 and rows[0]["rule"] == "softmax" and rows[0]["config"] == "1x1"
+            assert set(run["ablated"]) == set(zoo.ABLATION_KEYS)
+    by = {(e["config"], e["rule"]): e for e in entries}
+    # a proof, not the budget, labels 1x1 relu_len; the same rule at 2x2 gets the budget's label
+    assert by["1x1", "relu_len"]["outcome"] == "cannot express (argument in the report)"
+    assert by["2x2", "relu_len"]["outcome"] == "not reached in 10 steps"
+    assert by["1x1", "softmax"]["outcome"] == "not reached in 40 steps"
+    floor = records["capacity"]["position_free"]["mse_floor"]
+    assert all(v >= floor for v in by["1x1", "relu_len"]["capacity_mse"])
+    assert by["1x1", "softmax"]["capacity_mse"] == [None, None]
+    soft = next(r for r in records["runs"] if r["rule"] == "softmax")
+    assert soft["gu_rows_ignored"] == 0 and soft["gu_rows"] == 1000 * 16
+    claims = {c["key"]: c for c in result["claims"]}
+    assert claims["1x1.relu_len.solves"]["outcome"] == "contradicted"
+    assert claims["1x1.relu_len.no_bos_sink"]["rule"] == "none"
+    assert claims["2x2.relu_len.sinks_vs_softmax"]["rule"] == "rate_differs"
+    assert claims["1x1.relu_len.capacity_floor"]["outcome"] == "supported"
+    assert "2x2.relu_len.capacity_floor" not in claims
+    rows = list(csv.DictReader((out / "entries.csv").read_text().splitlines()))
+    assert [r["rule"] for r in rows] == ["softmax", "relu_len", "softmax", "relu_len"]
+    assert len(list(csv.DictReader((out / "runs.csv").read_text().splitlines()))) == 16
     text = (out / "ZOO.md").read_text()
-    assert "## 1x1" in text and "## 2x2" in text and "| gated |" in text
-    assert "## BOS ablation at evaluation" in text
-    assert result["extensions"] is None and "## Extensions" not in text
-    assert "(figures/fig_zoo_sources.png)" in text
+    assert text.startswith("# Zoo: which attention rules need a sink\n")
+    for section in ("## 1x1", "## 2x2", "## Rules that cannot express the task in one layer",
+                    "## BOS ablation at evaluation", "## Which rules need a BOS sink"):
+        assert section in text
+    assert "cannot express (argument in the report)" in text and "Var(1/j) / 3" in text
+    assert "(figures/fig_zoo_sources.png)" in text and "## Extensions" not in text
     assert (out / "figures" / "fig_zoo_bos.png").is_file()
     assert (docs.parent / "zoo" / "fig_zoo_sources.png").is_file()
+    assert docs.read_text().startswith("# Zoo: which attention rules need a sink\n")
 
     code, _, err = run_cli(capsys, *args)
-    assert code == 0 and "0 runs to train in 0 jobs" in err and "24 already finished" in err
+    assert code == 0 and "0 runs to train in 0 jobs" in err and "16 already finished" in err
+    assert "reused from" in err  # the model checks are cached, not computed again
 
 
 @pytest.mark.parametrize(("extra", "message"), [
     (["--rules", "softmax,bogus"], "--rules: 'bogus' is not a known attention rule: choose from"),
     (["--rules", ","], "--rules needs at least one rule name"),
+    (["--rules", "relu,relu"], "--rules lists 'relu' twice"),
     (["--seeds", "0"], "--seeds=0 is not allowed"),
+    (["--seeds", "1000000000"], "--seeds 1000000000 declares 60,000,000,000 runs"),
+    (["--no-extensions"], "unrecognized arguments: --no-extensions"),  # extensions left zoo
 ])
 def test_zoo_bad_input_is_one_sentence(tmp_path, capsys, extra, message):
     code, _, err = run_cli(capsys, "zoo", "--out", str(tmp_path / "z"), *extra)
@@ -89,64 +252,11 @@ def test_zoo_bad_input_is_one_sentence(tmp_path, capsys, extra, message):
 
 
 @pytest.mark.slow
-def test_zoo_quick_runs_every_rule(tmp_path, capsys, tiny_zoo):
-    code, _, err = run_cli(capsys, "zoo", "--quick", "--workers", "1", "--out",
-                           str(tmp_path / "z"))
-    assert code == 0, err
-    result = tiny_zoo.read_json(tmp_path / "z" / "zoo.json")
-    assert result["quick"] and {e["rule"] for e in result["entries"]} == set(RULES)
-    assert all(e["chosen"]["n"] == 1 and len(e["validation_mse_by_lr"]) == 1
-               for e in result["entries"])
-    text = (tmp_path / "z" / "ZOO.md").read_text()
-    assert "quick mode" in text
-    # the extensions, in their quick form, with every sweep reported
-    extensions = result["extensions"]
-    assert [e["seq_len"] for e in extensions["seq_len"]] == [8, 16, 32, 8, 16, 32]
-    assert len(extensions["trigger"]) == 6 and len(extensions["block"]) == 4
-    for e in extensions["length"]:
-        for run in e["runs"]:
-            own = next(t for t in run["tests"] if (t["seq_len"], t["trigger"]) == (16, 7))
-            summary = tiny_zoo.read_json(tiny_zoo.run_dir(tmp_path / "z", e["config"], e["rule"],
-                                                          1e-3, 0) / "summary.json")
-            # the L = 16 test is the run's own test set: the same number, computed twice
-            assert own["linf_nontrigger"] == pytest.approx(summary["linf_nontrigger"])
-    for e in extensions["emergence"]:  # logged every LOG_EVERY steps up to the stop step
-        assert e["runs"][0]["step"][:3] == [0, tiny_zoo.LOG_EVERY, 2 * tiny_zoo.LOG_EVERY]
-    for section in ("## Extensions", "### Sequence length", "### Trigger frequency",
-                    "### Length generalisation", "### The standard block", "### Sink emergence"):
-        assert section in text
-    rows = list(csv.DictReader((tmp_path / "z" / "extensions.csv").read_text().splitlines()))
-    assert {r["sweep"] for r in rows} == {"seq_len", "trigger", "block", "length"}
-    for name in ("seq_len", "trigger", "length", "block", "emergence"):
-        assert (tmp_path / "z" / "figures" / f"fig_ext_{name}.png").is_file()
-
-
-def test_sinking_is_judged_by_the_bos_share_of_rows_that_are_on():
-    from sinklab.experiments.zoo import sinks, verdict
-
-    def run(bos, row_nt, row_t, rule, converged=True):
-        summary = {"bos_mass_nontrigger": [bos], "row_sum_nontrigger": [row_nt],
-                   "row_sum_trigger": [row_t], "converged": converged}
-        sources = [[default_source(b, rn, rt, ROW_KIND[rule])
-                    for b, rn, rt in zip(bos, row_nt, row_t)]]
-        r = {**summary, "sources": sources}
-        return {**r, "sinks": sinks(r, rule)}
-
-    gated = run([0.50, 0.05], [0.51, 0.5], [0.8, 0.8], "gated")  # half-open gate over BOS
-    relu = run([0.0], [0.0], [3.0], "relu")  # an all-zero row is not a sink
-    spread = run([0.6, 0.3], [1.0, 1.0], [1.0, 1.0], "softmax")  # BOS-heavy, under 0.9
-    assert gated["sinks"] and not relu["sinks"] and not spread["sinks"]
-    assert verdict([gated, gated]).startswith("sinks on BOS whenever it solves the task (2/2")
-    assert verdict([relu, gated]).startswith("solves the task without a BOS sink (1/2")
-    assert verdict([run([0.0], [0.0], [3.0], "relu", converged=False)]).startswith("no verdict")
-
-
-@pytest.mark.slow
 def test_zoo_on_ray_stores_what_the_local_executor_stores(tmp_path, capsys, tiny_zoo, request):
     pytest.importorskip("ray")
     from sinklab.sweeps.store import Store
 
-    args = ["zoo", "--quick", "--no-extensions", "--rules", "softmax,relu", "--workers", "2"]
+    args = ["zoo", "--quick", "--rules", "softmax,relu", "--workers", "2"]
     code, _, err = run_cli(capsys, *args, "--out", str(tmp_path / "local"))
     assert code == 0, err
     request.getfixturevalue("local_ray")
@@ -159,3 +269,25 @@ def test_zoo_on_ray_stores_what_the_local_executor_stores(tmp_path, capsys, tiny
         assert remote[name]["linf_error"] == pytest.approx(local[name]["linf_error"], rel=1e-6)
         assert remote[name]["steps"] == local[name]["steps"]
     assert "## 1x1" in (tmp_path / "ray" / "ZOO.md").read_text()
+
+
+def test_relative_gu_rate_keeps_only_rows_that_are_on():
+    """One definition of an off row: rows that ``default_source`` calls off (a softpick head
+    whose non-trigger rows hold 1% of its trigger row's weight, all on BOS) are the rows the
+    relative rate ignores, and rows that are on are kept."""
+    L, B = 16, 2
+    trigger = torch.full((B,), 7)
+    w = torch.zeros(1, B, 1, L, L)
+    w[..., :, 0] = 0.0095
+    w[..., 7, :] = 0.0
+    w[..., 7, 1:8] = 1 / 7
+    row_nt = metrics.row_sums(w, trigger)
+    assert default_source(0.0095, row_nt["nontrigger"].item(), row_nt["trigger"].item(),
+                          "free") == "zero row"
+    assert metrics.sink_rate(w[0], relative=True).mean().item() == 1.0  # without the floor
+    got = zoo.gu_relative(w, trigger)
+    assert got["rate"] == 0.0 and got["rows_ignored"] == B * (L - 1)
+    w[..., :, 0] = 0.5  # the same rows, now on and all on BOS
+    w[..., 7, 0] = 0.0
+    got = zoo.gu_relative(w, trigger)
+    assert got["rate"] == 100.0 and got["rows_ignored"] == 0

@@ -7,10 +7,11 @@ says how many seeds would decide it (`needed`) and how that number was worked ou
 (`needed_text`).
 
 The builders below (`every`, `none`, `rate_differs`, `mean_at_least`, `mean_at_most`,
-`mean_within`, `exact`) each apply one decision rule; `DECISION_RULES` states every rule in one
-sentence, built from the module's constants so that no number is written twice. All statistics
-come from scipy.stats: exact Clopper-Pearson intervals (beta quantiles), Fisher's exact test
-(and its hypergeometric null for exact power) and bootstrap intervals of a mean.
+`mean_within`, `mean_in_range`, `exact`) each apply one decision rule; `DECISION_RULES` states
+every rule in one sentence, built from the module's constants so that no number is written
+twice. All statistics come from scipy.stats: exact Clopper-Pearson intervals (beta quantiles),
+Fisher's exact test (and its hypergeometric null for exact power) and bootstrap intervals of a
+mean.
 """
 
 from __future__ import annotations
@@ -284,6 +285,12 @@ DECISION_RULES: dict[str, str] = {
         f"{CONFIDENCE} bootstrap interval of the mean lies in [R - t, R + t], contradicted when "
         f"it lies wholly outside it, and otherwise (or with fewer than two seeds) undetermined."
     ),
+    "mean_in_range": (
+        f"'The mean lies in the reference range [L, H]' is supported when the whole "
+        f"{CONFIDENCE} bootstrap interval of the mean over independent units (seeds, or the "
+        f"probes a claim names) lies in [L, H], contradicted when it lies wholly outside it, "
+        f"and otherwise (or with fewer than two units) undetermined."
+    ),
     "exact": (
         "A deterministic check with no sampling is supported when the computed value is at most "
         "its bound and contradicted otherwise."
@@ -534,15 +541,19 @@ def rate_differs(
     )
 
 
-def _mean_text(arr: np.ndarray, lo: float, hi: float) -> str:
+SEEDS = ("seed", "seeds")  # the unit a mean is over, singular and plural
+
+
+def _mean_text(arr: np.ndarray, lo: float, hi: float, unit: tuple[str, str] = SEEDS) -> str:
     """'mean m over n seeds; 95% bootstrap interval [lo, hi]' (or why there is none)."""
     n = arr.size
+    one, many = unit
     if n == 0:
-        return "no seeds run"
+        return f"no {many} run"
     if not (math.isfinite(lo) and math.isfinite(hi)):
-        return f"mean {arr.mean():.4g} over {n} seed; one seed gives no bootstrap interval"
+        return f"mean {arr.mean():.4g} over {n} {one}; one {one} gives no bootstrap interval"
     return (
-        f"mean {arr.mean():.4g} over {n} seeds; {CONFIDENCE} bootstrap interval "
+        f"mean {arr.mean():.4g} over {n} {many}; {CONFIDENCE} bootstrap interval "
         f"[{lo:.4g}, {hi:.4g}]"
     )
 
@@ -556,9 +567,12 @@ def _mean_claim(
     decide: Callable[[float, float], str],
     margin: Callable[[float], float],
     margin_words: str,
+    unit: tuple[str, str] = SEEDS,
+    what: str = "",
 ) -> Claim:
-    """A claim about a mean over seeds: `decide(lo, hi)` gives the outcome of a decidable
-    interval, `margin(mean)` the distance an undetermined interval has to fit inside."""
+    """A claim about a mean over seeds (or other units): `decide(lo, hi)` gives the outcome of
+    a decidable interval, `margin(mean)` the distance an undetermined interval has to fit
+    inside; `what` says what each value is."""
     lo, hi = bootstrap_mean(arr)
     n = int(arr.size)
     decidable = math.isfinite(lo) and math.isfinite(hi)
@@ -567,8 +581,8 @@ def _mean_claim(
     if outcome == UNDETERMINED:
         if not decidable:
             needed_text = (
-                f"{n} seed(s) give no bootstrap interval; run at least two, then judge how many "
-                f"more from their spread."
+                f"{n} {unit[0]}(s) give no bootstrap interval; run at least two, then judge how "
+                f"many more from their spread."
             )
         else:
             mean = float(arr.mean())
@@ -586,7 +600,7 @@ def _mean_claim(
     return Claim(
         key=key,
         sentence=sentence,
-        data=_mean_text(arr, lo, hi),
+        data=(f"{what}; " if what else "") + _mean_text(arr, lo, hi, unit),
         test=test,
         outcome=outcome,
         n=n,
@@ -666,11 +680,49 @@ def mean_within(
         f"it (contradicted)"
     )
 
+    return _band_claim(key, sentence, arr, low_edge, high_edge, "mean_within", test)
+
+
+def mean_in_range(
+    key: str,
+    sentence: str,
+    values: Iterable[float],
+    low: float,
+    high: float,
+    unit: tuple[str, str] = SEEDS,
+    what: str = "",
+) -> Claim:
+    """'The mean lies in the reference range [low, high]' (rule 'mean_in_range'), the mean
+    taken over independent units (seeds, or for a real model its probes: ``unit`` names them,
+    ``what`` says what each value is).
+
+    Supported when the 95% bootstrap interval of the mean over the units lies inside
+    [low, high], contradicted when it lies wholly outside it, otherwise undetermined with
+    needed from the interval's half-width against the mean's distance to the nearer edge.
+    """
+    _check_finite(low, "low")
+    _check_finite(high, "high")
+    if high < low:
+        raise ValueError(f"the range must have low <= high (got [{low}, {high}]).")
+    arr = _as_values(values)
+    test = (
+        f"{CONFIDENCE} bootstrap interval of the mean over {unit[1]} inside [{low:.4g}, "
+        f"{high:.4g}] (supported) or wholly outside it (contradicted)"
+    )
+
+    return _band_claim(key, sentence, arr, low, high, "mean_in_range", test, unit, what)
+
+
+def _band_claim(key: str, sentence: str, arr: np.ndarray, low: float, high: float, rule: str,
+                test: str, unit: tuple[str, str] = SEEDS, what: str = "") -> Claim:
+    """A mean claimed to lie in [low, high]: supported when its bootstrap interval lies inside,
+    contradicted when wholly outside, else undetermined (needed from the distance of the mean
+    to the nearer edge)."""
+
     def decide(lo: float, hi: float) -> str:
-        """Outcome of an interval against the band around the reference."""
-        if low_edge <= lo and hi <= high_edge:
+        if low <= lo and hi <= high:
             return SUPPORTED
-        if hi < low_edge or lo > high_edge:
+        if hi < low or lo > high:
             return CONTRADICTED
         return UNDETERMINED
 
@@ -678,11 +730,13 @@ def mean_within(
         key,
         sentence,
         arr,
-        "mean_within",
+        rule,
         test,
         decide,
-        lambda mean: abs(tolerance - abs(mean - reference)),
-        f"the nearer edge of [{low_edge:.4g}, {high_edge:.4g}]",
+        lambda mean: min(abs(mean - low), abs(mean - high)),
+        f"the nearer edge of [{low:.4g}, {high:.4g}]",
+        unit,
+        what,
     )
 
 

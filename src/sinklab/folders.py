@@ -1,9 +1,11 @@
 """The folders sinklab writes: whose they are, who is writing them now, and whether a run in
 them finished.
 
-- **Marker.** ``sinklab.json`` names a folder's kind (``run``, ``runs``, ``reproduce``, ``theory``,
-  ``zoo``, ``lm``, ``sweep``, ``report``). A command writes only into a folder that is absent,
-  empty, or marked with the kind it writes; anything else is refused before a byte is written.
+- **Marker.** ``sinklab.json`` names a folder's kind (``run``, ``runs``, ``sweep``, ``report``, or
+  a study's name: ``reproduce``, ``theory``, ``zoo``, ``extensions``, ``lm``, ...; a study's
+  marker also names its report, see ``sinklab.studies``). A command writes only into a folder
+  that is absent, empty, or marked with the kind it writes; anything else is refused before a
+  byte is written.
   Other files that happen to look like ours (a ``config.json`` in a Hugging Face model folder)
   make no folder sinklab's.
 - **Lock.** A writer holds ``.sinklab.lock`` (an operating-system lock, through ``filelock``)
@@ -38,13 +40,10 @@ MARKER = "sinklab.json"
 LOCK = ".sinklab.lock"
 HOLDER = ".sinklab.lock.json"
 FORMAT = 1
+# The kinds of folder that are not a study's; each study adds its own (sinklab.studies.register).
 KINDS = {
     "run": "run folder",
     "runs": "folder of seed runs (sinklab train --seeds)",
-    "reproduce": "reproduce folder",
-    "theory": "theory folder",
-    "zoo": "zoo folder",
-    "lm": "lm folder",
     "sweep": "sweep folder",
     "report": "report folder",
 }
@@ -75,7 +74,10 @@ def read_marker(folder: Path) -> dict[str, Any] | None:
         raise ResultsError(f"{path} is not a file, so {folder} is not a sinklab folder; choose "
                            "another folder.")
     marker = read_json(path)
-    if not isinstance(marker, dict) or marker.get("kind") not in KINDS:
+    # A study's folder names its study in the marker, so that a folder of a study this process
+    # has not loaded (a plugin's) is still recognised as sinklab's.
+    if not isinstance(marker, dict) or not isinstance(marker.get("kind"), str) or (
+            marker["kind"] not in KINDS and not isinstance(marker.get("study"), dict)):
         found = marker.get("kind") if isinstance(marker, dict) else None
         what = f"names the unknown kind {found!r}" if found is not None else "names no kind"
         raise ResultsError(f"{path} is not sinklab's marker (it {what}), so {folder} is not a "

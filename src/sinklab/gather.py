@@ -1,9 +1,9 @@
 """``sinklab report DIR``: every result under DIR in one Markdown report and one self-contained
 HTML page.
 
-It finds the folders sinklab wrote (reproduce, theory, zoo, lm and sweep folders by their
+It finds the folders sinklab wrote (every study's folder and sweep folders by their
 ``sinklab.json`` marker, older sweeps by their ``sweep.db``) in DIR and the folders below it, and
-gathers their reports in that order: each report already says the command, date and versions
+gathers their reports in the studies' order: each report already says the command, date and versions
 behind its numbers. A sweep's section is written here from its store. The HTML page embeds every
 figure (base64 PNG), has a table of contents, and uses no JavaScript and no network.
 
@@ -23,25 +23,44 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sinklab import folders, report
+from sinklab import folders, report, studies
 from sinklab.results import ResultsError, write_atomic
 from sinklab.sweeps.store import DB, Store
 from sinklab.train import versions
 
-ORDER = ("reproduce", "theory", "zoo", "lm", "sweep")
-REPORT_FILE = {"reproduce": "REPORT.md", "theory": "THEORY.md", "zoo": "ZOO.md", "lm": "LM.md"}
-TITLE = {"reproduce": "Reproduction", "theory": "Theory", "zoo": "Zoo", "lm": "Real models",
-         "sweep": "Sweep"}
-
 
 @dataclass(frozen=True)
 class Found:
-    kind: str
+    kind: str  # a study's name, or "sweep"
     folder: Path
+    title: str
+    report: str | None  # the study's report file; None for a sweep (written from its store)
+
+
+def _study_of(kind: str, marker: dict[str, Any]) -> tuple[str, str] | None:
+    """(title, report file) of a study folder: from its marker, or for a folder an older sinklab
+    wrote (no study in its marker) from the registered study of that kind; None when the
+    folder is not a study's."""
+    info = marker.get("study")
+    if isinstance(info, dict) and isinstance(info.get("report"), str):
+        return str(info.get("title") or kind), info["report"]
+    known = {s.name: s for s in studies.all_studies()}
+    if kind in known:
+        return known[kind].title, known[kind].report
+    return None
+
+
+def _rank(found: Found) -> tuple[int, str]:
+    order = [s.name for s in studies.all_studies()]
+    if found.kind == "sweep":
+        return len(order) + 1, str(found.folder)
+    return (order.index(found.kind) if found.kind in order else len(order)), str(found.folder)
 
 
 def find(root: Path, depth: int = 2, skipped: list[str] | None = None) -> list[Found]:
-    """sinklab result folders in ``root`` and up to ``depth`` levels below, in report order.
+    """sinklab result folders in ``root`` and up to ``depth`` levels below, in report order:
+    every registered study in its order, then studies this sinklab does not know (a plugin's,
+    recognised by their marker), then sweeps.
 
     A folder whose marker or database is broken or not sinklab's is left out, with the reason
     appended to ``skipped``; symbolic links are not followed (they may lead anywhere)."""
@@ -50,21 +69,25 @@ def find(root: Path, depth: int = 2, skipped: list[str] | None = None) -> list[F
     while queue:
         folder, level = queue.pop(0)
         try:
-            kind = folders.kind_of(folder)
-            if kind is None and (folder / DB).is_file():  # a sweep folder from before markers
+            marker = folders.read_marker(folder)
+            if marker is None and (folder / DB).is_file():  # a sweep folder from before markers
                 Store.read(folder).close()
-                kind = "sweep"
+                marker = {"kind": "sweep"}
         except ResultsError as exc:
             if skipped is not None:
                 skipped.append(str(exc))
             continue
-        if kind in ORDER:
-            found.append(Found(kind, folder))
+        if marker is not None:
+            kind = marker["kind"]
+            if kind == "sweep":
+                found.append(Found("sweep", folder, "Sweep", None))
+            elif (study := _study_of(kind, marker)) is not None:
+                found.append(Found(kind, folder, *study))
         if level < depth:
             queue += [(p, level + 1) for p in sorted(folder.iterdir())
                       if p.is_dir() and not p.is_symlink() and not p.name.startswith(".")
                       and p.name != "runs"]
-    return sorted(found, key=lambda f: (ORDER.index(f.kind), str(f.folder)))
+    return sorted(found, key=_rank)
 
 
 def _demote(text: str, levels: int) -> str:
@@ -115,25 +138,26 @@ def gather(root: Path, out: Path, command: str,
     """The combined Markdown (image links relative to ``out``) and what it gathered."""
     found = find(root, skipped=skipped)
     if not found:
-        raise ResultsError(f"{root} holds no sinklab results (reproduce, theory, zoo, lm or "
-                           "sweep folders); run one of those commands with --out inside it.")
+        names = ", ".join(s.name for s in studies.all_studies())
+        raise ResultsError(f"{root} holds no sinklab results (folders of {names} or sweep); "
+                           "run one of those commands with --out inside it.")
     v = versions()
     lines = ["# sinklab report", "",
              f"- Gathered by `{command}` on {datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')}"
              f" (sinklab {v['sinklab']}, torch {v['torch']}, Python {v['python']}); each "
              "section names the command and versions behind its own numbers.",
-             "- Contents: " + ", ".join(f"{TITLE[f.kind]} (`{f.folder}`)" for f in found), "",
+             "- Contents: " + ", ".join(f"{f.title} (`{f.folder}`)" for f in found), "",
              "[TOC]", ""]
     for f in found:
-        if f.kind == "sweep":
+        if f.report is None:
             text = sweep_section(f.folder)
         else:
-            path = f.folder / REPORT_FILE[f.kind]
+            path = f.folder / f.report
             if not path.is_file():
                 raise ResultsError(f"{f.folder} is a {f.kind} folder without {path.name}; rerun "
                                    f"its command to write it.")
             text = path.read_text()
-        lines += [f"## {TITLE[f.kind]} (`{f.folder}`)", "",
+        lines += [f"## {f.title} (`{f.folder}`)", "",
                   _demote(_relink(text, f.folder, out), 2), ""]
     return "\n".join(lines), found
 

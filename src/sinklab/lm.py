@@ -151,6 +151,35 @@ def load(source: Source, device: torch.device) -> LoadedModel:
                        adds)
 
 
+def weights_info(source: Source) -> dict[str, Any]:
+    """What the model's weight files are, read from the files themselves: for a GGUF file its
+    name, the quantisation its metadata declares (``general.file_type``, e.g. MOSTLY_Q4_1) and
+    how many tensors are stored in each type; for a folder the weight files in it. Whatever is
+    stored, ``load`` computes in float32 (a quantised GGUF is dequantised on loading)."""
+    if not source.gguf:
+        files = sorted(p.name for p in source.folder.iterdir()
+                       if p.suffix in (".safetensors", ".bin", ".pt", ".pth"))
+        return {"format": "folder", "files": files}
+    import gguf  # load() has checked that it is installed
+
+    reader = gguf.GGUFReader(source.folder / source.gguf)
+    field_ = reader.fields.get("general.file_type")
+    file_type = None
+    if field_ is not None and field_.data:
+        code = int(field_.parts[field_.data[0]][0])
+        try:
+            file_type = gguf.LlamaFileType(code).name
+        except ValueError:
+            file_type = f"file type {code}"
+    types: dict[str, int] = {}
+    for tensor in reader.tensors:
+        types[tensor.tensor_type.name] = types.get(tensor.tensor_type.name, 0) + 1
+    quant = file_type.removeprefix("MOSTLY_") if file_type else None
+    return {"format": "gguf", "file": source.gguf, "file_type": file_type,
+            "quantisation": quant, "tensor_types": dict(sorted(types.items(),
+                                                              key=lambda kv: -kv[1]))}
+
+
 # ------------------------------------------------------------------------------- probes
 
 PROBE_TOKENS = 64  # content tokens per probe (natural probes are cut to this length)
@@ -232,6 +261,8 @@ class Accumulator:
     sink: Tensor | None = None  # (layers, heads, eps)
     dormant: Tensor | None = None  # (layers, heads, cutoffs)
     queries: dict[str, list[Tensor]] = field(default_factory=dict)
+    probe_sink: list[Tensor] = field(default_factory=list)  # (B, eps) per batch
+    probe_dormant: list[Tensor] = field(default_factory=list)  # (B, cutoffs) per batch
 
     def add(self, weights: Tensor) -> None:
         """weights (layers, B, H, T, T) of one batch."""
@@ -243,6 +274,15 @@ class Accumulator:
         sink = torch.stack([metrics.sink_rate(weights, eps, causal=self.causal)
                             for eps in EPS_SWEEP], dim=-1)
         dormant = torch.stack([metrics.dormant_rate(weights, c) for c in CUTOFF_SWEEP], dim=-1)
+        # the same rates per probe, over its (layer, head) pairs: the same metric functions on
+        # the weights laid out as (layer x head, probe, T, T), so that they average over the
+        # pairs and keep the probes apart (probes, not pairs, are independent draws)
+        layers, _, heads, seq, _ = weights.shape
+        by_probe = weights.transpose(1, 2).reshape(layers * heads, n, seq, seq)
+        self.probe_sink.append(torch.stack([metrics.sink_rate(by_probe, eps, causal=self.causal)
+                                            for eps in EPS_SWEEP], dim=-1).cpu())
+        self.probe_dormant.append(torch.stack([metrics.dormant_rate(by_probe, c)
+                                               for c in CUTOFF_SWEEP], dim=-1).cpu())
         if self.first is None:
             self.first, self.last_token = torch.zeros(first.shape), torch.zeros(last.shape)
             self.sink, self.dormant = torch.zeros(sink.shape), torch.zeros(dormant.shape)
@@ -256,18 +296,29 @@ class Accumulator:
                 self.queries.setdefault(key, []).append(value.cpu())
 
     def summary(self) -> dict[str, Any]:
+        """Every rate as a fraction (0..1): ``overall`` over (sample, layer, head),
+        ``per_layer`` over (sample, head), ``per_head`` (layers, heads) over samples,
+        ``per_probe`` over (layer, head), keyed by the
+        threshold ("0.3")."""
         n = max(self.samples, 1)
         sink, dormant = self.sink / n, self.dormant / n
+        probe_sink = torch.cat(self.probe_sink) if self.probe_sink else torch.zeros(0, 1)
+        probe_dormant = torch.cat(self.probe_dormant) if self.probe_dormant else \
+            torch.zeros(0, 1)
+
+        def rates(values: Tensor, per_probe: Tensor, cuts: tuple[float, ...]) -> dict[str, Any]:
+            return {f"{c:g}": {"overall": values[..., i].mean().item(),
+                               "per_layer": values[..., i].mean(-1).tolist(),
+                               "per_head": values[..., i].tolist(),
+                               "per_probe": per_probe[:, i].tolist()}
+                    for i, c in enumerate(cuts)}
+
         return {
             "causal": self.causal, "samples": self.samples,
             "first_token_mass": (self.first / n).tolist(),
             "last_token_mass": (self.last_token / n).tolist(),
-            "sink_rate": {f"{eps:g}": {"overall": 100 * sink[..., i].mean().item(),
-                                       "per_layer": (100 * sink[..., i].mean(-1)).tolist()}
-                          for i, eps in enumerate(EPS_SWEEP)},
-            "dormant": {f"{c:g}": {"overall": dormant[..., i].mean().item(),
-                                   "per_layer": dormant[..., i].mean(-1).tolist()}
-                        for i, c in enumerate(CUTOFF_SWEEP)},
+            "sink_rate": rates(sink, probe_sink, EPS_SWEEP),
+            "dormant": rates(dormant, probe_dormant, CUTOFF_SWEEP),
         }
 
     def query_arrays(self) -> dict[str, np.ndarray]:
@@ -309,6 +360,7 @@ TRIGGERED_LEVEL = 0.3  # a token triggers a head when its mean first-key weight 
 MIN_COUNT = 3  # ... over at least this many occurrences
 MIN_POSITION = 4  # queries this early see few keys; they are left out of the finder
 FOLLOW = 0.5  # "attends to X" when at least this share of the row goes there
+SPREAD_ENTROPY = 0.8  # "spread over the previous tokens" from this normalised entropy on
 
 
 def find_trigger_heads(arrays: dict[str, np.ndarray], tokens: np.ndarray, positions: np.ndarray,
@@ -367,7 +419,7 @@ def describe_targets(feats: dict[str, np.ndarray]) -> dict[str, Any]:
         kind = "itself"
     elif means["top"] >= FOLLOW:
         kind = f"one position ({mode} back, most often)"
-    elif means["entropy"] >= 0.8:
+    elif means["entropy"] >= SPREAD_ENTROPY:
         kind = "spread over the previous tokens (near uniform)"
     else:
         kind = "mixed"

@@ -1,6 +1,7 @@
 """The paper's theorem, made numerical: constructions, the sink family, denied sinks, frontiers.
 
-Five pieces, each a function of explicit inputs, gathered by ``run_theory`` (``sinklab theory``):
+Five pieces, each a function of explicit inputs, gathered by the ``sinklab theory`` study
+(``sinklab.studies.theorem``):
 
 - ``relu_construction``: weights for the paper's model class that solve the task *exactly* with
   ReLU attention and no sink, for any sequence length and width (>= 4);
@@ -9,7 +10,9 @@ Five pieces, each a function of explicit inputs, gathered by ``run_theory`` (``s
 - ``denied_configs``: training runs whose BOS key is removed, or whose BOS share is capped at
   1 - eps, at every non-trigger row (``model.bos``), to measure the error floor without a sink;
 - ``frontier_points``: every logged checkpoint of a reproduce folder as (error, BOS mass);
-- ``head_contributions``: per-head output norms at non-trigger rows of multi-layer models.
+- ``head_contributions``: per-head output norms at non-trigger rows of multi-layer models;
+  ``head_split``: each head's output there split into its mean (a constant vector) and the
+  variation around it.
 
 Weights use the model's row-vector convention: q = x W_Q, scores = q k^T, output = A (x W_V) W_O.
 """
@@ -206,25 +209,28 @@ def denied_config(rule: str, setting: str, eps: float | None, seed: int, max_ste
 
 
 def floor(rows: list[dict[str, Any]]) -> dict[str, float]:
-    """The best L-infinity error and MSE (loss) among a run's logged training checkpoints."""
+    """The best training-batch L-infinity error and MSE (loss) among a run's logged checkpoints
+    (``sinklab.results.read_log`` rows)."""
     good = [r for r in rows if r.get("loss") is not None and math.isfinite(r["loss"])]
     if not good:
         return {"best_linf": float("nan"), "best_mse": float("nan")}
-    return {"best_linf": min(r["linf"] for r in good), "best_mse": min(r["loss"] for r in good)}
+    return {"best_linf": min(r["train_linf"] for r in good),
+            "best_mse": min(r["loss"] for r in good)}
 
 
 # ------------------------------------------------------------------------------- frontier
 
 
 def frontier_points(rows: list[dict[str, Any]]) -> list[dict[str, float]]:
-    """(step, L-infinity error, min and max non-trigger BOS mass over heads) per checkpoint."""
+    """(step, training-batch L-infinity error, min and max non-trigger BOS mass over heads) per
+    checkpoint of a training log (``sinklab.results.read_log`` rows)."""
     points = []
     for r in rows:
-        if r.get("linf") is None or not math.isfinite(r["linf"]):
+        if r.get("train_linf") is None or not math.isfinite(r["train_linf"]):
             continue
         bos = np.ravel(r["bos_mass_nontrigger"])
-        points.append({"step": r["step"], "linf": r["linf"], "bos_min": float(bos.min()),
-                       "bos_max": float(bos.max())})
+        points.append({"step": r["step"], "train_linf": r["train_linf"],
+                       "bos_min": float(bos.min()), "bos_max": float(bos.max())})
     return points
 
 
@@ -250,19 +256,27 @@ def spearman(x: list[float], y: list[float]) -> float:
 ERROR_BINS = ((1.0, math.inf), (0.1, 1.0), (0.01, 0.1), (0.0, 0.01))
 
 
-def frontier_summary(points: list[dict[str, float]]) -> dict[str, Any]:
+def frontier_summary(points: list[dict[str, float]], min_bos_range: float = 0.0
+                     ) -> dict[str, Any]:
     """Mean min/max BOS mass of the checkpoints in each error band, and the rank correlation
-    of the error with 1 - max BOS mass (positive: less sink, more error)."""
+    of the error with 1 - max BOS mass (positive: less sink, more error).
+
+    The correlation is computed only when the max BOS mass spans more than ``min_bos_range``
+    over the checkpoints (``bos_range``, largest minus smallest); otherwise it is None: ranks
+    of masses that all sit within a sliver of each other order noise, not sinks."""
     bands = []
     for lo, hi in ERROR_BINS:
-        sel = [p for p in points if lo <= p["linf"] < hi]
+        sel = [p for p in points if lo <= p["train_linf"] < hi]
         bands.append({"linf_from": lo, "linf_to": hi, "n": len(sel),
                       "bos_min": float(np.mean([p["bos_min"] for p in sel])) if sel else None,
                       "bos_max": float(np.mean([p["bos_max"] for p in sel])) if sel else None})
+    tops = [p["bos_max"] for p in points]
+    bos_range = max(tops) - min(tops) if tops else 0.0
+    rho = (spearman([p["train_linf"] for p in points], [1 - b for b in tops])
+           if bos_range > min_bos_range else None)
     return {"n_checkpoints": len(points), "bands": bands,
-            "bos_max_overall": max((p["bos_max"] for p in points), default=None),
-            "spearman_error_vs_one_minus_max_bos": spearman(
-                [p["linf"] for p in points], [1 - p["bos_max"] for p in points])}
+            "bos_max_overall": max(tops, default=None), "bos_range": bos_range,
+            "spearman_error_vs_one_minus_max_bos": rho}
 
 
 # ---------------------------------------------------------------------- head contributions
@@ -356,3 +370,50 @@ def head_summary(entries: list[dict[str, Any]], sink: float = 0.9,
         "layer_sum_mean": float(np.mean(sums)) if sums else None,
         "final_cumulative": float(np.mean(finals)) if finals else None,
     }
+
+
+def mean_split(v: torch.Tensor) -> dict[str, float]:
+    """Vectors v (N, d) split into their mean m and the variation around it, as root mean
+    squares: ``rms`` = sqrt(mean |v_n|^2), ``const`` = |m|, ``var`` = sqrt(mean |v_n - m|^2),
+    so that rms^2 = const^2 + var^2 exactly (computed in float64)."""
+    v = v.to(torch.float64)
+    m = v.mean(dim=0)
+    return {"rms": v.pow(2).sum(-1).mean().sqrt().item(), "const": m.norm().item(),
+            "var": (v - m).pow(2).sum(-1).mean().sqrt().item()}
+
+
+@torch.no_grad()
+def head_split(model: AttentionStack, batch: Batch) -> dict[str, Any]:
+    """What every head of a one-member model writes at non-trigger rows, split (``mean_split``)
+    over all non-trigger rows of all sequences into a constant (the mean vector, the same at
+    every row, which heads and layers can cancel by adding opposite constants) and the variation
+    around it.
+
+    Returned: per layer, each head's non-trigger BOS mass and the split of its contribution
+    A_h (z W_V^h) W_O^h; the split of the layer's sum over heads (``layer``); the split of what
+    layers 1..l have added to the stream so far (``cumulative``: the stream minus x with a
+    residual stream, the stream itself without); and ``error``, the split of the model's own
+    output minus the target at those rows, computed by a separate forward pass. With a residual
+    stream the target there is x, so the last layer's ``cumulative`` is the error.
+    """
+    from sinklab.attention import causal_mask
+
+    x = batch.x.to(model.blocks[0].attn.w_q.dtype)
+    mask = causal_mask(x.shape[-2], x.device)
+    nontrigger, _ = metrics.row_types(batch.trigger, x.shape[-2])
+    h = x[None]
+    layers = []
+    for block in model.blocks:
+        attn = block.attn
+        y, _, weights = attn(h, mask)  # y (1, B, L, d), weights (1, B, H, L, L)
+        heads = []
+        for hd in range(attn.w_q.shape[1]):
+            post = weights[0, :, hd] @ (h[0] @ attn.w_v[0, hd]) @ attn.w_o[0, hd]  # (B, L, d)
+            heads.append({"bos_mass_nontrigger": weights[0, :, hd, :, 0][nontrigger].mean().item(),
+                          **mean_split(post[nontrigger])})
+        h = h + y if model.residual else y
+        moved = h[0] - x if model.residual else h[0]
+        layers.append({"heads": heads, "layer": mean_split(y[0][nontrigger]),
+                       "cumulative": mean_split(moved[nontrigger])})
+    out = model(x).out[0]
+    return {"layers": layers, "error": mean_split((out - batch.y)[nontrigger])}

@@ -1,0 +1,390 @@
+"""``sinklab lm``: the toy task's sink metrics on real pretrained models, and the candidate
+trigger-conditional heads in them.
+
+For each model (``--model``, repeatable: smollm2, minilm or a path) it runs two probe sets, the
+project's natural English passages and random-token sequences, each with and without the
+tokenizer's BOS (or [CLS] ... [SEP]) added, through the model loaded from local files
+(``sinklab.lm``). Each model's analysis is kept in ``cache/{model}.json`` with the settings it
+depends on, so a rerun with the same ``--out`` keeps every model already analysed. The records
+hold every (layer, head) value and every probe's rates; the claims compare a decoder's Gu sink
+rate on random tokens with the range Gu et al. report for open LMs, with the probe as the unit::
+
+    sinklab lm --model smollm2 --model minilm --out results/lm
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sinklab import claims as cl
+from sinklab import limits, lm
+from sinklab.claims import Claim
+from sinklab.config import ConfigError, check_count
+from sinklab.metrics import GU_EPS, GUO_CUTOFF
+from sinklab.studies import register
+from sinklab.studies.base import Context, Execution, FigureSpec, Study
+from sinklab.studies.reference import GU
+from sinklab.train import resolve_device
+
+PROBE_SETS = ("natural", "random")
+MAIN_EPS, MAIN_CUTOFF = f"{GU_EPS:g}", f"{GUO_CUTOFF:g}"  # keys of the sweeps the report leads with
+HALF = 0.5  # "a head puts at least half its weight on the first token"
+MIN_TOKENS = 8
+DEFAULT_BATCH = 16
+FORMAT = 2  # layout of a model's cached analysis: a change here recomputes every model
+PROBE_FILE = "src/sinklab/data/probes_en.txt"
+
+assert MAIN_EPS in {f"{e:g}" for e in lm.EPS_SWEEP}
+assert MAIN_CUTOFF in {f"{c:g}" for c in lm.CUTOFF_SWEEP}
+
+
+def _packaged_help() -> str:
+    return ", ".join(f"{name} (package {package.replace('_', '-')})"
+                     for name, (package, _, _) in lm.PACKAGED.items())
+
+
+@dataclass
+class LMOptions:
+    """What ``sinklab lm`` analyses; every value is checked on creation."""
+
+    models: tuple[str, ...] = field(default=("smollm2",), metadata={
+        "help": f"{_packaged_help()}, a Hugging Face model folder or a .gguf file; repeat for "
+                "several (default: smollm2)",
+        "flag": "--model", "append": True, "metavar": "NAME|PATH"})
+    n_tokens: int = field(default=lm.PROBE_TOKENS, metadata={
+        "help": f"tokens per probe, special tokens not counted (default: {lm.PROBE_TOKENS})",
+        "flag": "--tokens", "metavar": "N"})
+    n_random: int = field(default=lm.N_RANDOM, metadata={
+        "help": f"random-token probes (default: {lm.N_RANDOM})", "flag": "--random",
+        "metavar": "N"})
+    batch_size: int = field(default=DEFAULT_BATCH, metadata={
+        "help": f"probes per forward pass (default: {DEFAULT_BATCH})", "metavar": "N"})
+
+    def __post_init__(self) -> None:
+        if not self.models:
+            raise ConfigError("--model needs at least one model: smollm2, minilm or a path.")
+        for spec in self.models:
+            if self.models.count(spec) > 1:
+                raise ConfigError(f"--model {spec} is given twice; give each model once.")
+        check_count("--batch-size", self.batch_size)
+        check_count("--random", self.n_random)
+        if isinstance(self.n_tokens, bool) or not isinstance(self.n_tokens, int) or \
+                self.n_tokens < MIN_TOKENS:
+            raise ConfigError(f"--tokens={self.n_tokens!r} is not allowed: it must be an "
+                              f"integer >= {MIN_TOKENS}.")
+
+
+def folder_name(spec: str) -> str:
+    """A model's short name in file names: its own, or the path's last part made file-name
+    safe with a digest of the path (two folders of the same name stay apart)."""
+    if spec in lm.PACKAGED:
+        return spec
+    stem = Path(spec).expanduser().resolve().name
+    digest = hashlib.blake2b(spec.encode(), digest_size=3).hexdigest()
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", stem) + f"-{digest}"
+
+
+def check(opts: LMOptions, exe: Execution, out: Path) -> None:
+    """Every model must be findable before anything is written."""
+    for spec in opts.models:
+        lm.locate(spec)
+
+
+# ----------------------------------------------------------------------------- analysis
+
+
+def conditions(loaded: lm.LoadedModel) -> list[tuple[str, bool]]:
+    """(label, add specials) pairs: with and without the tokenizer's BOS / [CLS] ... [SEP]."""
+    if not loaded.prefix and not loaded.suffix:
+        return [("no BOS token in this tokenizer", False)]
+    added = " ... ".join(loaded.special_names)
+    return [(f"with {added}", True), (f"without {added}", False)]
+
+
+def probe_bytes(loaded: lm.LoadedModel, opts: LMOptions, natural: tuple[int, ...]) -> int:
+    """Memory of the probes and of one batch's attention weights (every layer's, kept by the
+    model and stacked here), beyond the model itself."""
+    n_natural, tokens = natural
+    tokens += 2  # BOS, or [CLS] and [SEP]
+    ids = 8 * tokens * (n_natural + 2 * opts.n_random)
+    batch = min(opts.batch_size, max(n_natural, opts.n_random))
+    weights = 4 * batch * loaded.n_layers * loaded.n_heads * tokens * tokens
+    per_query = 4 * 8 * loaded.n_layers * loaded.n_heads * n_natural * tokens  # the finder's
+    return ids + 4 * weights + per_query
+
+
+def _last_query(loaded: lm.LoadedModel, ids: Any) -> dict[str, Any]:
+    """The query Guo's dormant rate reads (``metrics.dormant_rate``: the last row, position
+    T - 1), and the token there when every probe has the same one (an appended [SEP])."""
+    last = ids[:, -1].unique()
+    token = loaded.tokenizer.decode([int(last[0])]) if len(last) == 1 else None
+    return {"position": int(ids.shape[1] - 1), "token": token}
+
+
+def analyse_model(spec: str, opts: LMOptions, exe: Execution, log: Any) -> dict[str, Any]:
+    """Load one model, run every probe set and condition, and return its results."""
+    start = time.perf_counter()
+    source = lm.locate(spec)
+    device = resolve_device(exe.device)
+    loaded = lm.load(source, device)
+    load_s = time.perf_counter() - start
+    log(f"lm: {spec}: loaded {loaded.n_layers} layers x {loaded.n_heads} heads in "
+        f"{load_s:.0f} s")
+    natural = lm.natural_ids(loaded, lm.natural_texts(), opts.n_tokens)
+    if natural.shape[1] < opts.n_tokens:
+        log(f"lm: {spec}: the shortest natural probe has {natural.shape[1]} tokens, so every "
+            f"probe is cut to {natural.shape[1]} (--tokens {opts.n_tokens} asked for more)")
+    limits.check_memory(probe_bytes(loaded, opts, natural.shape),
+                        f"--model {spec} with --random {opts.n_random} and --batch-size "
+                        f"{opts.batch_size}", device)
+    probes = {"natural": natural,
+              "random": lm.random_ids(loaded, opts.n_random, natural.shape[1])}
+    first_label = conditions(loaded)[0][0]
+    results, finder = [], None
+    for probe in PROBE_SETS:
+        for label, specials in conditions(loaded):
+            ids = lm.with_specials(loaded, probes[probe], specials)
+            # the finder reads the natural probes in the model's first condition (with BOS)
+            wanted = probe == "natural" and label == first_label
+            acc = lm.Accumulator(loaded.n_layers, loaded.n_heads, per_query=wanted)
+            for _, weights in lm.attentions(loaded, ids, opts.batch_size):
+                acc.add(weights)
+            results.append({"probes": probe, "condition": label, "specials": specials,
+                            "sequences": int(ids.shape[0]), "tokens": int(ids.shape[1]),
+                            "dormant_query": _last_query(loaded, ids), **acc.summary()})
+            if wanted and acc.causal:
+                positions = np.tile(np.arange(1, ids.shape[1]), ids.shape[0])
+                tokens = ids[:, 1:].reshape(-1).numpy()
+                finder = lm.find_trigger_heads(acc.query_arrays(), tokens, positions,
+                                               loaded.tokenizer.decode)
+            log(f"lm: {spec}: {probe} probes, {label}: done "
+                f"({time.perf_counter() - start:.0f} s)")
+    return {
+        "model": spec, "key": folder_name(spec), "folder": str(source.folder),
+        "weights": lm.weights_info(source), "architecture": type(loaded.model).__name__,
+        "n_layers": loaded.n_layers, "n_heads": loaded.n_heads, "causal": results[0]["causal"],
+        "special_tokens": loaded.special_names, "tokenizer_adds_them": loaded.adds_specials,
+        "load_s": load_s, "total_s": time.perf_counter() - start, "device": str(device),
+        "results": results, "finder_condition": first_label if finder is not None else None,
+        "trigger_heads": finder,
+    }
+
+
+def settings(spec: str, opts: LMOptions, exe: Execution) -> dict[str, Any]:
+    """What one model's analysis depends on (a cached analysis with other settings is redone)."""
+    return {"format": FORMAT, "model": spec, "n_tokens": opts.n_tokens,
+            "n_random": opts.n_random, "batch_size": opts.batch_size, "device": exe.device}
+
+
+# ------------------------------------------------------------------------------ records
+
+
+def _described(result: dict[str, Any]) -> dict[str, Any]:
+    """One probe set's per-head values summarised over heads (descriptive numbers)."""
+    first = np.asarray(result["first_token_mass"], dtype=float)
+    last = np.asarray(result["last_token_mass"], dtype=float)
+    return {**result, "first_mean": float(first.mean()),
+            "first_per_layer": first.mean(axis=1).tolist(),
+            "heads_first_half": int((first >= HALF).sum()),
+            "share_first_half": float((first >= HALF).mean()),
+            "last_mean": float(last.mean()), "heads_last_half": int((last >= HALF).sum()),
+            "pairs": int(first.size)}
+
+
+def _tables(models: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Flat rows for the CSV files: one per (model, probe set, condition), one per head."""
+    sets, heads = [], []
+    for m in models:
+        for r in m["results"]:
+            sets.append({"model": m["model"], "probes": r["probes"], "condition": r["condition"],
+                         "sequences": r["sequences"], "tokens": r["tokens"],
+                         "first_token_mass_mean": r["first_mean"],
+                         "share_heads_first_half": r["share_first_half"],
+                         "gu_sink_rate": r["sink_rate"][MAIN_EPS]["overall"],
+                         "dormant_rate": r["dormant"][MAIN_CUTOFF]["overall"]})
+            for layer in range(m["n_layers"]):
+                for head in range(m["n_heads"]):
+                    heads.append({
+                        "model": m["model"], "probes": r["probes"],
+                        "condition": r["condition"], "layer": layer + 1, "head": head + 1,
+                        "first_token_mass": r["first_token_mass"][layer][head],
+                        "last_token_mass": r["last_token_mass"][layer][head],
+                        "gu_sink_rate": r["sink_rate"][MAIN_EPS]["per_head"][layer][head],
+                        "dormant_rate": r["dormant"][MAIN_CUTOFF]["per_head"][layer][head]})
+    return sets, heads
+
+
+def collect(ctx: Context) -> dict[str, Any]:
+    opts: LMOptions = ctx.opts
+    models = []
+    for spec in opts.models:
+        kept = ctx.cached(folder_name(spec), settings(spec, opts, ctx.exe),
+                          lambda spec=spec: analyse_model(spec, opts, ctx.exe, ctx.log))
+        models.append({**kept, "results": [_described(r) for r in kept["results"]]})
+    sets, heads = _tables(models)
+    return {
+        "models": models, "probe_sets": sets, "heads": heads,
+        "probes": {"file": PROBE_FILE, "n_natural": len(lm.natural_texts()),
+                   "random_seed": lm.RANDOM_SEED},
+        "sweeps": {"eps": [f"{e:g}" for e in lm.EPS_SWEEP],
+                   "cutoffs": [f"{c:g}" for c in lm.CUTOFF_SWEEP],
+                   "main_eps": MAIN_EPS, "main_cutoff": MAIN_CUTOFF},
+        "finder": {"dormant_level": lm.DORMANT_LEVEL, "dormant_share": lm.DORMANT_SHARE,
+                   "triggered_level": lm.TRIGGERED_LEVEL, "min_count": lm.MIN_COUNT,
+                   "min_position": lm.MIN_POSITION, "follow": lm.FOLLOW,
+                   "spread_entropy": lm.SPREAD_ENTROPY},
+        "half": HALF,
+    }
+
+
+# ------------------------------------------------------------------------------- claims
+
+
+def condition_key(result: dict[str, Any]) -> str:
+    return "with_specials" if result["specials"] else "without_specials"
+
+
+def claims(records: dict[str, Any], opts: LMOptions) -> list[Claim]:
+    """Each decoder's Gu sink rate on random tokens against Gu et al.'s range for open LMs,
+    per condition, with the probe as the unit: a probe's rate is its share of (layer, head)
+    pairs over the threshold, and the bootstrap resamples probes (the pairs of one probe share
+    its tokens, so they are not independent draws). Encoders get no claim: Gu et al.'s range
+    is for decoder LMs, and an encoder's first-key importance averages over every query."""
+    out = []
+    eps = float(MAIN_EPS)
+    for m in records["models"]:
+        if not m["causal"]:
+            continue
+        pairs = m["n_layers"] * m["n_heads"]
+        for r in m["results"]:
+            if r["probes"] != "random":
+                continue
+            out.append(cl.mean_in_range(
+                f"{m['key']}.random.{condition_key(r)}.gu_rate_in_gu_range",
+                f"{m['model']}, random tokens {r['condition']}: the Gu sink rate (eps = "
+                f"{eps:g}) lies in the range Gu et al. report for open LMs, "
+                f"{GU.low:.0%}-{GU.high:.0%}",
+                r["sink_rate"][MAIN_EPS]["per_probe"], GU.low, GU.high,
+                unit=("probe", "probes"),
+                what=f"each probe's share of its {pairs} (layer, head) pairs whose first-key "
+                     f"importance exceeds {eps:g}, over {r['sequences']} random-token probes "
+                     f"of T = {r['tokens']} tokens (the probe is the unit: the pairs of one "
+                     f"probe are not independent); Gu et al.: {GU.what}"))
+    return out
+
+
+# ------------------------------------------------------------------------------ figures
+
+
+def _label(model: dict[str, Any], result: dict[str, Any]) -> str:
+    return f"{model['key']}: {result['probes']}, {result['condition']}"
+
+
+def _heat_grid(records: dict[str, Any], opts: LMOptions) -> tuple[int, int]:
+    return len(records["models"]), max(len(m["results"]) for m in records["models"])
+
+
+def _draw_heat(axes: Any, records: dict[str, Any], opts: LMOptions) -> None:
+    """Every (layer, head)'s first-token mass, one panel per (model, probe set, condition)."""
+    for row, m in enumerate(records["models"]):
+        for col in range(axes.shape[1]):
+            ax = axes[row, col]
+            if col >= len(m["results"]):
+                ax.set_axis_off()
+                continue
+            r = m["results"][col]
+            mass = np.asarray(r["first_token_mass"])
+            layers, heads = mass.shape  # 1-indexed, as the tables name heads (L21 H9)
+            image = ax.imshow(mass, cmap="Blues", vmin=0, vmax=1, aspect="auto",
+                              interpolation="nearest",
+                              extent=(0.5, heads + 0.5, layers + 0.5, 0.5))
+            ax.set_xlabel("head")
+            ax.set_ylabel("layer")
+            ax.set_title(_label(m, r), fontsize=8)
+            ax.figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+
+
+def _draw_sweeps(axes: Any, records: dict[str, Any], opts: LMOptions) -> None:
+    """Per model: the Gu rate against eps, the dormant rate against the cut-off, and the Gu
+    rate per layer at the main eps, one line per (probe set, condition)."""
+    for row, m in enumerate(records["models"]):
+        ax_eps, ax_cut, ax_layer = axes[row]
+        for r in m["results"]:
+            label = f"{r['probes']}, {r['condition']}"
+            ax_eps.plot([float(k) for k in r["sink_rate"]],
+                        [100 * v["overall"] for v in r["sink_rate"].values()], marker="o",
+                        label=label)
+            ax_cut.plot([float(k) for k in r["dormant"]],
+                        [100 * v["overall"] for v in r["dormant"].values()], marker="o",
+                        label=label)
+            per_layer = r["sink_rate"][MAIN_EPS]["per_layer"]
+            ax_layer.plot(range(1, len(per_layer) + 1), [100 * v for v in per_layer],
+                          marker=".", label=label)
+        ax_eps.set_xlabel("eps")
+        ax_eps.set_title(f"{m['key']}: Gu sink rate (%) against eps", fontsize=9)
+        ax_cut.set_xlabel("cut-off on the last query's first-token weight")
+        ax_cut.set_title(f"{m['key']}: Guo dormant (sample, layer, head) (%)", fontsize=9)
+        ax_layer.set_xlabel("layer")
+        ax_layer.set_title(f"{m['key']}: Gu sink rate (%) per layer, eps = {MAIN_EPS}",
+                           fontsize=9)
+        for ax in (ax_eps, ax_cut, ax_layer):
+            ax.set_ylim(-2, 102)
+            ax.legend(fontsize=6)
+
+
+def _random_sets(records: dict[str, Any]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    return [(m, r) for m in records["models"] if m["causal"] for r in m["results"]
+            if r["probes"] == "random"]
+
+
+def _draw_gu(ax: Any, records: dict[str, Any], opts: LMOptions) -> None:
+    """Each random-token probe's Gu sink rate (dots) and their mean (bar), per decoder and
+    condition, against Gu et al.'s range for open LMs (band)."""
+    sets = _random_sets(records)
+    rng = np.random.default_rng(0)  # jitter only
+    for i, (_, r) in enumerate(sets):
+        rates = 100 * np.asarray(r["sink_rate"][MAIN_EPS]["per_probe"])
+        ax.scatter(i + rng.uniform(-0.15, 0.15, len(rates)), rates, s=8, alpha=0.5,
+                   color="tab:blue")
+        ax.hlines(rates.mean(), i - 0.3, i + 0.3, color="black")
+    ax.axhspan(100 * GU.low, 100 * GU.high, color="tab:orange", alpha=0.2,
+               label="Gu et al., open LMs")
+    ax.set_xticks(range(len(sets)))
+    ax.set_xticklabels([_label(m, r) for m, r in sets], fontsize=7, rotation=15)
+    ax.set_ylabel(f"Gu sink rate (%) per probe, eps = {MAIN_EPS}")
+    ax.set_ylim(-2, 102)
+    ax.legend(fontsize=7)
+
+
+FIGURES = (
+    FigureSpec("fig_lm_first_token", _draw_heat, grid=_heat_grid, size=(4.2, 3.6),
+               title="First-token mass per (layer, head)"),
+    FigureSpec("fig_lm_sweeps", _draw_sweeps,
+               grid=lambda records, opts: (len(records["models"]), 3), size=(4.4, 3.6)),
+    FigureSpec("fig_lm_gu_random", _draw_gu, size=(7.0, 4.0),
+               title="Gu sink rate of each random-token probe",
+               when=lambda records, opts: bool(_random_sets(records))),
+)
+
+
+STUDY = register(Study(
+    name="lm",
+    title="Sinks in real pretrained models",
+    help="measure sinks in real pretrained models (SmolLM2, MiniLM, any local model)",
+    description="Run the project's natural English probes and random-token probes, with and "
+                "without the tokenizer's BOS, through real pretrained models loaded from local "
+                "files, and write per (layer, head) first-token mass, Gu sink rates and Guo "
+                "dormant fractions with their sweeps and per-probe values, heat maps, the "
+                "candidate trigger-conditional heads, records.json, claims.csv and LM.md. "
+                "Needs the extra sinklab[lm]. Rerunning with the same --out keeps the models "
+                "already analysed.",
+    options=LMOptions, template="real_models.md.j2", collect=collect, claims=claims,
+    figures=FIGURES, tables=("probe_sets", "heads"), report="LM.md", check=check,
+    trains=False, docs_example="docs/real-models.md", default_out="results/lm"))

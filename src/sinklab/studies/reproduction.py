@@ -1,0 +1,368 @@
+"""``sinklab reproduce``: the paper's experiments on many seeds, decided claim by claim.
+
+Trains 1x1, 2x2 and 4x4 models with softmax and ReLU attention under the paper's protocol into
+``runs/{1x1,2x2,4x4}_{softmax,relu}_seed{s}/``, then records every run's numbers, summarises the
+heads of each layer by statistics that do not depend on head order (heads are interchangeable
+between seeds), and decides the paper's claims with stated tests (``sinklab.claims``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from sinklab import claims as cl
+from sinklab import limits
+from sinklab.claims import Claim
+from sinklab.config import RunConfig, build_run_config, check_count
+from sinklab.metrics import SINK_HEAD_THRESHOLD
+from sinklab.results import read_npz
+from sinklab.studies import register
+from sinklab.studies.base import Cell, Context, Execution, FigureSpec, Study
+from sinklab.studies.reference import PAPER, REFERENCE_SEEDS
+
+EXPERIMENTS: dict[str, tuple[int, int]] = {"1x1": (1, 1), "2x2": (2, 2), "4x4": (4, 4)}
+RULES = ("softmax", "relu")
+QUICK_MAX_STEPS = 1500  # quick caps multi-layer runs here; they are not expected to converge
+DEFAULT_SEEDS, QUICK_SEEDS = 3, 1
+AGREE = 0.05  # a mean within this of the paper's read-off agrees (the figures are read to +-0.01)
+STEPS_FACTOR = 2.0  # mean steps within this factor of the reference code's seed 0 agree
+MAP_DIGITS = 4  # attention maps kept in the records for the figures
+
+
+@dataclass
+class ReproduceOptions:
+    """What ``sinklab reproduce`` trains; checked on creation."""
+
+    seeds: int | None = field(default=None, metadata={
+        "help": f"seeds per configuration (default: {DEFAULT_SEEDS}; {QUICK_SEEDS} with "
+                "--quick); claims about every seed need 9 or more to be decided",
+        "metavar": "N"})
+    quick: bool = field(default=False, metadata={
+        "help": f"smoke test, about a minute: {QUICK_SEEDS} seed, multi-layer runs capped at "
+                f"{QUICK_MAX_STEPS} steps"})
+
+    def __post_init__(self) -> None:
+        if self.seeds is None:
+            self.seeds = QUICK_SEEDS if self.quick else DEFAULT_SEEDS
+        check_count("--seeds", self.seeds)
+        # the size limit, from the count alone (before any cell is built)
+        limits.check_cells(self.seeds * len(EXPERIMENTS) * len(RULES), f"--seeds {self.seeds}")
+
+
+def run_config(experiment: str, rule: str, seed: int, opts: ReproduceOptions,
+               device: str) -> RunConfig:
+    """The paper protocol for one run (quick caps multi-layer runs' steps)."""
+    layers, heads = EXPERIMENTS[experiment]
+    train: dict[str, Any] = {"seed": seed, "device": device}
+    if opts.quick and layers > 1:
+        train["max_steps"] = QUICK_MAX_STEPS
+    return build_run_config({"model": {"attention": rule, "n_layers": layers, "n_heads": heads},
+                             "train": train})
+
+
+def run_name(experiment: str, rule: str, seed: int) -> str:
+    return f"runs/{experiment}_{rule}_seed{seed}"
+
+
+def cells(opts: ReproduceOptions, exe: Execution) -> list[Cell]:
+    """Every (configuration, rule, seed). Small models share an ensemble per (configuration,
+    rule); a 4x4 step is arithmetic-bound on a CPU, where an ensemble saves nothing, so big
+    models get one job per seed, which balances the worker processes better."""
+    out = []
+    for experiment, (layers, heads) in EXPERIMENTS.items():
+        for rule in RULES:
+            for seed in range(opts.seeds):
+                out.append(Cell(run_name(experiment, rule, seed),
+                                run_config(experiment, rule, seed, opts, exe.device),
+                                group=(experiment, rule), label=f"{experiment} {rule}",
+                                chunk=1 if layers * heads > 4 else None))
+    return out
+
+
+# ------------------------------------------------------------------------------ records
+
+RUN_KEYS = ("seed", "status", "converged", "steps", "train_linf", "linf_error", "linf_trigger",
+            "linf_nontrigger", "mse", "sink_heads", "sink_heads_per_layer", "bos_mass_nontrigger",
+            "bos_mass_nontrigger_min", "bos_mass_trigger", "trigger_key_mean",
+            "row_sum_nontrigger", "sink_rate_per_head", "engine", "train_time_s")
+
+
+def _run_record(experiment: str, rule: str, summary: dict[str, Any]) -> dict[str, Any]:
+    row = {"experiment": experiment, "rule": rule, **{k: summary[k] for k in RUN_KEYS}}
+    # the test L∞ under its own name: "linf" alone is ambiguous (the training log's is train_linf)
+    row["test_linf"] = row.pop("linf_error")
+    return row
+
+
+def _mean_ci(values: list[float]) -> dict[str, Any]:
+    arr = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    if not arr:
+        return {"mean": None, "interval": None, "n": 0}
+    return {"mean": float(np.mean(arr)), "interval": list(cl.bootstrap_mean(arr)), "n": len(arr)}
+
+
+def layer_summaries(runs: list[dict[str, Any]], experiment: str, rule: str
+                    ) -> list[dict[str, Any]]:
+    """Per layer, over seeds, statistics that do not depend on head order: how many seeds have
+    how many sink heads, the share of seeds with a sink in the layer (with its interval), and
+    the layer's BOS masses sorted largest first, summarised per rank."""
+    layers, heads = EXPERIMENTS[experiment]
+    group = [r for r in runs if r["experiment"] == experiment and r["rule"] == rule]
+    paper = PAPER[(experiment, rule)]
+    out = []
+    for layer in range(layers):
+        counts = [r["sink_heads_per_layer"][layer] for r in group]
+        with_sink = sum(c >= 1 for c in counts)
+        ranked = np.array([sorted(r["bos_mass_nontrigger"][layer], reverse=True)
+                           for r in group], dtype=float).reshape(len(group), heads)
+        out.append({
+            "experiment": experiment, "rule": rule, "layer": layer + 1, "n": len(group),
+            "sink_heads_distribution": {str(k): v for k, v in sorted(Counter(counts).items())},
+            "seeds_with_sink": with_sink,
+            "seeds_with_sink_interval": list(cl.clopper_pearson(with_sink, len(group)))
+            if group else None,
+            "sorted_bos_mean": ranked.mean(axis=0).tolist() if group else [],
+            "sorted_bos_min": ranked.min(axis=0).tolist() if group else [],
+            "sorted_bos_max": ranked.max(axis=0).tolist() if group else [],
+            "paper_sorted_bos": paper.sorted_bos()[layer],
+            "paper_sink_heads": paper.sink_heads_per_layer(SINK_HEAD_THRESHOLD)[layer],
+        })
+    return out
+
+
+def group_summary(runs: list[dict[str, Any]], experiment: str, rule: str) -> dict[str, Any]:
+    """One (configuration, rule) over seeds: convergence, steps and errors with intervals."""
+    group = [r for r in runs if r["experiment"] == experiment and r["rule"] == rule]
+    steps = [r["steps"] for r in group]
+    paper = PAPER[(experiment, rule)]
+    return {
+        "experiment": experiment, "rule": rule, "n": len(group),
+        "converged": sum(r["converged"] for r in group),
+        "steps": _mean_ci(steps), "steps_min": min(steps), "steps_max": max(steps),
+        "steps_sd": float(np.std(steps, ddof=1)) if len(steps) > 1 else None,
+        "paper_steps": paper.steps, "paper_steps_range": paper.steps_range,
+        "paper_steps_range_seeds": paper.steps_range_seeds,
+        "test_linf": _mean_ci([r["test_linf"] for r in group]),
+        "linf_nontrigger": _mean_ci([r["linf_nontrigger"] for r in group]),
+        "linf_trigger": _mean_ci([r["linf_trigger"] for r in group]),
+        "mse": _mean_ci([r["mse"] for r in group]),
+        "sink_heads": [r["sink_heads"] for r in group],
+        "bos_max": max(max(max(layer) for layer in r["bos_mass_nontrigger"]) for r in group),
+    }
+
+
+def _maps(ctx: Context, experiment: str, rule: str) -> dict[str, Any]:
+    """The first seed's mean (and for 1x1 std) attention maps, rounded, for the figures."""
+    maps = read_npz(ctx.out / run_name(experiment, rule, 0) / "attention.npz")
+    kept = {"mean": np.round(maps["mean"], MAP_DIGITS).tolist()}
+    if experiment == "1x1":
+        kept["std"] = np.round(maps["std"], MAP_DIGITS).tolist()
+    return kept
+
+
+def protocol(opts: ReproduceOptions, exe: Execution) -> dict[str, Any]:
+    """The settings the report quotes, read from the runs' own configs."""
+    single = run_config("1x1", "softmax", 0, opts, exe.device)
+    multi = run_config("4x4", "softmax", 0, opts, exe.device)
+    return {"beta1": single.train.beta1, "beta2": single.train.beta2,
+            "lr_1x1": single.train.lr, "lr_multi": multi.train.lr,
+            "batch_size": single.train.batch_size, "tol": single.train.tol,
+            "max_steps": single.train.max_steps, "max_steps_multi": multi.train.max_steps,
+            "eval_sequences": single.eval.n_sequences,
+            "eval_trigger": single.task.eval_trigger, "seq_len": single.task.seq_len,
+            "d_model": single.task.d_model}
+
+
+def collect(ctx: Context) -> dict[str, Any]:
+    opts = ctx.opts
+    runs = [_run_record(e, r, ctx.summary(run_name(e, r, s)))
+            for e in EXPERIMENTS for r in RULES for s in range(opts.seeds)]
+    return {
+        "protocol": protocol(opts, ctx.exe),
+        "runs": runs,
+        "groups": [group_summary(runs, e, r) for e in EXPERIMENTS for r in RULES],
+        "layers": [row for e in EXPERIMENTS for r in RULES
+                   for row in layer_summaries(runs, e, r)],
+        "maps": {f"{e}_{r}": _maps(ctx, e, r) for e in EXPERIMENTS for r in RULES},
+    }
+
+
+# ------------------------------------------------------------------------------- claims
+
+
+def _group(records: dict[str, Any], experiment: str, rule: str, converged: bool = False
+           ) -> list[dict[str, Any]]:
+    return [r for r in records["runs"] if r["experiment"] == experiment and r["rule"] == rule
+            and (r["converged"] or not converged)]
+
+
+def _any_sink(run: dict[str, Any]) -> bool:
+    return run["sink_heads"] >= 1
+
+
+def claims(records: dict[str, Any], opts: ReproduceOptions) -> list[Claim]:
+    """The reproduction's verdicts, each decided by its test."""
+    out: list[Claim] = []
+    thr = SINK_HEAD_THRESHOLD
+    sink = f"a head at non-trigger BOS mass >= {thr:g}"
+    for experiment in EXPERIMENTS:
+        for rule in RULES:
+            group = _group(records, experiment, rule)
+            out.append(cl.every(
+                f"{experiment}.{rule}.converges",
+                f"Every {experiment} {rule} seed reaches the stop rule",
+                sum(r["converged"] for r in group), len(group), "reached it"))
+    for experiment in EXPERIMENTS:
+        conv = _group(records, experiment, "softmax", converged=True)
+        out.append(cl.every(
+            f"{experiment}.softmax.some_head_sinks",
+            f"Every converged {experiment} softmax seed has a sink head (the theorem: some "
+            "head must sink)", sum(_any_sink(r) for r in conv), len(conv),
+            f"(the converged ones) have {sink}"))
+    conv = _group(records, "2x2", "softmax", converged=True)
+    n_2x2 = EXPERIMENTS["2x2"][0] * EXPERIMENTS["2x2"][1]
+    out.append(cl.every(
+        "2x2.softmax.every_head_sinks",
+        f"In every converged 2x2 softmax seed all {n_2x2} heads sink (the paper's figure)",
+        sum(r["sink_heads"] == n_2x2 for r in conv), len(conv),
+        f"(the converged ones) have all {n_2x2} heads at non-trigger BOS mass >= {thr:g}"))
+    conv = _group(records, "4x4", "softmax", converged=True)
+    every_layer = sum(all(n >= 1 for n in r["sink_heads_per_layer"]) for r in conv)
+    out.append(cl.every(
+        "4x4.softmax.sink_every_layer",
+        "Every converged 4x4 softmax seed has a sink head in every layer (the paper's figure)",
+        every_layer, len(conv),
+        f"(the converged ones) have a sink head in each of the {EXPERIMENTS['4x4'][0]} layers"))
+    paper_every = int(all(n >= 1 for n in PAPER[("4x4", "softmax")].sink_heads_per_layer(thr)))
+    out.append(cl.rate_differs(
+        "4x4.softmax.sink_every_layer_vs_paper",
+        "The share of 4x4 softmax models with a sink head in every layer differs from the "
+        "paper's", every_layer, len(conv), paper_every, 1,
+        "converged seeds", "the paper's one model"))
+    ref = REFERENCE_SEEDS["4x4.softmax.sink_in_layer_1"]
+    layer1 = sum(r["sink_heads_per_layer"][0] >= 1 for r in conv)
+    out.append(cl.rate_differs(
+        "4x4.softmax.sink_in_layer_1_vs_reference",
+        "sinklab's 4x4 softmax seeds put a sink head in layer 1 at a different rate than the "
+        "authors' reference code", layer1, len(conv), ref.k, ref.n,
+        "converged seeds with a sink head in layer 1", ref.label))
+    for experiment in EXPERIMENTS:
+        group = _group(records, experiment, "relu")
+        out.append(cl.none(
+            f"{experiment}.relu.never_sinks",
+            f"No {experiment} ReLU seed has a sink head", sum(_any_sink(r) for r in group),
+            len(group), f"have {sink}"))
+    soft = _group(records, "1x1", "softmax", converged=True)
+    paper = PAPER[("1x1", "softmax")]
+    out.append(cl.mean_within(
+        "1x1.softmax.bos_mass_vs_paper",
+        f"The 1x1 softmax model's non-trigger BOS mass matches the paper's "
+        f"{paper.bos_mass_nontrigger[0][0]:.2f} within {AGREE:g}",
+        [r["bos_mass_nontrigger"][0][0] for r in soft], paper.bos_mass_nontrigger[0][0], AGREE))
+    out.append(cl.mean_within(
+        "1x1.softmax.trigger_key_vs_paper",
+        f"The 1x1 softmax trigger row's weight per key 1..{records['protocol']['eval_trigger']} "
+        f"matches the paper's "
+        f"{paper.trigger_key_mean[0][0]:.2f} within {AGREE:g}",
+        [r["trigger_key_mean"][0][0] for r in soft], paper.trigger_key_mean[0][0], AGREE))
+    for experiment in EXPERIMENTS:
+        for rule in RULES:
+            conv = _group(records, experiment, rule, converged=True)
+            ref_steps = PAPER[(experiment, rule)].steps
+            out.append(cl.mean_within(
+                f"{experiment}.{rule}.steps_vs_reference",
+                f"{experiment} {rule}: steps to the stop rule within a factor of "
+                f"{STEPS_FACTOR:g} of the reference code's seed 0 ({ref_steps:,}), on a log2 "
+                "scale", [math.log2(r["steps"] / ref_steps) for r in conv], 0.0,
+                math.log2(STEPS_FACTOR)))
+    return out
+
+
+# ------------------------------------------------------------------------------ figures
+
+
+def _draw_1x1(axes: Any, records: dict[str, Any], opts: ReproduceOptions) -> None:
+    from sinklab import plots  # matplotlib only when drawing
+
+    for i, rule in enumerate(RULES):
+        maps = records["maps"][f"1x1_{rule}"]
+        mean = np.asarray(maps["mean"])[0, 0]
+        vmax = max(1.0, float(mean.max()))
+        plots.heatmap(axes[0, 2 * i], mean, f"{rule}: mean", vmax=vmax)
+        plots.heatmap(axes[0, 2 * i + 1], np.asarray(maps["std"])[0, 0], f"{rule}: std",
+                      vmax=vmax)
+
+
+def _grid_drawer(experiment: str, rule: str) -> Any:
+    def draw(axes: Any, records: dict[str, Any], opts: ReproduceOptions) -> None:
+        from sinklab import plots  # matplotlib only when drawing
+
+        maps = np.asarray(records["maps"][f"{experiment}_{rule}"]["mean"])
+        for layer in range(maps.shape[0]):
+            for head in range(maps.shape[1]):
+                plots.heatmap(axes[layer, head], maps[layer, head],
+                              f"Layer {layer + 1}, Head {head + 1}")
+    return draw
+
+
+def _draw_bos(ax: Any, records: dict[str, Any], opts: ReproduceOptions) -> None:
+    from sinklab import plots  # matplotlib only when drawing
+
+    groups = [(f"{e} {rule}", np.concatenate([np.ravel(r["bos_mass_nontrigger"])
+                                              for r in _group(records, e, rule)]))
+              for e in EXPERIMENTS for rule in RULES]
+    plots.bos_mass_strip(ax, groups)
+
+
+def _draw_sorted(axes: Any, records: dict[str, Any], opts: ReproduceOptions) -> None:
+    """4x4 softmax: each layer's BOS masses sorted largest first, one line per seed, the
+    paper's model in black: the order-invariant view of the heads."""
+    runs = _group(records, "4x4", "softmax")
+    for layer in range(4):
+        ax = axes[0, layer]
+        for r in runs:
+            ax.plot(range(1, 5), sorted(r["bos_mass_nontrigger"][layer], reverse=True),
+                    color="tab:blue", alpha=0.35, marker="o", markersize=3)
+        ax.plot(range(1, 5), PAPER[("4x4", "softmax")].sorted_bos()[layer], color="black",
+                marker="s", label="paper (one model)")
+        ax.axhline(SINK_HEAD_THRESHOLD, color="grey", linestyle="--", linewidth=1)
+        ax.set_ylim(-0.05, 1.05)
+        ax.set_xticks(range(1, 5))
+        ax.set_xlabel("head rank in the layer")
+        ax.set_title(f"Layer {layer + 1}")
+    axes[0, 0].set_ylabel("non-trigger BOS mass")
+    axes[0, 0].legend(fontsize="small")
+
+
+def _grid_title(experiment: str, rule: str) -> str:
+    return f"{rule} {experiment}, seed 0: mean attention, trigger at 8"
+
+
+FIGURES = (
+    FigureSpec("fig_1x1", _draw_1x1, grid=(1, 4), size=(4.25, 3.6)),
+    *[FigureSpec(f"fig_{e}_{r}", _grid_drawer(e, r), grid=EXPERIMENTS[e], size=(3.4, 3.0),
+                 title=_grid_title(e, r)) for e in ("2x2", "4x4") for r in RULES],
+    FigureSpec("fig_bos_mass", _draw_bos, size=(8, 4),
+               title="Non-trigger BOS mass of every head, every seed"),
+    FigureSpec("fig_sorted_bos_4x4", _draw_sorted, grid=(1, 4), size=(3.0, 3.0),
+               title="4x4 softmax: each layer's heads sorted by BOS mass, every seed"),
+)
+
+
+STUDY = register(Study(
+    name="reproduce",
+    title="sinklab reproduction report",
+    help="reproduce the paper: 1x1, 2x2, 4x4, softmax and ReLU, several seeds",
+    description="Train 1x1, 2x2 and 4x4 models with softmax and ReLU attention under the "
+                "paper's protocol on several seeds, summarise their heads by order-invariant "
+                "statistics, and decide the paper's claims with stated tests. Writes runs, "
+                "figures, records.json, claims.csv and REPORT.md. Rerunning with the same --out "
+                "resumes: finished runs are kept.",
+    options=ReproduceOptions, template="reproduction.md.j2", collect=collect, cells=cells,
+    claims=claims, figures=FIGURES, tables=("runs", "groups", "layers"), bulk=("maps",),
+    docs_example="docs/reproduction.md", default_out="results/reproduce"))

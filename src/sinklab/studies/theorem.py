@@ -1,0 +1,693 @@
+"""``sinklab theory``: the paper's theorem checked numerically, every verdict a stated test.
+
+Constructions (an exact ReLU solution with no sink, the softmax sink family), 1x1 models trained
+with their sink denied, the error-BOS frontier of trained models and what the heads of 4x4
+softmax models write at non-trigger rows. Writes into its own folder (``--out``) only::
+
+    denied/{rule}_{setting}_seed{s}/    1x1 runs with BOS removed or its share capped
+    runs/{1x1,2x2,4x4}_{rule}_seed{s}/  the reproduction's runs, trained here only without
+                                        --reproduce (the names and configs of
+                                        ``sinklab reproduce``, from ``studies.reproduction``)
+    figures/, records.json, claims.csv, one CSV per table, THEORY.md
+
+With ``--reproduce DIR`` the frontier and the heads come from DIR, a finished ``sinklab
+reproduce`` folder that is only read (never locked or written). Rerunning with the same ``--out``
+keeps every finished run.
+
+    sinklab theory --reproduce results/reproduce --out results/theory
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from sinklab import claims as cl
+from sinklab import folders, limits, theory
+from sinklab.claims import Claim
+from sinklab.config import ConfigError, check_count
+from sinklab.metrics import SINK_HEAD_THRESHOLD
+from sinklab.results import ResultsError, read_log
+from sinklab.studies import register, reproduction
+from sinklab.studies.base import Cell, Context, Execution, FigureSpec, Study, read_records
+
+RULES = ("softmax", "relu")
+GAPS = tuple(float(c) for c in range(0, 17))  # logit gaps of the softmax sink family
+RELU_SIZES = ((4, 4), (5, 7), (16, 16), (33, 12), (64, 32), (128, 64))  # (seq_len, d_model)
+DEFAULT_SEEDS, QUICK_SEEDS = 3, 2
+DENIED_STEPS = 3000  # about 4x the steps a 1x1 model needs with its sink
+QUICK_DENIED_STEPS = 1200
+HEAD_SEQUENCES, QUICK_HEAD_SEQUENCES = 1000, 200  # test sequences of the head measurements
+
+# The bounds and levels the claims are decided at (the report quotes them from the records).
+RELU_BOUND = {"float64": 1e-12, "float32": 1e-5}  # largest error an "exact" construction may have
+FAMILY_SLOPE = 1.0  # error proportional to the mass off BOS: log-log slope 1
+FAMILY_SLOPE_TOL = 0.1
+FRONTIER_LOW = theory.ERROR_BINS[-1][1]  # a checkpoint has "low error" below this batch L∞
+FRONTIER_MIN_RANGE = 0.1  # a rank correlation needs the max BOS mass to span more than this
+CONSTANT_SHARE = 0.5  # "most of what a head writes is a constant": its share of the squares
+CANCEL_SHARE = 0.01  # "cancels": the output keeps at most this share of the stream's excursion
+IDENTITY_REL = 1e-3  # two float32 paths to the same error agree to this relative difference
+HEAD_FIGURE_SEEDS = 4  # seeds drawn in the head figure (every seed is in the records)
+
+
+@dataclass
+class TheoryOptions:
+    """What ``sinklab theory`` computes and trains; checked on creation."""
+
+    seeds: int | None = field(default=None, metadata={
+        "help": f"seeds per denied-sink setting, and of the reproduction it trains without "
+                f"--reproduce (default: {DEFAULT_SEEDS}; {QUICK_SEEDS} with --quick); claims "
+                f"about every seed need {cl.UNIVERSAL_SEEDS} or more to be decided",
+        "metavar": "N"})
+    steps: int | None = field(default=None, metadata={
+        "help": f"step budget of the denied-sink runs (default: {DENIED_STEPS}; "
+                f"{QUICK_DENIED_STEPS} with --quick)", "metavar": "N"})
+    eps: tuple[float, ...] = field(default=theory.DENIED_EPS, metadata={
+        "help": "BOS share caps 1 - eps to train with, each eps in (0, 1) (default: "
+                f"{','.join(f'{e:g}' for e in theory.DENIED_EPS)})", "metavar": "E1,E2,..."})
+    reproduce: Path | None = field(default=None, metadata={
+        "help": "a finished `sinklab reproduce` folder whose runs the frontier and the head "
+                "measurements read (only read; default: train the reproduction's runs in this "
+                "study's own folder, under runs/)", "metavar": "DIR"})
+    seq_len: int = field(default=16, metadata={
+        "help": "sequence length of the softmax family, also checked for the ReLU "
+                "construction (default: 16; at least 4)", "metavar": "N"})
+    d_model: int = field(default=16, metadata={
+        "help": "width of both constructions (default: 16; at least 4)", "metavar": "N"})
+    quick: bool = field(default=False, metadata={
+        "help": f"smoke test: {QUICK_SEEDS} seeds, denied-sink runs of {QUICK_DENIED_STEPS} "
+                "steps, a quick reproduction"})
+
+    def __post_init__(self) -> None:
+        if self.seeds is None:
+            self.seeds = QUICK_SEEDS if self.quick else DEFAULT_SEEDS
+        check_count("--seeds", self.seeds)
+        for flag, value in (("--seq-len", self.seq_len), ("--d-model", self.d_model)):
+            if not (isinstance(value, int) and value >= 4):
+                raise ConfigError(f"{flag}={value!r} is not allowed: the constructions need "
+                                  "an integer >= 4 (BOS, trigger, content and bias flag).")
+        if self.steps is None:
+            self.steps = QUICK_DENIED_STEPS if self.quick else DENIED_STEPS
+        check_count("--steps", self.steps)
+        if not self.eps:
+            raise ConfigError("--eps needs at least one value in (0, 1).")
+        for eps in self.eps:
+            if not 0 < eps < 1:
+                raise ConfigError(f"--eps value {eps!r} is not allowed: every eps must lie in "
+                                  "(0, 1), the BOS share being capped at 1 - eps.")
+        if len(set(self.eps)) != len(self.eps):
+            twice = next(e for e in self.eps if self.eps.count(e) > 1)
+            raise ConfigError(f"--eps lists {twice!r} twice; give each cap once.")
+        own = len(RULES) * len(theory.denied_settings(self.eps))
+        trained = len(reproduction.EXPERIMENTS) * len(reproduction.RULES) \
+            if self.reproduce is None else 0
+        limits.check_cells(self.seeds * (own + trained), f"--seeds {self.seeds}")
+
+    def reproduce_options(self) -> reproduction.ReproduceOptions:
+        """The reproduction this study trains itself when no --reproduce folder is given."""
+        return reproduction.ReproduceOptions(seeds=self.seeds, quick=self.quick)
+
+
+# ------------------------------------------------------------------------------- cells
+
+
+def denied_name(rule: str, setting: str, seed: int) -> str:
+    return f"denied/{rule}_{setting}_seed{seed}"
+
+
+def cells(opts: TheoryOptions, exe: Execution) -> list[Cell]:
+    """The denied-sink runs (one ensemble of seeds per rule and setting), and without
+    --reproduce the reproduction's runs under their own names."""
+    out = [Cell(denied_name(rule, setting, seed),
+                theory.denied_config(rule, setting, eps, seed, opts.steps, exe.device),
+                group=("denied", rule, setting), label=f"denied 1x1 {rule} {setting}")
+           for rule in RULES for setting, eps in theory.denied_settings(opts.eps)
+           for seed in range(opts.seeds)]
+    if opts.reproduce is None:
+        out += reproduction.cells(opts.reproduce_options(), exe)
+    return out
+
+
+def construction_bytes(opts: TheoryOptions) -> int:
+    """Memory of the largest construction check (the ReLU construction's test set in float64,
+    the softmax family's)."""
+    sizes = [*RELU_SIZES, (opts.seq_len, opts.d_model)]
+    return max([limits.forward_bytes(theory.construction_config("softmax", n, d), 256,
+                                     itemsize=8) for n, d in sizes]
+               + [limits.forward_bytes(theory.construction_config("softmax", opts.seq_len,
+                                                                  opts.d_model), 2000,
+                                       itemsize=8)])
+
+
+def check_reproduce(rdir: Path) -> dict[str, Any]:
+    """The records of ``rdir``, a finished reproduce folder that no process is writing, whose
+    every run has finished; one sentence (ResultsError) otherwise. Reads only."""
+    rdir = Path(rdir)
+    hint = f"run `sinklab reproduce --out {rdir}` first, or leave out --reproduce"
+    if not rdir.exists():
+        raise ResultsError(f"--reproduce {rdir} is not a finished reproduce folder: it does not "
+                           f"exist ({hint}).")
+    if not rdir.is_dir():
+        raise ResultsError(f"--reproduce {rdir} is a file, not a reproduce folder.")
+    if folders.kind_of(rdir) != "reproduce":
+        raise ResultsError(f"--reproduce {rdir} is not a sinklab reproduce folder (its "
+                           f"{folders.MARKER} does not say so).")
+    # a probe of the writer's lock, only where a writer has left one (so nothing is created)
+    if (rdir / folders.LOCK).exists() and folders._held_elsewhere(rdir):
+        raise ResultsError(f"--reproduce {rdir} is being written by "
+                           f"{folders._holder_text(rdir)}; wait for it to finish, then run this "
+                           "command again.")
+    result = read_records(rdir, "reproduce")
+    for run in result["records"]["runs"]:
+        path = rdir / reproduction.run_name(run["experiment"], run["rule"], run["seed"])
+        if not folders.check_complete(path):
+            raise ResultsError(f"{path} has not finished; run `sinklab reproduce --out {rdir}` "
+                               "again to finish it.")
+    return result
+
+
+def check(opts: TheoryOptions, exe: Execution, out: Path) -> None:
+    """Before anything is written: the constructions fit in memory, --reproduce is usable and
+    --out is not inside it (a study writes only into its own folder)."""
+    limits.check_memory(construction_bytes(opts), f"checking the constructions at --seq-len "
+                        f"{opts.seq_len} and --d-model {opts.d_model}")
+    if opts.reproduce is not None:
+        check_reproduce(opts.reproduce)
+        rdir, target = Path(opts.reproduce).resolve(), Path(out).resolve()
+        if target == rdir or rdir in target.parents:
+            raise ResultsError(f"--out {out} is inside the --reproduce folder {opts.reproduce}, "
+                               "which this study only reads; choose an --out outside it.")
+
+
+# ----------------------------------------------------------------------------- records
+
+
+def _values(rows: list[dict[str, Any]], key: str) -> list[float]:
+    return [float(r[key]) for r in rows if r[key] is not None and np.isfinite(r[key])]
+
+
+def denied_records(ctx: Context) -> list[dict[str, Any]]:
+    """One row per denied-sink run: reached the stop rule?, its best training-batch errors
+    over the logged checkpoints, its test errors and BOS mass."""
+    rows = []
+    for rule in RULES:
+        for setting, eps in theory.denied_settings(ctx.opts.eps):
+            for seed in range(ctx.opts.seeds):
+                name = denied_name(rule, setting, seed)
+                summary = ctx.summary(name)
+                best = theory.floor(read_log(ctx.out / name / "metrics.jsonl"))
+                rows.append({
+                    "rule": rule, "setting": setting, "eps": eps, "seed": seed,
+                    "converged": summary["converged"], "status": summary["status"],
+                    "steps": summary["steps"], "best_train_linf": best["best_linf"],
+                    "best_train_mse": best["best_mse"], "test_linf": summary["linf_error"],
+                    "test_mse": summary["mse"],
+                    "bos_mass_nontrigger": summary["bos_mass_nontrigger"][0][0],
+                })
+    return rows
+
+
+def denied_settings(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per rule and setting, over seeds: how many reached the stop rule, and the errors."""
+    out = []
+    for rule in RULES:
+        for setting in dict.fromkeys(r["setting"] for r in rows):
+            sel = [r for r in rows if r["rule"] == rule and r["setting"] == setting]
+            best = _values(sel, "best_train_linf")
+            eps = sel[0]["eps"]
+            out.append({
+                "rule": rule, "setting": setting, "eps": eps, "n": len(sel),
+                "converged": sum(r["converged"] for r in sel),
+                "best_train_linf": best, "best_train_mse": _values(sel, "best_train_mse"),
+                "best_over_eps": [b / eps for b in best] if eps else None,
+                "test_linf": _values(sel, "test_linf"),
+                "bos_mass_nontrigger": _values(sel, "bos_mass_nontrigger"),
+            })
+    return out
+
+
+def reproduction_runs(ctx: Context) -> tuple[Path, list[dict[str, Any]], dict[str, Any]]:
+    """Where the reproduction's runs are, which runs (experiment, rule, seed, converged) and
+    what it was run with (seeds, quick, and the --reproduce folder or None)."""
+    opts = ctx.opts
+    if opts.reproduce is not None:
+        result = check_reproduce(opts.reproduce)  # again: it may have changed meanwhile
+        runs = [{k: r[k] for k in ("experiment", "rule", "seed", "converged")}
+                for r in result["records"]["runs"]]
+        return Path(opts.reproduce), runs, {
+            "folder": str(opts.reproduce), "seeds": result["options"]["seeds"],
+            "quick": result["options"]["quick"], "command": result["meta"]["command"]}
+    runs = []
+    for e in reproduction.EXPERIMENTS:
+        for r in reproduction.RULES:
+            for s in range(opts.seeds):
+                summary = ctx.summary(reproduction.run_name(e, r, s))
+                runs.append({"experiment": e, "rule": r, "seed": s,
+                             "converged": summary["converged"]})
+    return ctx.out, runs, {"folder": None, "seeds": opts.seeds, "quick": opts.quick,
+                           "command": None}
+
+
+def _low_error(points: list[dict[str, float]]) -> list[dict[str, float]]:
+    return [p for p in points if p["train_linf"] < FRONTIER_LOW]
+
+
+def frontier_records(rdir: Path, runs: list[dict[str, Any]]
+                     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Every logged checkpoint of every reproduction run as (training-batch L∞, min and max
+    non-trigger BOS mass over heads), and per (experiment, rule) their summary."""
+    per_run = []
+    for run in runs:
+        path = rdir / reproduction.run_name(run["experiment"], run["rule"], run["seed"])
+        points = theory.frontier_points(read_log(path / "metrics.jsonl"))
+        low = _low_error(points)
+        per_run.append({**run, "points": points, "n_low": len(low),
+                        "n_low_sink": sum(p["bos_max"] >= SINK_HEAD_THRESHOLD for p in low)})
+    groups = []
+    for e in reproduction.EXPERIMENTS:
+        for rule in reproduction.RULES:
+            sel = [r for r in per_run if r["experiment"] == e and r["rule"] == rule]
+            if not sel:
+                continue
+            every = [p for r in sel for p in r["points"]]
+            low = _low_error(every)
+            groups.append({
+                "experiment": e, "rule": rule, "n_runs": len(sel),
+                **theory.frontier_summary(every, min_bos_range=FRONTIER_MIN_RANGE),
+                "n_low": len(low),
+                "low_bos_max_min": min((p["bos_max"] for p in low), default=None),
+                "low_bos_max_max": max((p["bos_max"] for p in low), default=None),
+            })
+    return per_run, groups
+
+
+def head_records(rdir: Path, runs: list[dict[str, Any]], n_sequences: int
+                 ) -> list[dict[str, Any]]:
+    """What every head of every 4x4 softmax reproduction model writes at non-trigger rows,
+    split into its constant and its variation (``theory.head_split``)."""
+    from sinklab.train import load_model
+
+    found = []
+    for run in runs:
+        if run["experiment"] != "4x4" or run["rule"] != "softmax":
+            continue
+        cfg, model = load_model(rdir / reproduction.run_name("4x4", "softmax", run["seed"]))
+        batch = theory.all_triggers_batch(cfg, n_sequences, seed=0, dtype=torch.float32)
+        found.append({"seed": run["seed"], "converged": run["converged"],
+                      **theory.head_split(model, batch)})
+    return found
+
+
+def constant_share(entry: dict[str, Any]) -> float:
+    """The share of the summed squares of a model's head outputs that is their constant part:
+    sum of const^2 over every head / sum of rms^2."""
+    heads = [h for layer in entry["layers"] for h in layer["heads"]]
+    total = sum(h["rms"] ** 2 for h in heads)
+    return sum(h["const"] ** 2 for h in heads) / total if total > 0 else float("nan")
+
+
+def excursion(entry: dict[str, Any]) -> float:
+    """How far the layers move the stream at non-trigger rows: the largest RMS, over layers,
+    of what layers 1..l have added."""
+    return max(layer["cumulative"]["rms"] for layer in entry["layers"])
+
+
+def head_rows(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (seed, layer, head): every head of every seed, as measured."""
+    return [{"seed": e["seed"], "converged": e["converged"], "layer": li + 1, "head": hi + 1,
+             **h} for e in entries for li, layer in enumerate(e["layers"])
+            for hi, h in enumerate(layer["heads"])]
+
+
+def _range(values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return {"mean": None, "min": None, "max": None}
+    return {"mean": float(np.mean(values)), "min": float(min(values)),
+            "max": float(max(values))}
+
+
+def head_layers(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per layer, over seeds, statistics that do not depend on head order (heads are
+    interchangeable between seeds): sink heads per seed, the heads' summed squares and their
+    constant share, the split of sink and other heads pooled, of the layer's sum and of the
+    stream so far; each as mean, smallest and largest over seeds (or over the pooled heads)."""
+    if not entries:
+        return []
+    out = []
+    for li in range(len(entries[0]["layers"])):
+        layers = [e["layers"][li] for e in entries]
+        heads = [h for layer in layers for h in layer["heads"]]
+        sinks = [h for h in heads if h["bos_mass_nontrigger"] >= SINK_HEAD_THRESHOLD]
+        others = [h for h in heads if h["bos_mass_nontrigger"] < SINK_HEAD_THRESHOLD]
+        counts = [sum(h["bos_mass_nontrigger"] >= SINK_HEAD_THRESHOLD for h in layer["heads"])
+                  for layer in layers]
+        out.append({
+            "layer": li + 1, "n": len(layers),
+            "sink_heads_distribution": {str(k): v for k, v in sorted(Counter(counts).items())},
+            "head_rms": _range([h["rms"] for h in heads]),
+            "sink_const": _range([h["const"] for h in sinks]),
+            "sink_var": _range([h["var"] for h in sinks]),
+            "other_const": _range([h["const"] for h in others]),
+            "other_var": _range([h["var"] for h in others]),
+            "n_sink": len(sinks), "n_other": len(others),
+            "layer_const": _range([layer["layer"]["const"] for layer in layers]),
+            "layer_var": _range([layer["layer"]["var"] for layer in layers]),
+            "cumulative_const": _range([layer["cumulative"]["const"] for layer in layers]),
+            "cumulative_var": _range([layer["cumulative"]["var"] for layer in layers]),
+        })
+    return out
+
+
+def protocol(opts: TheoryOptions, exe: Execution) -> dict[str, Any]:
+    """The settings the report quotes, read from a denied-sink run's own config."""
+    cfg = theory.denied_config("softmax", "removed", None, 0, opts.steps, exe.device)
+    return {"tol": cfg.train.tol, "lr": cfg.train.lr, "beta1": cfg.train.beta1,
+            "beta2": cfg.train.beta2, "batch_size": cfg.train.batch_size,
+            "denied_steps": opts.steps, "log_every": cfg.train.log_every,
+            "eval_sequences": cfg.eval.n_sequences, "eval_trigger": cfg.task.eval_trigger,
+            "seq_len": cfg.task.seq_len, "d_model": cfg.task.d_model,
+            "seeds": opts.seeds, "eps": list(opts.eps), "quick": opts.quick,
+            "relu_sizes": [list(s) for s in dict.fromkeys(
+                [*RELU_SIZES, (opts.seq_len, opts.d_model)])]}
+
+
+def thresholds() -> dict[str, Any]:
+    return {"relu_bound": RELU_BOUND, "family_slope": FAMILY_SLOPE,
+            "family_slope_tol": FAMILY_SLOPE_TOL, "frontier_low": FRONTIER_LOW,
+            "frontier_min_range": FRONTIER_MIN_RANGE, "constant_share": CONSTANT_SHARE,
+            "cancel_share": CANCEL_SHARE, "identity_rel": IDENTITY_REL,
+            "sink_head": SINK_HEAD_THRESHOLD, "head_figure_seeds": HEAD_FIGURE_SEEDS,
+            "error_bins": [[lo, None if hi == float("inf") else hi]
+                           for lo, hi in theory.ERROR_BINS]}
+
+
+def collect(ctx: Context) -> dict[str, Any]:
+    opts = ctx.opts
+    ctx.log("theory: ReLU construction and softmax sink family")
+    sizes = list(dict.fromkeys([*RELU_SIZES, (opts.seq_len, opts.d_model)]))
+    relu = theory.relu_exactness(sizes)
+    family = theory.family_sweep(list(GAPS), seq_len=opts.seq_len, d_model=opts.d_model)
+    denied = denied_records(ctx)
+    rdir, runs, source = reproduction_runs(ctx)
+    ctx.log(f"theory: frontier and heads from the reproduction's runs in {rdir}")
+    per_run, groups = frontier_records(rdir, runs)
+    n_seq = QUICK_HEAD_SEQUENCES if source["quick"] else HEAD_SEQUENCES
+    heads = head_records(rdir, runs, n_seq)
+    for entry in heads:
+        entry["constant_share"] = constant_share(entry)
+        entry["excursion"] = excursion(entry)
+    return {
+        "protocol": protocol(opts, ctx.exe), "thresholds": thresholds(),
+        "reproduction": {**source, "head_sequences": n_seq},
+        "relu_construction": relu, "family": family,
+        "denied": denied, "denied_settings": denied_settings(denied),
+        "frontier_runs": per_run, "frontier": groups,
+        "heads": heads, "head_rows": head_rows(heads), "head_layers": head_layers(heads),
+    }
+
+
+# ------------------------------------------------------------------------------ claims
+
+
+def relu_claims(records: dict[str, Any]) -> list[Claim]:
+    relu = records["relu_construction"]
+    sizes = ", ".join(f"({n}, {d})" for n, d in records["protocol"]["relu_sizes"])
+    out = []
+    for dtype in ("float64", "float32"):
+        rows = [r for r in relu if r["dtype"] == dtype]
+        out.append(cl.exact(
+            f"relu.exact_{dtype}",
+            f"The hand-built ReLU weights solve the task exactly in {dtype}: 1x1 and 2x2, "
+            f"(seq_len, d_model) in {sizes}, every trigger position",
+            max(r["linf"] for r in rows), RELU_BOUND[dtype],
+            f"largest L∞ error over {len(rows)} checks"))
+    out.append(cl.exact(
+        "relu.no_bos_weight",
+        "The ReLU construction puts weight 0 on BOS at every row of every check (no sink)",
+        max(r["bos_weight_max"] for r in relu), 0.0,
+        f"largest BOS weight at any row over {len(relu)} checks"))
+    return out
+
+
+def family_claims(records: dict[str, Any]) -> list[Claim]:
+    fam = records["family"]
+    errors = [p["linf_nontrigger"] for p in fam["points"]]
+    rise = max(b - a for a, b in zip(errors, errors[1:]))
+    gaps = [p["c"] for p in fam["points"]]
+    return [
+        cl.exact("family.error_never_rises",
+                 f"In the softmax sink family the non-trigger L∞ error falls as the logit gap c "
+                 f"grows from {gaps[0]:g} to {gaps[-1]:g} and the BOS mass rises",
+                 rise, 0.0, "largest change of the error from one gap to the next"),
+        cl.exact("family.error_proportional",
+                 f"The family's non-trigger error is proportional to 1 - BOS mass (log-log slope "
+                 f"{FAMILY_SLOPE:g} within {FAMILY_SLOPE_TOL:g}), so it falls to 0 only as the "
+                 "BOS mass goes to 1",
+                 abs(fam["slope_linf"] - FAMILY_SLOPE), FAMILY_SLOPE_TOL,
+                 f"|fitted slope {fam['slope_linf']:.3f} - {FAMILY_SLOPE:g}|"),
+    ]
+
+
+def _setting_words(setting: str, eps: float | None) -> str:
+    return "BOS removed" if eps is None else f"BOS share capped at 1 - {eps:g}"
+
+
+def denied_claims(records: dict[str, Any]) -> list[Claim]:
+    tol = records["protocol"]["tol"]
+    steps = records["protocol"]["denied_steps"]
+    out = []
+    for s in records["denied_settings"]:
+        words = _setting_words(s["setting"], s["eps"])
+        if s["rule"] == "softmax":
+            out.append(cl.mean_at_least(
+                f"denied.softmax.{s['setting']}.floor_above_stop",
+                f"Softmax 1x1, {words}: the best training-batch L∞ over the logged checkpoints "
+                f"stays at or above the stop rule's {tol:g} (it cannot reach it)",
+                s["best_train_linf"], tol))
+        else:
+            out.append(cl.every(
+                f"denied.relu.{s['setting']}.reaches_stop",
+                f"ReLU 1x1, {words}: every seed reaches the stop rule within {steps:,} steps",
+                s["converged"], s["n"], "reached it"))
+    for rule in RULES:
+        sel = [r for r in records["denied"] if r["rule"] == rule]
+        k = sum(r["converged"] for r in sel)
+        n_settings = len(records["denied_settings"]) // len(RULES)
+        what = f"(runs of all {n_settings} denied-sink settings pooled) reached it"
+        if rule == "softmax":
+            out.append(cl.none(
+                "denied.softmax.never_reaches",
+                f"No softmax 1x1 run with its sink denied reaches the stop rule in {steps:,} "
+                "steps, whatever the setting", k, len(sel), what))
+        else:
+            out.append(cl.every(
+                "denied.relu.always_reaches",
+                f"Every ReLU 1x1 run with its sink denied reaches the stop rule within "
+                f"{steps:,} steps, whatever the setting", k, len(sel), what))
+    return out
+
+
+def frontier_claims(records: dict[str, Any]) -> list[Claim]:
+    thr, low = SINK_HEAD_THRESHOLD, FRONTIER_LOW
+    out = []
+    for rule in RULES:
+        runs = [r for r in records["frontier_runs"] if r["rule"] == rule and r["n_low"]]
+        n_low = sum(r["n_low"] for r in runs)
+        n_sink = sum(r["n_low_sink"] for r in runs)
+        configs = ", ".join(dict.fromkeys(r["experiment"] for r in records["frontier_runs"]))
+        pooled = f"({rule} runs of {configs} that have a checkpoint below L∞ {low:g}, pooled)"
+        if rule == "softmax":
+            out.append(cl.every(
+                "frontier.softmax.low_error_needs_sink",
+                f"What the theorem predicts: a softmax model at low error has a sink. In every "
+                f"softmax run, every checkpoint with training-batch L∞ below {low:g} has a head "
+                f"at non-trigger BOS mass >= {thr:g}",
+                sum(r["n_low_sink"] == r["n_low"] for r in runs), len(runs),
+                f"{pooled} have such a head at all of them ({n_sink} of {n_low} checkpoints)"))
+        else:
+            out.append(cl.every(
+                "frontier.relu.low_error_without_sink",
+                f"ReLU needs no sink: in every ReLU run, every checkpoint with training-batch "
+                f"L∞ below {low:g} has all heads at non-trigger BOS mass below {thr:g}",
+                sum(r["n_low_sink"] == 0 for r in runs), len(runs),
+                f"{pooled} have no such head at any of them ({n_low - n_sink} of {n_low} "
+                "checkpoints have none)"))
+    return out
+
+
+def head_claims(records: dict[str, Any]) -> list[Claim]:
+    entries = records["heads"]
+    conv = [e for e in entries if e["converged"]]
+    gaps = [abs(e["layers"][-1]["cumulative"]["rms"] - e["error"]["rms"])
+            / max(e["error"]["rms"], 1e-30) for e in entries]
+    n_layers = len(entries[0]["layers"])
+    return [
+        cl.mean_at_least(
+            "heads.mostly_constant",
+            f"In converged 4x4 softmax models, most of what the heads write at non-trigger rows "
+            f"is a constant: the heads' constant parts hold at least {CONSTANT_SHARE:g} of their "
+            "summed squared outputs (mean over seeds)",
+            [e["constant_share"] for e in conv], CONSTANT_SHARE),
+        cl.mean_at_most(
+            "heads.cancel",
+            f"What the layers write at non-trigger rows cancels on the way to the output: the "
+            f"output's RMS error there is at most {CANCEL_SHARE:g} of the largest RMS by which "
+            "the layers have moved the stream (mean over converged seeds)",
+            [e["error"]["rms"] / e["excursion"] for e in conv], CANCEL_SHARE),
+        cl.exact(
+            "heads.error_is_what_remains",
+            f"What layers 1..{n_layers} have added at non-trigger rows is the model's error there "
+            "(the target is x): the two, computed by separate passes, agree",
+            max(gaps) if gaps else float("nan"), IDENTITY_REL,
+            f"largest relative difference over {len(entries)} models"),
+    ]
+
+
+def claims(records: dict[str, Any], opts: TheoryOptions) -> list[Claim]:
+    """The theory's verdicts, each decided by its test."""
+    return [*relu_claims(records), *family_claims(records), *denied_claims(records),
+            *frontier_claims(records), *(head_claims(records) if records["heads"] else [])]
+
+
+# ----------------------------------------------------------------------------- figures
+
+COLORS = {"softmax": "tab:blue", "relu": "tab:orange"}
+MARKERS = ("o", "s", "^", "v", "D")  # one per seed, cycling
+
+
+def _draw_family(ax: Any, records: dict[str, Any], opts: TheoryOptions) -> None:
+    fam = records["family"]
+    pts = fam["points"]
+    gap = [p["one_minus_bos"] for p in pts]
+    for key, label, slope in (("linf_nontrigger", "L∞ error, non-trigger rows",
+                               fam["slope_linf"]),
+                              ("mse_nontrigger", "MSE, non-trigger rows", fam["slope_mse"])):
+        ax.loglog(gap, [p[key] for p in pts], "o-", label=f"{label} (slope {slope:.2f})")
+    for p in pts[::4]:
+        ax.annotate(f"c={p['c']:g}", (p["one_minus_bos"], p["linf_nontrigger"]), fontsize=7,
+                    textcoords="offset points", xytext=(4, 4))
+    ax.set_xlabel("1 - non-trigger BOS mass")
+    ax.set_ylabel("error")
+    ax.set_title("Softmax sink family: error falls only as BOS mass -> 1")
+    ax.legend(fontsize=8)
+
+
+def _draw_denied(axes: Any, records: dict[str, Any], opts: TheoryOptions) -> None:
+    tol = records["protocol"]["tol"]
+    for ax, (key, label) in zip(axes[0], (("best_train_linf", "best L∞ error (train batches)"),
+                                          ("best_train_mse", "best MSE (train batches)"))):
+        for rule in RULES:
+            rows = [s for s in records["denied_settings"] if s["rule"] == rule]
+            capped = [s for s in rows if s["eps"] is not None and s[key]]
+            eps = [s["eps"] for s in capped]
+            mean = np.array([np.mean(s[key]) for s in capped])
+            lo = np.array([np.min(s[key]) for s in capped])
+            hi = np.array([np.max(s[key]) for s in capped])
+            ax.errorbar(eps, mean, yerr=[mean - lo, hi - mean], fmt="o-", color=COLORS[rule],
+                        capsize=3, label=f"{rule}, BOS share capped at 1 - eps")
+            removed = [s for s in rows if s["eps"] is None and s[key]]
+            if removed:
+                ax.axhline(float(np.mean(removed[0][key])), color=COLORS[rule], ls="--",
+                           label=f"{rule}, BOS key removed")
+        if key == "best_train_linf":
+            ax.axhline(tol, color="grey", ls=":", label=f"stop rule ({tol:g})")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("eps")
+        ax.set_ylabel(label)
+        ax.legend(fontsize=7)
+
+
+def _experiments(records: dict[str, Any]) -> list[str]:
+    return list(dict.fromkeys(g["experiment"] for g in records["frontier"]))
+
+
+def _draw_frontier(axes: Any, records: dict[str, Any], opts: TheoryOptions) -> None:
+    low = records["thresholds"]["frontier_low"]
+    for row, experiment in enumerate(_experiments(records)):
+        for col, (key, what) in enumerate((("bos_min", "min"), ("bos_max", "max"))):
+            ax = axes[row, col]
+            for rule in RULES:
+                runs = [r for r in records["frontier_runs"]
+                        if r["experiment"] == experiment and r["rule"] == rule]
+                for i, run in enumerate(runs):
+                    pts = run["points"]
+                    ax.scatter([p["train_linf"] for p in pts], [p[key] for p in pts], s=5,
+                               alpha=0.4, color=COLORS[rule], marker=MARKERS[i % len(MARKERS)],
+                               label=f"{rule} ({len(runs)} seeds, a marker each)" if i == 0
+                               else None)
+            ax.axvline(low, color="grey", ls=":", linewidth=1)
+            ax.axhline(SINK_HEAD_THRESHOLD, color="grey", ls="--", linewidth=1)
+            ax.set_xscale("log")
+            ax.set_ylim(-0.05, 1.05)
+            ax.set_xlabel("training-batch L∞ error at the checkpoint")
+            ax.set_ylabel(f"{what} BOS mass over heads")
+            ax.set_title(f"{experiment}: {what} over heads and layers", fontsize=9)
+            ax.legend(fontsize=6, markerscale=2)
+
+
+def _frontier_grid(records: dict[str, Any], opts: TheoryOptions) -> tuple[int, int]:
+    return (len(_experiments(records)), 2)
+
+
+def _drawn_heads(records: dict[str, Any]) -> list[dict[str, Any]]:
+    return records["heads"][:HEAD_FIGURE_SEEDS]
+
+
+def _draw_heads(axes: Any, records: dict[str, Any], opts: TheoryOptions) -> None:
+    row = np.asarray(axes, dtype=object).reshape(1, -1)[0]  # one Axes when one seed is drawn
+    for ax, entry in zip(row, _drawn_heads(records)):
+        layers = entry["layers"]
+        n_heads = len(layers[0]["heads"])
+        width = 0.8 / (n_heads + 1)
+        xs = np.arange(len(layers))
+        for h in range(n_heads):
+            const = [layer["heads"][h]["const"] for layer in layers]
+            var = [layer["heads"][h]["var"] for layer in layers]
+            ax.bar(xs + h * width, const, width, color="tab:blue",
+                   label="head: constant" if h == 0 else None)
+            ax.bar(xs + h * width, var, width * 0.45, color="tab:red",
+                   label="head: variation" if h == 0 else None)
+        ax.bar(xs + n_heads * width, [layer["cumulative"]["rms"] for layer in layers], width,
+               color="grey", label="layers 1..l so far (RMS)")
+        ax.set_xticks(xs + 0.4 - width / 2, [f"L{i + 1}" for i in range(len(layers))])
+        ax.set_ylabel("RMS at non-trigger rows")
+        ax.set_title(f"4x4 softmax, seed {entry['seed']}", fontsize=9)
+        ax.legend(fontsize=6)
+
+
+def _heads_grid(records: dict[str, Any], opts: TheoryOptions) -> tuple[int, int]:
+    return (1, max(len(_drawn_heads(records)), 1))
+
+
+FIGURES = (
+    FigureSpec("fig_family", _draw_family, size=(6.0, 4.2)),
+    FigureSpec("fig_denied", _draw_denied, grid=(1, 2), size=(5.5, 4.0),
+               title="Denied sink, 1x1: mean and range over seeds"),
+    FigureSpec("fig_frontier", _draw_frontier, grid=_frontier_grid, size=(5.0, 3.2)),
+    FigureSpec("fig_heads", _draw_heads, grid=_heads_grid, size=(4.0, 3.6),
+               when=lambda records, opts: bool(records["heads"])),
+)
+
+
+STUDY = register(Study(
+    name="theory",
+    title="Theory: the sink is necessary for softmax, and not for ReLU",
+    help="check the theorem numerically: constructions, sink family, denied sinks",
+    description="Build an exact ReLU solution without a sink and the softmax sink family, train "
+                "1x1 models whose sink is removed or capped, and measure the error-BOS frontier "
+                "and what the heads of 4x4 softmax models write at non-trigger rows, on the runs "
+                "of a finished `sinklab reproduce` folder (--reproduce, only read) or on the "
+                "reproduction's runs trained here. Writes runs, figures, records.json, "
+                "claims.csv and THEORY.md; rerunning with the same --out resumes.",
+    options=TheoryOptions, template="theorem.md.j2", collect=collect, cells=cells,
+    claims=claims, figures=FIGURES, check=check, report="THEORY.md",
+    tables=("denied", "denied_settings", "frontier", "head_rows", "head_layers",
+            "relu_construction"),
+    docs_example="docs/theory.md", default_out="results/theory"))

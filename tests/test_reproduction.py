@@ -1,0 +1,209 @@
+"""``sinklab reproduce`` as a study: the quick end to end run with its records, claims, report,
+resume and refusals; the claims it makes, decided on constructed records; and the head summaries'
+independence from head order."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sinklab import folders
+from sinklab.claims import CONTRADICTED, SUPPORTED, UNDETERMINED
+from sinklab.config import build_run_config
+from sinklab.results import read_json, write_json
+from sinklab.studies import reproduction as rp
+from sinklab.studies.base import Execution, Job, run_all
+from test_cli import run_cli
+
+
+@pytest.fixture
+def tiny_reproduce(monkeypatch):
+    """--quick with multi-layer runs capped at 20 steps, so the whole thing takes seconds."""
+    monkeypatch.setattr(rp, "QUICK_MAX_STEPS", 20)
+
+
+@pytest.mark.slow
+def test_reproduce_quick_report_resume_and_errors(tmp_path, capsys, tiny_reproduce):
+    out = tmp_path / "rep"
+    docs = tmp_path / "docs" / "reproduction.md"
+    code, stdout, err = run_cli(capsys, "reproduce", "--quick", "--workers", "1", "--out",
+                                str(out), "--docs", str(docs))
+    assert code == 0, err
+    result = read_json(out / "records.json")
+    runs = result["records"]["runs"]
+    assert [(r["experiment"], r["rule"]) for r in runs] == [
+        (e, rule) for e in ("1x1", "2x2", "4x4") for rule in ("softmax", "relu")]
+    for r in runs:
+        layers, heads = rp.EXPERIMENTS[r["experiment"]]
+        assert len(r["bos_mass_nontrigger"]) == layers
+        assert all(len(row) == heads for row in r["bos_mass_trigger"])
+        assert isinstance(r["sink_heads"], int) and isinstance(r["steps"], int)
+        assert "test_linf" in r and "linf_error" not in r
+    soft = runs[0]
+    assert soft["converged"] and soft["bos_mass_nontrigger"][0][0] >= 0.95
+    claims = {c["key"]: c for c in result["claims"]}
+    # one seed decides no claim about every seed; the capped 2x2 runs contradict convergence
+    assert claims["1x1.softmax.converges"]["outcome"] == UNDETERMINED
+    assert claims["1x1.softmax.converges"]["needed"] == 9
+    assert claims["2x2.softmax.converges"]["outcome"] == CONTRADICTED
+    report = (out / "REPORT.md").read_text()
+    assert report.startswith("# sinklab reproduction report\n")
+    assert "| Every 1x1 softmax seed reaches the stop rule | 1 of 1 seeds reached it" in report
+    assert "**undetermined at n = 1**" in report and "quick mode" in report
+    assert "supported only from 9 seeds on" in report
+    for fig in ("fig_1x1", "fig_2x2_softmax", "fig_4x4_relu", "fig_bos_mass",
+                "fig_sorted_bos_4x4"):
+        assert (out / "figures" / f"{fig}.png").is_file()
+        assert (docs.parent / "reproduction" / f"{fig}.png").is_file()
+    assert "(reproduction/fig_1x1.png)" in docs.read_text()
+    assert (out / "claims.csv").read_text().count("\n") == len(result["claims"]) + 1
+    assert (out / "layers.csv").is_file() and (out / "runs.csv").is_file()
+
+    # The runs went through the sweep machinery: the folder's store lists them.
+    code, listing, _ = run_cli(capsys, "results", str(out), "--status", "done")
+    assert code == 0 and listing.count("runs/") == 6 and "runs/1x1_softmax_seed0" in listing
+
+    # Resume: nothing is retrained, the report is rebuilt from the finished runs.
+    code, _, err = run_cli(capsys, "reproduce", "--quick", "--workers", "1", "--out", str(out))
+    assert code == 0 and "0 runs to train in 0 jobs" in err and "6 already finished" in err
+
+    # An interrupted run (marker, config and log written, no completion record) is trained
+    # again.
+    interrupted = out / "runs" / "2x2_relu_seed0"
+    (interrupted / "summary.json").unlink()
+    write_json(interrupted / "sinklab.json", {"kind": "run", "format": 1})
+    code, _, err = run_cli(capsys, "reproduce", "--quick", "--workers", "1", "--out", str(out))
+    assert code == 0 and "1 runs to train in 1 jobs" in err and "5 already finished" in err
+    assert read_json(out / "runs" / "2x2_relu_seed0" / "summary.json")["steps"] == 20
+    history = read_json(out / "sinklab.json")["invocations"]
+    assert [h["runs_trained"] for h in history] == [6, 0, 1]
+    # the report names the command that wrote it and every invocation in the folder's history
+    assert (out / "REPORT.md").read_text().count("`sinklab reproduce --quick") == 1 + 3
+
+    # Other settings in the same folder are refused, not mixed in.
+    code, _, err = run_cli(capsys, "reproduce", "--seeds", "1", "--out", str(out))
+    assert code == 2 and "holds a run with different settings" in err
+
+    # A damaged finished run is named, not reused and not overwritten.
+    run = out / "runs" / "1x1_relu_seed0"
+    weights = (run / "model.pt").read_bytes()
+    (run / "model.pt").write_bytes(weights[:100])
+    code, _, err = run_cli(capsys, "reproduce", "--quick", "--out", str(out))
+    assert code == 2 and err.count("\n") == 1
+    assert f"{run / 'model.pt'} is 100 bytes, not the {len(weights)} it had" in err
+    (run / "model.pt").write_bytes(weights)
+    (run / "summary.json").unlink()
+    code, _, err = run_cli(capsys, "reproduce", "--quick", "--out", str(out))
+    assert code == 2 and "summary.json is missing from a finished run" in err
+
+
+def test_reproduce_refuses_a_foreign_folder(tmp_path, capsys):
+    (tmp_path / "data.csv").write_text("a,b\n")
+    code, _, err = run_cli(capsys, "reproduce", "--quick", "--out", str(tmp_path))
+    assert code == 2 and "is not an empty folder or a sinklab reproduce folder" in err
+
+
+def test_reproduce_options_from_a_file_and_overrides(tmp_path):
+    config = tmp_path / "r.toml"
+    config.write_text("[reproduce]\nseeds = 12\nquick = true\n")
+    from sinklab.studies.base import build_options
+
+    opts = build_options(rp.STUDY, str(config), ["reproduce.seeds=4"])
+    assert opts == rp.ReproduceOptions(seeds=4, quick=True)
+    assert build_options(rp.STUDY).seeds == rp.DEFAULT_SEEDS
+    assert build_options(rp.STUDY, flags={"quick": True}).seeds == rp.QUICK_SEEDS
+
+
+@pytest.mark.slow
+def test_worker_processes_write_the_same_results(tmp_path):
+    def jobs(root):
+        out = []
+        for rule in ("softmax", "relu"):
+            cfg = build_run_config({"model": {"attention": rule, "n_layers": 2, "n_heads": 2},
+                                    "train": {"max_steps": 15}, "eval": {"n_sequences": 32}})
+            out.append(Job(f"2x2 {rule}", [cfg], [root / rule]))
+        return out
+
+    for name, workers in (("pool", 2), ("serial", 1)):
+        with folders.writing(tmp_path / name, "reproduce"):
+            run_all(jobs(tmp_path / name), workers=workers, log=lambda line: None,
+                    out=tmp_path / name, exe=Execution(workers=workers), origin="reproduce")
+    for rule in ("softmax", "relu"):
+        a = read_json(tmp_path / "pool" / rule / "summary.json")
+        b = read_json(tmp_path / "serial" / rule / "summary.json")
+        assert a["steps"] == b["steps"] == 15
+        assert a["mse"] == pytest.approx(b["mse"], rel=1e-5)
+
+
+# ---------------------------------------------------------------- claims on constructed data
+
+
+def _run(experiment, rule, seed, per_layer_bos, converged=True, steps=None):
+    """A run record with the given non-trigger BOS masses [layer][head]."""
+    sinks = [sum(v >= 0.9 for v in layer) for layer in per_layer_bos]
+    ref = rp.PAPER[(experiment, rule)].steps
+    return {"experiment": experiment, "rule": rule, "seed": seed, "converged": converged,
+            "status": "converged" if converged else "max_steps", "steps": steps or ref,
+            "bos_mass_nontrigger": per_layer_bos, "sink_heads_per_layer": sinks,
+            "sink_heads": sum(sinks), "trigger_key_mean": [[1 / 7] * len(per_layer_bos[0])]
+            * len(per_layer_bos), "test_linf": 1e-3}
+
+
+def _records(n_seeds, four_by_four_layer1_sink):
+    runs = []
+    for seed in range(n_seeds):
+        runs.append(_run("1x1", "softmax", seed, [[0.999]]))
+        runs.append(_run("1x1", "relu", seed, [[0.0]]))
+        runs.append(_run("2x2", "softmax", seed, [[0.95, 0.99], [0.97, 0.92]]))
+        runs.append(_run("2x2", "relu", seed, [[0.0, 0.0], [0.0, 0.01]]))
+        first = [0.95, 0.2, 0.1, 0.1] if four_by_four_layer1_sink else [0.3, 0.2, 0.1, 0.1]
+        runs.append(_run("4x4", "softmax", seed, [first, [1.0, 0.2, 0.1, 0.1],
+                                                  [0.99, 0.2, 0.1, 0.1], [0.2, 0.95, 0.1, 0.1]]))
+        runs.append(_run("4x4", "relu", seed, [[0.0] * 4] * 4))
+    return {"runs": runs, "protocol": {"eval_trigger": 7}}
+
+
+def test_claims_on_ten_seeds_decide_the_papers_figures():
+    claims = {c.key: c for c in rp.claims(_records(10, False), rp.ReproduceOptions(seeds=10))}
+    assert claims["1x1.softmax.some_head_sinks"].outcome == SUPPORTED
+    assert claims["2x2.softmax.every_head_sinks"].outcome == SUPPORTED
+    assert claims["1x1.relu.never_sinks"].outcome == SUPPORTED
+    # no sink in layer 1 in 10 of 10 seeds against the reference code's 3 of 3: p = 1/286
+    ref = claims["4x4.softmax.sink_in_layer_1_vs_reference"]
+    assert ref.outcome == SUPPORTED and ref.p_value == pytest.approx(1 / 286, abs=1e-12)
+    assert claims["4x4.softmax.sink_every_layer"].outcome == CONTRADICTED
+    assert claims["1x1.softmax.bos_mass_vs_paper"].outcome == SUPPORTED
+    assert claims["1x1.softmax.steps_vs_reference"].outcome == SUPPORTED
+
+
+def test_claims_on_three_seeds_say_they_cannot_decide():
+    claims = {c.key: c for c in rp.claims(_records(3, False), rp.ReproduceOptions(seeds=3))}
+    ref = claims["4x4.softmax.sink_in_layer_1_vs_reference"]
+    assert ref.outcome == UNDETERMINED and ref.p_value == pytest.approx(0.1, abs=1e-12)
+    assert ref.result() == "undetermined at n = 3" and ref.needed is not None
+    assert claims["1x1.softmax.some_head_sinks"].outcome == UNDETERMINED
+    assert claims["1x1.softmax.some_head_sinks"].needed == 9
+    assert claims["4x4.softmax.sink_every_layer"].outcome == CONTRADICTED
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 2**32 - 1))
+def test_layer_summaries_do_not_depend_on_head_order(seed):
+    rng = random.Random(seed)
+    records = _records(4, True)
+    for r in records["runs"]:
+        r["bos_mass_nontrigger"] = [[rng.random() for _ in layer]
+                                    for layer in r["bos_mass_nontrigger"]]
+        r["sink_heads_per_layer"] = [sum(v >= 0.9 for v in layer)
+                                     for layer in r["bos_mass_nontrigger"]]
+    before = rp.layer_summaries(records["runs"], "4x4", "softmax")
+    for r in records["runs"]:
+        for layer in r["bos_mass_nontrigger"]:
+            rng.shuffle(layer)
+    after = rp.layer_summaries(records["runs"], "4x4", "softmax")
+    assert before == after
+    assert all(row["sorted_bos_max"] == sorted(row["sorted_bos_max"], reverse=True)
+               or len(row["sorted_bos_max"]) == 1 for row in before)

@@ -1,0 +1,255 @@
+"""The Study layer: a study declared here, with no other code, gets its subcommand (options from
+its dataclass, --config and overrides), trains and resumes its runs, is locked, writes its
+records, claims and report, and appears in ``sinklab report``."""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass, field
+
+import pytest
+
+from sinklab import claims as cl
+from sinklab import folders, studies
+from sinklab.cli import main
+from sinklab.config import build_run_config, check_count
+from sinklab.results import read_json
+from sinklab.studies.base import (
+    Cell,
+    Context,
+    Execution,
+    FigureSpec,
+    Study,
+    build_options,
+    run_study,
+)
+
+TEMPLATE = """# Tiny study
+
+Seeds {{ opts.seeds }}, steps {{ opts.steps }}; mean steps {{ records.mean_steps | fixed(1) }}.
+
+{{ claims_table() }}
+
+{{ decision_rules() }}
+
+{{ figure("steps", "steps per seed") }}
+"""
+
+
+@dataclass
+class TinyOptions:
+    seeds: int = field(default=2, metadata={"help": "seeds", "metavar": "N"})
+    steps: int = field(default=5, metadata={"help": "training steps per run"})
+    rules: tuple[str, ...] = field(default=("softmax", "relu"), metadata={"help": "rules"})
+    fancy: bool = field(default=False, metadata={"help": "a flag"})
+
+    def __post_init__(self) -> None:
+        check_count("--seeds", self.seeds)
+
+
+def _cells(opts: TinyOptions, exe: Execution) -> list[Cell]:
+    return [Cell(f"runs/{rule}_seed{s}",
+                 build_run_config({"model": {"attention": rule},
+                                   "train": {"seed": s, "max_steps": opts.steps,
+                                             "device": exe.device},
+                                   "eval": {"n_sequences": 16}}),
+                 group=(rule,), label=rule)
+            for rule in opts.rules for s in range(opts.seeds)]
+
+
+def _collect(ctx: Context) -> dict:
+    runs = [{"name": c.name, **{k: ctx.summary(c.name)[k] for k in ("steps", "converged")}}
+            for c in _cells(ctx.opts, ctx.exe)]
+    return {"runs": runs, "mean_steps": sum(r["steps"] for r in runs) / len(runs)}
+
+
+def _claims(records: dict, opts: TinyOptions) -> list[cl.Claim]:
+    n = len(records["runs"])
+    return [cl.every("tiny.stopped", "Every run stopped at its budget",
+                     sum(r["steps"] == opts.steps for r in records["runs"]), n, "runs"),
+            cl.none("tiny.converged", "No run converged in so few steps",
+                    sum(r["converged"] for r in records["runs"]), n, "runs")]
+
+
+def _draw(ax, records, opts) -> None:
+    ax.bar(range(len(records["runs"])), [r["steps"] for r in records["runs"]])
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    template = tmp_path / "templates"
+    template.mkdir()
+    study = Study(name="tiny", title="Tiny study", help="a study declared in a test",
+                  description="Trains a few tiny runs.", options=TinyOptions,
+                  template="tiny.md.j2", collect=_collect, cells=_cells, claims=_claims,
+                  figures=(FigureSpec("steps", _draw, size=(3, 2)),), tables=("runs",))
+    from sinklab.studies import render
+
+    loader = render.ENV.loader
+    import jinja2
+
+    render.ENV.loader = jinja2.ChoiceLoader([jinja2.DictLoader({"tiny.md.j2": TEMPLATE}),
+                                             loader])
+    studies.all_studies()
+    studies.register(study)
+    try:
+        yield study
+    finally:
+        studies.unregister("tiny")
+        render.ENV.loader = loader
+
+
+def test_a_declared_study_gets_its_subcommand_and_runs(tiny, tmp_path, capsys):
+    out = tmp_path / "tiny"
+    config = tmp_path / "tiny.toml"
+    config.write_text("[tiny]\nseeds = 3\nsteps = 4\n")
+    # defaults < file < overrides < flags
+    code = main(["tiny", "--out", str(out), "--config", str(config), "tiny.steps=6",
+                 "--rules", "relu", "--workers", "1"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert captured.out == f"wrote {out / 'REPORT.md'}\n"
+    result = read_json(out / "records.json")
+    assert result["options"] == {"seeds": 3, "steps": 6, "rules": ["relu"], "fancy": False}
+    assert [r["name"] for r in result["records"]["runs"]] == [f"runs/relu_seed{s}"
+                                                             for s in range(3)]
+    assert all(r["steps"] == 6 for r in result["records"]["runs"])
+    assert [c["outcome"] for c in result["claims"]] == ["undetermined", "undetermined"]
+    report = (out / "REPORT.md").read_text()
+    assert report.startswith("# Tiny study\n\nSeeds 3, steps 6; mean steps 6.0.")
+    assert "undetermined at n = 3" in report and "](figures/steps.png)" in report
+    assert (out / "figures" / "steps.png").stat().st_size > 0
+    assert (out / "runs.csv").read_text().splitlines()[0] == "name,steps,converged"
+    assert (out / "claims.csv").read_text().startswith("key,")
+    marker = folders.read_marker(out)
+    assert marker["kind"] == "tiny" and marker["study"]["report"] == "REPORT.md"
+    assert marker["invocations"][0]["runs_trained"] == 3
+
+    # a rerun trains nothing and records a second invocation
+    code = main(["tiny", "--out", str(out), "--config", str(config), "tiny.steps=6",
+                 "--rules", "relu"])
+    assert code == 0, capsys.readouterr().err
+    history = folders.read_marker(out)["invocations"]
+    assert [h["runs_trained"] for h in history] == [3, 0]
+    assert history[1]["runs_reused"] == 3
+
+    # resume: one more seed trains one run
+    code = main(["tiny", "--out", str(out), "--seeds", "4", "--steps", "6", "--rules", "relu"])
+    assert code == 0, capsys.readouterr().err
+    assert folders.read_marker(out)["invocations"][-1]["runs_trained"] == 1
+
+    # other settings for a finished run are refused, not overwritten
+    code = main(["tiny", "--out", str(out), "--steps", "7", "--rules", "relu"])
+    assert code == 2 and "holds a run with different settings" in capsys.readouterr().err
+
+    # sinklab report finds the folder from its marker
+    code = main(["report", str(tmp_path)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert f"tiny      {out}" in captured.out
+    gathered = (tmp_path / "report" / "REPORT.md").read_text()
+    assert "## Tiny study (`" in gathered and "undetermined at n = 4" in gathered
+
+
+def test_study_options_are_checked_with_one_sentence(tiny, tmp_path, capsys):
+    out = tmp_path / "tiny"
+    for argv, words in (
+            (["--seeds", "0"], "--seeds=0 is not allowed"),
+            (["--seeds", "x"], "tiny.seeds='x' is not allowed: it must be an integer"),
+            (["tiny.nope=1"], "tiny.nope is not an option of sinklab tiny"),
+            (["model.attention=relu"], "is not an option override"),
+            (["--config", str(tmp_path / "missing.toml")], "does not exist")):
+        code = main(["tiny", "--out", str(out), *argv])
+        err = capsys.readouterr().err
+        assert code == 2 and words in err and err.count("\n") == 1, (argv, err)
+    assert not out.exists()  # nothing was written
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[model]\nattention = 'relu'\n")
+    code = main(["tiny", "--out", str(out), "--config", str(bad)])
+    assert code == 2 and "has the table [model], which is not a study's" in \
+        capsys.readouterr().err
+    # another study's table is left to that study
+    other = tmp_path / "other.toml"
+    other.write_text("[reproduce]\nseeds = 10\n[tiny]\nseeds = 1\n")
+    assert build_options(tiny, str(other)).seeds == 1
+
+
+def test_a_study_folder_is_locked_and_kept_apart(tiny, tmp_path, capsys):
+    out = tmp_path / "tiny"
+    opts = build_options(tiny, flags={"seeds": 1, "steps": 2, "rules": ("relu",)})
+    assert opts == TinyOptions(seeds=1, steps=2, rules=("relu",))
+    out.mkdir()
+    release = threading.Event()
+    held = threading.Event()
+
+    def hold() -> None:
+        import subprocess
+        import sys
+        code = (f"import sys, time; from sinklab import folders\n"
+                f"with folders.hold(__import__('pathlib').Path({str(out)!r})):\n"
+                f"    print('held', flush=True); sys.stdin.readline()\n")
+        proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline().strip() == "held"
+        held.set()
+        release.wait(60)
+        proc.communicate("\n", timeout=60)
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    try:
+        assert held.wait(60)
+        code = main(["tiny", "--out", str(out), "--seeds", "1"])
+        err = capsys.readouterr().err
+        assert code == 2 and "is being written by another sinklab process (pid" in err
+    finally:
+        release.set()
+        thread.join(60)
+    # a folder that is not sinklab's is never written into
+    other = tmp_path / "theirs"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    with pytest.raises(Exception, match="is not an empty folder or a sinklab tiny folder"):
+        run_study(tiny, other, opts)
+    assert sorted(p.name for p in other.iterdir()) == ["notes.txt"]
+
+
+def test_records_json_is_plain_json(tiny, tmp_path):
+    out = tmp_path / "tiny"
+    opts = build_options(tiny, flags={"seeds": 1, "steps": 2, "rules": ("softmax",)})
+    result = run_study(tiny, out, opts, Execution(workers=1), log=lambda line: None)
+    json.dumps(result, allow_nan=False)
+    assert read_json(out / "records.json") == result
+
+
+def test_the_documented_example_study_runs(tmp_path, capsys):
+    """docs/studies.md's example, executed as written: it registers, gets its subcommand and
+    writes its report (the template is the one the page describes)."""
+    import re
+    from pathlib import Path
+
+    import jinja2
+
+    from sinklab.studies import render
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "studies.md").read_text()
+    code = re.search(r"```python\n(.*?)```", page, re.DOTALL).group(1)
+    template = ("# My study\n\n{{ claims_table() }}\n\n{{ decision_rules() }}\n\n"
+                "{{ figure('errors') }}\n")
+    loader = render.ENV.loader
+    render.ENV.loader = jinja2.ChoiceLoader([jinja2.DictLoader({"mystudy.md.j2": template}),
+                                             loader])
+    studies.all_studies()
+    try:
+        exec(compile(code, "docs/studies.md", "exec"), {})
+        out = tmp_path / "mine"
+        assert main(["mystudy", "--out", str(out), "--seeds", "2", "--steps", "3",
+                     "--workers", "1"]) == 0, capsys.readouterr().err
+        result = read_json(out / "records.json")
+        assert [c["key"] for c in result["claims"]] == ["relu.never_sinks", "softmax.error"]
+        assert (out / "REPORT.md").read_text().startswith("# My study\n")
+        assert (out / "figures" / "errors.png").is_file()
+    finally:
+        studies.unregister("mystudy")
+        render.ENV.loader = loader
