@@ -46,9 +46,14 @@ def main() -> None:
     print(f"\n{same} of {len(moved)} runs stop at the same step; the largest move is "
           f"{100 * max(moved):.2f}% of a run's steps.")
     for folder in (args.before, args.after):
-        summary = json.loads((folder / "summary.json").read_text())
-        print(f"{folder}: {summary['runs_trained']} runs trained in {summary['wall_time_s']:.0f} "
-              f"s of wall time ({summary['machine']}, {summary['workers']} workers)")
+        # the folder's first invocation trained its runs: records.json's history (a folder an
+        # older sinklab wrote has summary.json with the same fields at its top level)
+        if (folder / "records.json").is_file():
+            first = json.loads((folder / "records.json").read_text())["meta"]["history"][0]
+        else:
+            first = json.loads((folder / "summary.json").read_text())
+        print(f"{folder}: {first['runs_trained']} runs trained in {first['wall_time_s']:.0f} "
+              f"s of wall time ({first['machine']}, {first['workers']} workers)")
 
 
 if __name__ == "__main__":
