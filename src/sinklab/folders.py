@@ -196,6 +196,16 @@ def _held_elsewhere(folder: Path) -> bool:
     return False
 
 
+def writer(folder: Path) -> str | None:
+    """Who is writing ``folder`` now, as a phrase, or None when no other process is (probed
+    without waiting, and without creating a lock file where there is none): for a command that
+    only reads the folder."""
+    folder = Path(folder)
+    if (folder / LOCK).exists() and _held_elsewhere(folder):
+        return _holder_text(folder)
+    return None
+
+
 @contextmanager
 def hold(folder: Path) -> Iterator[None]:
     """Hold the folder's writer lock (the folder must exist); refuse with one sentence naming

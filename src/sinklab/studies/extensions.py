@@ -78,7 +78,7 @@ class ExtensionsOptions:
 
     seeds: int | None = field(default=None, metadata={
         "help": f"seeds per setting (default: {DEFAULT_SEEDS}; {QUICK_SEEDS} with --quick); "
-                "the committed report uses 5", "metavar": "N"})
+                "docs/studies.toml sets the committed report's", "metavar": "N"})
     quick: bool = field(default=False, metadata={
         "help": f"smoke test: {QUICK_SEEDS} seed, fewer lengths and frequencies, 1x1 blocks "
                 "only, the zoo's quick budgets"})

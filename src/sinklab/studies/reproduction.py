@@ -40,7 +40,8 @@ class ReproduceOptions:
 
     seeds: int | None = field(default=None, metadata={
         "help": f"seeds per configuration (default: {DEFAULT_SEEDS}; {QUICK_SEEDS} with "
-                "--quick); claims about every seed need 9 or more to be decided",
+                f"--quick); claims about every seed need {cl.UNIVERSAL_SEEDS} or more to be "
+                "decided",
         "metavar": "N"})
     quick: bool = field(default=False, metadata={
         "help": f"smoke test, about a minute: {QUICK_SEEDS} seed, multi-layer runs capped at "

@@ -158,11 +158,9 @@ def check_reproduce(rdir: Path) -> dict[str, Any]:
     if folders.kind_of(rdir) != "reproduce":
         raise ResultsError(f"--reproduce {rdir} is not a sinklab reproduce folder (its "
                            f"{folders.MARKER} does not say so).")
-    # a probe of the writer's lock, only where a writer has left one (so nothing is created)
-    if (rdir / folders.LOCK).exists() and folders._held_elsewhere(rdir):
-        raise ResultsError(f"--reproduce {rdir} is being written by "
-                           f"{folders._holder_text(rdir)}; wait for it to finish, then run this "
-                           "command again.")
+    if (holder := folders.writer(rdir)) is not None:
+        raise ResultsError(f"--reproduce {rdir} is being written by {holder}; wait for it to "
+                           "finish, then run this command again.")
     result = read_records(rdir, "reproduce")
     for run in result["records"]["runs"]:
         path = rdir / reproduction.run_name(run["experiment"], run["rule"], run["seed"])

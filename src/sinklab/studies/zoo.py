@@ -67,7 +67,7 @@ class ZooOptions:
 
     seeds: int | None = field(default=None, metadata={
         "help": f"seeds per (configuration, rule, learning rate) (default: {DEFAULT_SEEDS}; "
-                f"{QUICK_SEEDS} with --quick); the committed report uses 5",
+                f"{QUICK_SEEDS} with --quick); docs/studies.toml sets the committed report's",
         "metavar": "N"})
     quick: bool = field(default=False, metadata={
         "help": f"smoke test: {QUICK_SEEDS} seed, the middle learning rate only, at most "
