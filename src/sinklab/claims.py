@@ -400,33 +400,7 @@ def every(key: str, sentence: str, k: int, n: int, what: str) -> Claim:
     the one-sided Clopper-Pearson lower bound alpha**(1/n) is >= EVERY_LEVEL; otherwise
     undetermined, with the fewest seeds at which the bound would reach EVERY_LEVEL.
     """
-    _check_count(k, n)
-    lower = one_sided_lower(k, n)
-    test = (
-        f"counterexample over {n} seeds, then one-sided {CONFIDENCE} Clopper-Pearson lower "
-        f"bound of the rate (here {lower:.3f}) >= {EVERY_LEVEL}"
-    )
-    needed, needed_text = None, None
-    if n > 0 and k < n:
-        outcome = CONTRADICTED
-    elif n > 0 and lower >= EVERY_LEVEL:
-        outcome = SUPPORTED
-    else:
-        outcome = UNDETERMINED
-        needed, needed_text = _universal_needed(n, upper=False)
-    return Claim(
-        key=key,
-        sentence=sentence,
-        data=_rate_text(k, n, what),
-        test=test,
-        outcome=outcome,
-        n=n,
-        rule="every",
-        estimate=k / n if n else None,
-        interval=clopper_pearson(k, n),
-        needed=needed,
-        needed_text=needed_text,
-    )
+    return _universal(key, sentence, k, n, what, none_of=False)
 
 
 def none(key: str, sentence: str, k: int, n: int, what: str) -> Claim:
@@ -435,20 +409,30 @@ def none(key: str, sentence: str, k: int, n: int, what: str) -> Claim:
     Contradicted when k > 0; supported when k = 0 and the one-sided Clopper-Pearson upper bound
     1 - alpha**(1/n) is <= 1 - EVERY_LEVEL; otherwise undetermined.
     """
+    return _universal(key, sentence, k, n, what, none_of=True)
+
+
+def _universal(key: str, sentence: str, k: int, n: int, what: str, none_of: bool) -> Claim:
+    """`every` (none_of False) or its mirror image `none` (none_of True)."""
     _check_count(k, n)
-    upper = one_sided_upper(k, n)
+    if none_of:
+        bound, side, level = one_sided_upper(k, n), "upper", f"<= {1 - EVERY_LEVEL:.2g}"
+        counterexample, decided = k > 0, n > 0 and one_sided_upper(k, n) <= 1 - EVERY_LEVEL
+    else:
+        bound, side, level = one_sided_lower(k, n), "lower", f">= {EVERY_LEVEL}"
+        counterexample, decided = n > 0 and k < n, n > 0 and one_sided_lower(k, n) >= EVERY_LEVEL
     test = (
-        f"counterexample over {n} seeds, then one-sided {CONFIDENCE} Clopper-Pearson upper "
-        f"bound of the rate (here {upper:.3f}) <= {1 - EVERY_LEVEL:.2g}"
+        f"counterexample over {n} seeds, then one-sided {CONFIDENCE} Clopper-Pearson {side} "
+        f"bound of the rate (here {bound:.3f}) {level}"
     )
     needed, needed_text = None, None
-    if k > 0:
+    if counterexample:
         outcome = CONTRADICTED
-    elif n > 0 and upper <= 1 - EVERY_LEVEL:
+    elif decided:
         outcome = SUPPORTED
     else:
         outcome = UNDETERMINED
-        needed, needed_text = _universal_needed(n, upper=True)
+        needed, needed_text = _universal_needed(n, upper=none_of)
     return Claim(
         key=key,
         sentence=sentence,
@@ -456,7 +440,7 @@ def none(key: str, sentence: str, k: int, n: int, what: str) -> Claim:
         test=test,
         outcome=outcome,
         n=n,
-        rule="none",
+        rule="none" if none_of else "every",
         estimate=k / n if n else None,
         interval=clopper_pearson(k, n),
         needed=needed,
