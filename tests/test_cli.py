@@ -118,14 +118,16 @@ def test_plot_draws_finished_runs_and_leaves_them_finished(tmp_path, capsys):
 
 
 def test_train_draws_no_figure(tmp_path):
-    # `sinklab train --seeds N` finishes its runs without drawing: matplotlib is never imported
+    # `sinklab train --seeds N` finishes its runs without drawing: matplotlib is never imported,
+    # nor scipy.stats (the claims' statistics, which only the studies' reports need)
     code = ("import sys; from sinklab.cli import main; code = main(sys.argv[1:]); "
-            "print(code, 'matplotlib' in sys.modules, 'sinklab.plots' in sys.modules)")
+            "print(code, 'matplotlib' in sys.modules, 'sinklab.plots' in sys.modules, "
+            "'scipy.stats' in sys.modules)")
     out = tmp_path / "seeds"
     result = subprocess.run([sys.executable, "-c", code, "train", "train.max_steps=1",
                              "eval.n_sequences=8", "--seeds", "4", "--out", str(out)],
                             capture_output=True, text=True, check=True)
-    assert result.stdout.splitlines()[-1] == "0 False False", result.stdout
+    assert result.stdout.splitlines()[-1] == "0 False False False", result.stdout
     assert result.stdout.splitlines()[-2] == f"draw the attention maps: sinklab plot {out}"
     assert len(list(out.glob("seed*/summary.json"))) == 4 and not list(out.rglob("*.png"))
 

@@ -24,7 +24,14 @@ from functools import lru_cache
 from typing import Any
 
 import numpy as np
-from scipy import stats
+
+
+def _stats() -> Any:
+    """scipy.stats, imported at first use: importing it takes about a second, which every
+    sinklab command would otherwise pay at start-up (the studies import this module)."""
+    from scipy import stats
+
+    return stats
 
 ALPHA = 0.05  # two-sided level of every interval/test (95% intervals)
 EVERY_LEVEL = 0.7  # "every seed X": all seeds do X and the one-sided lower bound is >= this
@@ -90,8 +97,8 @@ def clopper_pearson(k: int, n: int, level: float = 1 - ALPHA) -> tuple[float, fl
     if n == 0:
         return (0.0, 1.0)
     tail = (1 - level) / 2
-    lo = 0.0 if k == 0 else float(stats.beta.ppf(tail, k, n - k + 1))
-    hi = 1.0 if k == n else float(stats.beta.ppf(1 - tail, k + 1, n - k))
+    lo = 0.0 if k == 0 else float(_stats().beta.ppf(tail, k, n - k + 1))
+    hi = 1.0 if k == n else float(_stats().beta.ppf(1 - tail, k + 1, n - k))
     return (lo, hi)
 
 
@@ -106,7 +113,7 @@ def one_sided_lower(k: int, n: int, alpha: float = ALPHA) -> float:
         return 0.0
     if k == n:
         return float(alpha ** (1 / n))
-    return float(stats.beta.ppf(alpha, k, n - k + 1))
+    return float(_stats().beta.ppf(alpha, k, n - k + 1))
 
 
 def one_sided_upper(k: int, n: int, alpha: float = ALPHA) -> float:
@@ -120,7 +127,7 @@ def one_sided_upper(k: int, n: int, alpha: float = ALPHA) -> float:
         return 1.0
     if k == 0:
         return float(1 - alpha ** (1 / n))
-    return float(stats.beta.ppf(1 - alpha, k + 1, n - k))
+    return float(_stats().beta.ppf(1 - alpha, k + 1, n - k))
 
 
 def bootstrap_mean(values: Sequence[float], seed: int = 0) -> tuple[float, float]:
@@ -138,7 +145,7 @@ def bootstrap_mean(values: Sequence[float], seed: int = 0) -> tuple[float, float
     for method in ("BCa", "percentile"):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            res = stats.bootstrap(
+            res = _stats().bootstrap(
                 (arr,),
                 np.mean,
                 confidence_level=1 - ALPHA,
@@ -168,7 +175,7 @@ def fisher(k1: int, n1: int, k2: int, n2: int) -> float:
     if n1 == 0 or n2 == 0 or successes in (0, n1 + n2):
         return 1.0
     table = [[k1, n1 - k1], [k2, n2 - k2]]
-    return float(stats.fisher_exact(table, alternative="two-sided").pvalue)
+    return float(_stats().fisher_exact(table, alternative="two-sided").pvalue)
 
 
 @lru_cache(maxsize=4096)
@@ -188,7 +195,7 @@ def fisher_pvalue_table(n1: int, n2: int) -> np.ndarray:
     b_alt = np.arange(n2 + 1)[None, None, :]  # the other tables with the same margins
     a_alt = a + b - b_alt
     valid = (a_alt >= 0) & (a_alt <= n1)
-    pmf = stats.hypergeom.pmf(
+    pmf = _stats().hypergeom.pmf(
         np.arange(n1 + 1)[:, None],
         n1 + n2,
         np.arange(n1 + 1)[:, None] + np.arange(n2 + 1)[None, :],
@@ -213,8 +220,8 @@ def fisher_power(n1: int, p1: float, n2: int, p2: float, alpha: float = ALPHA) -
             raise ValueError(f"{name} must be a rate between 0 and 1 (got {p}).")
     pvalues = fisher_pvalue_table(n1, n2)
     weights = (
-        stats.binom.pmf(np.arange(n1 + 1), n1, p1)[:, None]
-        * stats.binom.pmf(np.arange(n2 + 1), n2, p2)[None, :]
+        _stats().binom.pmf(np.arange(n1 + 1), n1, p1)[:, None]
+        * _stats().binom.pmf(np.arange(n2 + 1), n2, p2)[None, :]
     )
     return float(weights[pvalues < alpha].sum())
 
