@@ -33,6 +33,7 @@ def _stats() -> Any:
 
     return stats
 
+
 ALPHA = 0.05  # two-sided level of every interval/test (95% intervals)
 EVERY_LEVEL = 0.7  # "every seed X": all seeds do X and the one-sided lower bound is >= this
 POWER = 0.8  # power asked of a sample size suggestion
@@ -615,24 +616,10 @@ def _one_side(
         f"(supported) or wholly on the other side (contradicted)"
     )
 
-    def decide(lo: float, hi: float) -> str:
-        """Outcome of an interval against the threshold."""
-        if (lo >= threshold) if up else (hi <= threshold):
-            return SUPPORTED
-        if (hi < threshold) if up else (lo > threshold):
-            return CONTRADICTED
-        return UNDETERMINED
-
-    return _mean_claim(
-        key,
-        sentence,
-        arr,
-        "mean_at_least" if up else "mean_at_most",
-        test,
-        decide,
-        lambda mean: abs(mean - threshold),
-        f"the threshold {threshold:.4g}",
-    )
+    # a one-sided claim is a band with an infinite edge: the same decision and margin
+    low, high = (threshold, math.inf) if up else (-math.inf, threshold)
+    return _band_claim(key, sentence, arr, low, high, "mean_at_least" if up else "mean_at_most",
+                       test, edge_words=f"the threshold {threshold:.4g}")
 
 
 def mean_at_least(key: str, sentence: str, values: Iterable[float], threshold: float) -> Claim:
@@ -705,10 +692,11 @@ def mean_in_range(
 
 
 def _band_claim(key: str, sentence: str, arr: np.ndarray, low: float, high: float, rule: str,
-                test: str, unit: tuple[str, str] = SEEDS, what: str = "") -> Claim:
-    """A mean claimed to lie in [low, high]: supported when its bootstrap interval lies inside,
-    contradicted when wholly outside, else undetermined (needed from the distance of the mean
-    to the nearer edge)."""
+                test: str, unit: tuple[str, str] = SEEDS, what: str = "",
+                edge_words: str | None = None) -> Claim:
+    """A mean claimed to lie in [low, high] (an edge may be infinite): supported when its
+    bootstrap interval lies inside, contradicted when wholly outside, else undetermined (needed
+    from the distance of the mean to the nearer edge, which ``edge_words`` names)."""
 
     def decide(lo: float, hi: float) -> str:
         if low <= lo and hi <= high:
@@ -725,7 +713,7 @@ def _band_claim(key: str, sentence: str, arr: np.ndarray, low: float, high: floa
         test,
         decide,
         lambda mean: min(abs(mean - low), abs(mean - high)),
-        f"the nearer edge of [{low:.4g}, {high:.4g}]",
+        edge_words or f"the nearer edge of [{low:.4g}, {high:.4g}]",
         unit,
         what,
     )
