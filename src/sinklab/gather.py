@@ -50,8 +50,7 @@ def _study_of(kind: str, marker: dict[str, Any]) -> tuple[str, str] | None:
     return None
 
 
-def _rank(found: Found) -> tuple[int, str]:
-    order = [s.name for s in studies.all_studies()]
+def _rank(found: Found, order: list[str]) -> tuple[int, str]:
     if found.kind == "sweep":
         return len(order) + 1, str(found.folder)
     return (order.index(found.kind) if found.kind in order else len(order)), str(found.folder)
@@ -87,7 +86,8 @@ def find(root: Path, depth: int = 2, skipped: list[str] | None = None) -> list[F
             queue += [(p, level + 1) for p in sorted(folder.iterdir())
                       if p.is_dir() and not p.is_symlink() and not p.name.startswith(".")
                       and p.name != "runs"]
-    return sorted(found, key=_rank)
+    order = [s.name for s in studies.all_studies()]
+    return sorted(found, key=lambda f: _rank(f, order))
 
 
 def _demote(text: str, levels: int) -> str:

@@ -718,9 +718,3 @@ def read_records(folder: Path, study: str) -> dict[str, Any]:
         raise ResultsError(f"{folder} has no {RECORDS} yet (its `sinklab {study}` has not "
                            "finished); run it to the end first.")
     return read_json(folder / RECORDS)
-
-
-def require(ok: bool, message: str) -> None:
-    """Raise ConfigError(message) unless ``ok``."""
-    if not ok:
-        raise ConfigError(message)
