@@ -193,6 +193,12 @@ class ModelConfig:
                f"model.block={self.block!r} is not allowed: choose one of {', '.join(BLOCKS)}.")
 
 
+# Training options that are off at 0. A config leaves them out of its dict while they are off,
+# so every run configured before they existed keeps its config.json byte for byte (and stays
+# reusable: a finished run is reused when its config is equal).
+OFF_BY_ZERO = ("save_every", "patience")
+
+
 @dataclass
 class TrainConfig:
     """The paper's training protocol. ``lr=None`` picks the paper's rate for the model shape."""
@@ -207,6 +213,12 @@ class TrainConfig:
     seed: int = 0
     log_every: int = 100
     device: str = "auto"
+    # Weights saved every save_every steps (and at the stop step) into the run folder's
+    # checkpoints/ (sinklab.train.list_checkpoints); 0 saves none.
+    save_every: int = 0
+    # The plateau rule (sinklab.train.plateau_rule_text): stop once the training batch's
+    # L-infinity error has set no new best for this many consecutive steps; 0 never stops so.
+    patience: int = 0
 
     def __post_init__(self) -> None:
         _check_finite(self, "train")
@@ -225,6 +237,11 @@ class TrainConfig:
         _check(_is_int(self.seed) and 0 <= self.seed < 2**63,
                f"train.seed={self.seed!r} is not allowed: it must be an integer in 0..2^63 - 1.")
         check_device(self.device, "train.device")
+        for name in OFF_BY_ZERO:
+            value = getattr(self, name)
+            _check(_is_int(value) and value >= 0,
+                   f"train.{name}={value!r} is not allowed: it must be an integer >= 0 "
+                   "(0 turns it off).")
 
 
 @dataclass
@@ -269,10 +286,14 @@ class RunConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """Every setting, as ``build_run_config`` reads it back. Empty ``model.attention_args``
-        are left out, so a config without them is written as it was before the field existed."""
+        and the training options that are off (``train.save_every`` and ``train.patience`` at
+        0) are left out, so a config without them is written as it was before they existed."""
         d = dataclasses.asdict(self)
         if not d["model"]["attention_args"]:
             del d["model"]["attention_args"]
+        for name in OFF_BY_ZERO:
+            if d["train"][name] == 0:
+                del d["train"][name]
         return d
 
 

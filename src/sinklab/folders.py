@@ -55,6 +55,7 @@ LEFTOVERS = frozenset({LOCK, HOLDER, ".sweep.db.creating"})
 DERIVED = frozenset({"attention.png"})
 # Files of a run folder that are not the run's results, so not in its completion record.
 NOT_RECORDED = frozenset({MARKER, LOCK, HOLDER}) | DERIVED
+RECORDED_DIRS = ("checkpoints",)  # a run's subfolders whose files its record lists too
 
 
 def describe(kind: str) -> str:
@@ -299,9 +300,12 @@ def _digest(path: Path) -> str:
 def record_files(folder: Path, names: Iterable[str] | None = None) -> dict[str, Any]:
     """Size and SHA-256 of the named files (default: every result file in ``folder``)."""
     folder = Path(folder)
-    if names is None:
+    if names is None:  # top-level result files, and those in RECORDED_DIRS (checkpoints)
         names = sorted(p.name for p in folder.iterdir() if p.is_file()
                        and p.name not in NOT_RECORDED and not p.name.endswith(".tmp"))
+        names += sorted(p.relative_to(folder).as_posix() for sub in RECORDED_DIRS
+                        if (folder / sub).is_dir() for p in (folder / sub).iterdir()
+                        if p.is_file() and not p.name.endswith(".tmp"))
     return {name: {"bytes": (folder / name).stat().st_size, "sha256": _digest(folder / name)}
             for name in names}
 

@@ -32,6 +32,10 @@ from sinklab.model import AttentionStack
 from sinklab.task import BOS, TRIGGER, Batch, sample_batch
 
 DENIED_EPS = (0.01, 0.03, 0.1, 0.3, 0.5)  # BOS share caps 1 - eps of the denied-sink study
+# The plateau rule of every run the theory study trains to a plateau (denied sinks, plain stacks):
+# a run stops when its training-batch L-infinity error has set no new best for this many steps
+# (``train.patience``), or at its step cap.
+PLATEAU_PATIENCE = 2000
 
 
 def construction_config(rule: str, seq_len: int = 16, d_model: int = 16, n_layers: int = 1,
@@ -199,13 +203,14 @@ def denied_settings(eps_values: tuple[float, ...] = DENIED_EPS) -> list[tuple[st
 
 def denied_config(rule: str, setting: str, eps: float | None, seed: int, max_steps: int,
                   device: str = "auto") -> RunConfig:
-    """A 1x1 run with its sink denied: ``setting`` is "removed" or "capped-<eps>"."""
+    """A 1x1 run with its sink denied: ``setting`` is "removed" or "capped-<eps>". It trains
+    to a plateau (``PLATEAU_PATIENCE``) or the stop rule, at most ``max_steps`` steps."""
     model: dict[str, Any] = {"attention": rule, "bos": "removed" if eps is None else "capped"}
     if eps is not None:
         model["bos_cap_eps"] = eps
     return build_run_config({"model": model,
                              "train": {"seed": seed, "max_steps": max_steps, "log_every": 50,
-                                       "device": device}})
+                                       "patience": PLATEAU_PATIENCE, "device": device}})
 
 
 def floor(rows: list[dict[str, Any]]) -> dict[str, float]:

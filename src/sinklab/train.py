@@ -9,10 +9,13 @@ axis and one forward, backward and optimiser step serves them all. Each member:
 - is checked against the stop rule on every step: at step s (after s updates) a fresh batch is
   drawn and, if its L-infinity error is below ``train.tol``, the member stops with ``steps = s``
   and gets no further update of its weights or Adam moments;
-- stops as "diverged" when its loss is NaN or inf, and as "max_steps" after ``train.max_steps``.
+- stops as "diverged" when its loss is NaN or inf, as "plateau" by the plateau rule
+  (``train.patience``, stated by ``plateau_rule_text``), and as "max_steps" after
+  ``train.max_steps``.
 
 A member is finished, evaluated and written as soon as it stops, so an interrupted ensemble keeps
-every member that had already finished.
+every member that had already finished. With ``train.save_every`` its weights are also saved
+along the way, as ``checkpoints/step{s:06d}.pt`` (``list_checkpoints``, ``load_checkpoint``).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import ctypes
 import functools
 import io
 import math
+import re
 import sys
 import time
 from collections.abc import Sequence
@@ -52,8 +56,66 @@ from sinklab.results import (
 )
 from sinklab.task import TrainStream
 
-CONVERGED, MAX_STEPS, DIVERGED = 1, 2, 3
-STATUS = {CONVERGED: "converged", MAX_STEPS: "max_steps", DIVERGED: "diverged"}
+CONVERGED, MAX_STEPS, DIVERGED, PLATEAU = 1, 2, 3, 4
+STATUS = {CONVERGED: "converged", MAX_STEPS: "max_steps", DIVERGED: "diverged",
+          PLATEAU: "plateau"}
+
+CHECKPOINTS = "checkpoints"  # the folder of a run's saved weights (train.save_every)
+CHECKPOINT = re.compile(r"step([0-9]+)\.pt")
+
+
+def plateau_rule_text(patience: int) -> str:
+    """The plateau rule (``train.patience``) in words, for reports to quote.
+
+    A member's best is the lowest training-batch L-infinity error it has had so far; a step sets
+    a new best only when its error is strictly below that. A member whose last new best was at
+    step b stops at step s = b + patience, the first step at which it has gone ``patience``
+    consecutive steps without one. Reaching ``train.tol`` and diverging take precedence at the
+    same step; ``train.max_steps`` still caps the run (a run that plateaus exactly at the cap is
+    reported as a plateau). Implemented on the device by ``Plateau``.
+    """
+    if patience == 0:
+        return "no plateau rule (train.patience=0): a run stops only at train.tol, on " \
+               "divergence or at train.max_steps"
+    return (f"a run stops on a plateau when its training-batch L∞ error has not set a new best "
+            f"(strictly below every earlier step's) for {patience:,} consecutive steps; "
+            "reaching train.tol or diverging at the same step takes precedence, and "
+            "train.max_steps still caps the run")
+
+
+class Plateau:
+    """The plateau rule (``plateau_rule_text``) for every member at once, on the device.
+
+    Holds each member's best training L-infinity error so far and the step that set it, so
+    ``update`` adds a few elementwise operations per step and no read by the host.
+    """
+
+    def __init__(self, patience: int, n_members: int, device: torch.device,
+                 dtype: torch.dtype) -> None:
+        self.patience = patience
+        self.best = torch.full((n_members,), math.inf, device=device, dtype=dtype)
+        self.best_step = torch.zeros(n_members, dtype=torch.long, device=device)
+
+    def update(self, step: int, linf: Tensor) -> Tensor:
+        """Record step ``step``'s errors ``linf`` (members,); True where a member has now gone
+        ``patience`` consecutive steps without a new best."""
+        improved = linf < self.best  # NaN never improves (and diverges anyway)
+        self.best = torch.where(improved, linf, self.best)
+        self.best_step = torch.where(improved, step, self.best_step)
+        return step - self.best_step >= self.patience
+
+
+def stop_codes(linf: Tensor, loss: Tensor, tol: float, stalled: Tensor | None) -> Tensor:
+    """Each member's status code (``STATUS``) were it to stop now, from its training-batch
+    L-infinity error and loss (members,) and the plateau rule's verdict (None: no rule).
+
+    Precedence: converged (``linf < tol``), then diverged (the loss is NaN or inf), then plateau,
+    then max_steps. A converging step always sets a new best (every earlier step was >= tol), so
+    converged and plateau never meet; diverged and plateau can.
+    """
+    ending = MAX_STEPS if stalled is None else torch.where(stalled, PLATEAU, MAX_STEPS)
+    return torch.where(linf < tol, CONVERGED,
+                       torch.where(torch.isfinite(loss), ending, DIVERGED))
 
 
 def resolve_device(name: str, flag: str = "train.device") -> torch.device:
@@ -252,16 +314,68 @@ def save_member(model: AttentionStack, member: int, path: Path) -> None:
     write_atomic(path, buf.getvalue())
 
 
+def checkpoint_path(run_dir: Path, step: int) -> Path:
+    """Where a run saves its weights after ``step`` updates: ``checkpoints/step{step:06d}.pt``."""
+    return Path(run_dir) / CHECKPOINTS / f"step{step:06d}.pt"
+
+
+def list_checkpoints(run_dir: Path) -> list[int]:
+    """The steps at which ``run_dir`` holds saved weights, in order (empty when it has none)."""
+    folder = Path(run_dir) / CHECKPOINTS
+    if not folder.is_dir():
+        return []
+    found = (CHECKPOINT.fullmatch(p.name) for p in folder.iterdir())
+    return sorted(int(m.group(1)) for m in found if m is not None)
+
+
+def _clear_checkpoints(run_dir: Path) -> None:
+    """Remove the checkpoints of an earlier, unfinished attempt at the run in ``run_dir``: a run
+    that starts afresh must not leave another attempt's weights beside its own."""
+    folder = Path(run_dir) / CHECKPOINTS
+    if not folder.is_dir():
+        return
+    for p in folder.iterdir():
+        if CHECKPOINT.fullmatch(p.name) or p.name.endswith(".tmp"):
+            p.unlink()
+    if not any(folder.iterdir()):
+        folder.rmdir()
+
+
 def load_model(run_dir: Path, device: str = "cpu") -> tuple[RunConfig, AttentionStack]:
     """The config and trained model (an ensemble of one) of a finished run folder, whose files
     are first checked against its completion record."""
     run_dir = Path(run_dir)
+    return _load_weights(run_dir, run_dir / "model.pt", device,
+                         f"the run in {run_dir} has not finished")
+
+
+def load_checkpoint(run_dir: Path, step: int, device: str = "cpu"
+                    ) -> tuple[RunConfig, AttentionStack]:
+    """The config and the weights saved at ``step`` (an ensemble of one) of a finished run
+    folder that was trained with ``train.save_every`` (``list_checkpoints`` gives the steps)."""
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise ValueError(f"step={step!r} is not a checkpoint step: it must be an integer >= 0.")
+    run_dir = Path(run_dir)
+    steps = list_checkpoints(run_dir)
+    if not steps:
+        where = "none (it was trained with train.save_every=0)"
+    elif len(steps) <= 6:
+        where = "steps " + ", ".join(map(str, steps))
+    else:
+        where = f"{len(steps)} steps from {steps[0]} to {steps[-1]}"
+    return _load_weights(run_dir, checkpoint_path(run_dir, step), device,
+                         f"the run in {run_dir} saved weights at {where}")
+
+
+def _load_weights(run_dir: Path, path: Path, device: str, missing: str
+                  ) -> tuple[RunConfig, AttentionStack]:
+    """The config of the finished run in ``run_dir`` and an ensemble of one holding the weights
+    that ``save_member`` wrote to ``path``; ``missing`` says why when there is no such file."""
     if not folders.check_complete(run_dir):
         raise ResultsError(f"{run_dir} holds no finished run (it has no completion record).")
     cfg = build_run_config(read_json(run_dir / "config.json"))
-    path = run_dir / "model.pt"
     if not path.is_file():
-        raise ResultsError(f"{path} does not exist; the run in {run_dir} has not finished.")
+        raise ResultsError(f"{path} does not exist; {missing}.")
     try:
         state = torch.load(path, map_location=device, weights_only=True)
         model = AttentionStack(cfg.model, cfg.task.d_model, residual=cfg.residual)
@@ -296,7 +410,9 @@ def train_ensemble(
     """Train one model per config as one ensemble; return the summaries and the ensemble.
 
     With ``run_dirs``, run e marks its folder (``sinklab.json``) and writes ``config.json`` at
-    the start, a ``metrics.jsonl`` row every ``train.log_every`` steps and at its stop step, and
+    the start, a ``metrics.jsonl`` row every ``train.log_every`` steps and at its stop step,
+    with ``train.save_every`` its weights at every multiple of it and at its stop step
+    (``checkpoint_path``: the weights at step s are those of the log row of step s), and
     ``attention.npz``, ``model.pt`` and ``summary.json`` when it stops, then its completion
     record, last (``sinklab.folders.seal``). No figure is drawn: ``sinklab plot`` draws
     ``attention.png`` from these files later (``sinklab.plots.plot_runs``).
@@ -319,6 +435,7 @@ def train_ensemble(
     if run_dirs is not None:
         for e, run_dir in enumerate(run_dirs):
             folders.mark(Path(run_dir), "run")
+            _clear_checkpoints(Path(run_dir))
             write_json(Path(run_dir) / "config.json", cfgs[e].to_dict())
             logs[e] = MetricsLog(Path(run_dir) / "metrics.jsonl")
 
@@ -332,6 +449,9 @@ def train_ensemble(
     summaries: list[dict[str, Any] | None] = [None] * n
     start = time.perf_counter()
     tol, max_steps, log_every = cfg.train.tol, cfg.train.max_steps, cfg.train.log_every
+    save_every = cfg.train.save_every if run_dirs is not None else 0
+    plateau = Plateau(cfg.train.patience, n, device, opt.flat.dtype) if cfg.train.patience \
+        else None
     show = sys.stderr.isatty() if progress is None else progress
     bar = tqdm(total=max_steps, desc=description, unit="step", disable=not show, leave=False)
     threads = torch.get_num_threads()
@@ -382,6 +502,8 @@ def train_ensemble(
                 folder = Path(run_dirs[e])
                 write_npz(folder / "attention.npz", mean=maps["mean"][i], std=maps["std"][i])
                 save_member(finished, i, folder / "model.pt")
+                if save_every and step % save_every:  # else saved with the others at this step
+                    save_member(finished, i, checkpoint_path(folder, step))
                 write_json(folder / "summary.json", summary)
                 logs[e].close()
                 folders.seal(folder)  # last: the run is finished once this is written
@@ -394,12 +516,18 @@ def train_ensemble(
             err = out.out - y
             loss = err.pow(2).mean(dim=(1, 2, 3))  # (E,): each member's own MSE
             linf = err.detach().abs().amax(dim=(1, 2, 3))  # not part of the graph
-            # Stop rule, on the device: converged, diverged (NaN or inf), or out of steps.
+            # Stop rule, on the device: converged, diverged (NaN or inf), on a plateau, or out
+            # of steps, in that order of precedence.
             done = (linf < tol) | ~torch.isfinite(loss)
+            stalled = None if plateau is None else plateau.update(step, linf)
+            if stalled is not None:
+                done = done | stalled
             stopping = active & done if step < max_steps else active
+            if save_every and step % save_every == 0:  # before any member is sealed
+                for e in active.nonzero().flatten().tolist():
+                    save_member(model, e, checkpoint_path(Path(run_dirs[e]), step))
             if stopping.any():  # one host read per step: free on a CPU
-                codes = torch.where(linf < tol, CONVERGED,
-                                    torch.where(torch.isfinite(loss), MAX_STEPS, DIVERGED))
+                codes = stop_codes(linf, loss, tol, stalled)
                 status = {e: int(codes[e]) for e in stopping.nonzero().flatten().tolist()}
                 log_rows(list(status), step, loss, linf, out.patterns, trigger, status)
                 finish(list(status), step, status, loss, linf)

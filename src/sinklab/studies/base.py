@@ -419,6 +419,7 @@ def adopt_runs(out: Path, cells: Sequence[Cell], source: Path, log: Log) -> int:
         shutil.copy2(src / folders.MARKER, tmp / folders.MARKER)  # small, and ours to update
         for name in (folders.read_marker(src) or {})["complete"]["files"]:
             if (src / name).is_file():  # a figure an older sinklab recorded may be absent
+                (tmp / name).parent.mkdir(parents=True, exist_ok=True)  # checkpoints/
                 _link_or_copy(src / name, tmp / name)
         os.replace(tmp, dst)
         adopted += 1

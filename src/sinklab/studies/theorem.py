@@ -27,21 +27,30 @@ from typing import Any
 import numpy as np
 import torch
 
+from sinklab import certify, folders, limits, theory
 from sinklab import claims as cl
-from sinklab import folders, limits, theory
 from sinklab.claims import Claim
 from sinklab.config import ConfigError, check_count
 from sinklab.metrics import SINK_HEAD_THRESHOLD
 from sinklab.results import ResultsError, read_log
-from sinklab.studies import register, reproduction
+from sinklab.studies import bounds, register, reproduction, stacks
 from sinklab.studies.base import Cell, Context, Execution, FigureSpec, Study, read_records
+from sinklab.train import plateau_rule_text
 
 RULES = ("softmax", "relu")
 GAPS = tuple(float(c) for c in range(0, 17))  # logit gaps of the softmax sink family
 RELU_SIZES = ((4, 4), (5, 7), (16, 16), (33, 12), (64, 32), (128, 64))  # (seq_len, d_model)
 DEFAULT_SEEDS, QUICK_SEEDS = 3, 2
-DENIED_STEPS = 3000  # about 4x the steps a 1x1 model needs with its sink
+DENIED_STEPS = 10_000  # the denied-sink runs' step cap; they stop earlier on a plateau
 QUICK_DENIED_STEPS = 1200
+PLAIN_STEPS, QUICK_PLAIN_STEPS = 4000, 100  # step caps of the plain multi-layer stacks
+SAVE_EVERY, QUICK_SAVE_EVERY = 50, 200  # checkpoint interval of the frontier runs
+CERTIFY_SECONDS, QUICK_CERTIFY_SECONDS = 30.0, 2.0  # time cap of one model's certificate
+ATTACK_STEPS, QUICK_ATTACK_STEPS = 100, 20  # projected-gradient steps of the attacks
+ATTACK_RESTARTS = 8  # random starts per (trigger, row) of the attacks on final models
+CHECKPOINT_ATTACK_STEPS = 30  # the cheap attack at every checkpoint (trigger at L - 1)
+DENIED_RESTARTS = 4  # random starts per (trigger, row) of the attacks on denied-sink runs
+WORST_GAPS, QUICK_WORST_GAPS = GAPS[::2], (4.0, 8.0, 12.0)  # family gaps certified
 HEAD_SEQUENCES, QUICK_HEAD_SEQUENCES = 1000, 200  # test sequences of the head measurements
 
 # The bounds and levels the claims are decided at (the report quotes them from the records).
@@ -66,8 +75,23 @@ class TheoryOptions:
                 f"about every seed need {cl.UNIVERSAL_SEEDS} or more to be decided",
         "metavar": "N"})
     steps: int | None = field(default=None, metadata={
-        "help": f"step budget of the denied-sink runs (default: {DENIED_STEPS}; "
-                f"{QUICK_DENIED_STEPS} with --quick)", "metavar": "N"})
+        "help": f"step cap of the denied-sink runs, which stop earlier on a plateau (no new "
+                f"best training-batch L∞ in {theory.PLATEAU_PATIENCE} steps) (default: "
+                f"{DENIED_STEPS}; {QUICK_DENIED_STEPS} with --quick)", "metavar": "N"})
+    plain_steps: int | None = field(default=None, metadata={
+        "help": f"step cap of the 2x2 and 4x4 stacks trained with plain targets, which stop "
+                f"earlier on the same plateau (default: {PLAIN_STEPS}; {QUICK_PLAIN_STEPS} with "
+                "--quick)", "metavar": "N"})
+    save_every: int | None = field(default=None, metadata={
+        "help": f"save the 1x1 frontier runs' weights every N steps, for the checkpoint checks "
+                f"(default: {SAVE_EVERY}; {QUICK_SAVE_EVERY} with --quick)", "metavar": "N"})
+    attack_steps: int | None = field(default=None, metadata={
+        "help": f"projected-gradient steps of the worst-case attacks (default: {ATTACK_STEPS}; "
+                f"{QUICK_ATTACK_STEPS} with --quick)", "metavar": "N"})
+    certify_seconds: float | None = field(default=None, metadata={
+        "help": f"time cap of one model's certified bound, in seconds; the report gives the gap "
+                f"left when it is reached (default: {CERTIFY_SECONDS:g}; "
+                f"{QUICK_CERTIFY_SECONDS:g} with --quick)", "metavar": "S"})
     eps: tuple[float, ...] = field(default=theory.DENIED_EPS, metadata={
         "help": "BOS share caps 1 - eps to train with, each eps in (0, 1) (default: "
                 f"{','.join(f'{e:g}' for e in theory.DENIED_EPS)})", "metavar": "E1,E2,..."})
@@ -92,9 +116,20 @@ class TheoryOptions:
             if not (isinstance(value, int) and value >= 4):
                 raise ConfigError(f"{flag}={value!r} is not allowed: the constructions need "
                                   "an integer >= 4 (BOS, trigger, content and bias flag).")
-        if self.steps is None:
-            self.steps = QUICK_DENIED_STEPS if self.quick else DENIED_STEPS
-        check_count("--steps", self.steps)
+        for name, full, quick in (("steps", DENIED_STEPS, QUICK_DENIED_STEPS),
+                                  ("plain_steps", PLAIN_STEPS, QUICK_PLAIN_STEPS),
+                                  ("save_every", SAVE_EVERY, QUICK_SAVE_EVERY),
+                                  ("attack_steps", ATTACK_STEPS, QUICK_ATTACK_STEPS)):
+            if getattr(self, name) is None:
+                setattr(self, name, quick if self.quick else full)
+            check_count("--" + name.replace("_", "-"), getattr(self, name))
+        if self.certify_seconds is None:
+            self.certify_seconds = QUICK_CERTIFY_SECONDS if self.quick else CERTIFY_SECONDS
+        if not (isinstance(self.certify_seconds, (int, float))
+                and not isinstance(self.certify_seconds, bool)
+                and 0 < self.certify_seconds <= 3600):
+            raise ConfigError(f"--certify-seconds={self.certify_seconds!r} is not allowed: it "
+                              "must be a number of seconds in (0, 3600].")
         if not self.eps:
             raise ConfigError("--eps needs at least one value in (0, 1).")
         for eps in self.eps:
@@ -104,7 +139,8 @@ class TheoryOptions:
         if len(set(self.eps)) != len(self.eps):
             twice = next(e for e in self.eps if self.eps.count(e) > 1)
             raise ConfigError(f"--eps lists {twice!r} twice; give each cap once.")
-        own = len(RULES) * len(theory.denied_settings(self.eps))
+        own = len(RULES) * (len(theory.denied_settings(self.eps)) + 1) \
+            + len(stacks.PLAIN_EXPERIMENTS) * len(stacks.PLAIN_RULES)
         trained = len(reproduction.EXPERIMENTS) * len(reproduction.RULES) \
             if self.reproduce is None else 0
         limits.check_cells(self.seeds * (own + trained), f"--seeds {self.seeds}")
@@ -129,6 +165,8 @@ def cells(opts: TheoryOptions, exe: Execution) -> list[Cell]:
                 group=("denied", rule, setting), label=f"denied 1x1 {rule} {setting}")
            for rule in RULES for setting, eps in theory.denied_settings(opts.eps)
            for seed in range(opts.seeds)]
+    out += bounds.frontier_cells(opts.seeds, opts.save_every, exe)
+    out += stacks.plain_cells(opts.seeds, opts.plain_steps, exe)
     if opts.reproduce is None:
         out += reproduction.cells(opts.reproduce_options(), exe)
     return out
@@ -371,6 +409,8 @@ def protocol(opts: TheoryOptions, exe: Execution) -> dict[str, Any]:
             "eval_sequences": cfg.eval.n_sequences, "eval_trigger": cfg.task.eval_trigger,
             "seq_len": cfg.task.seq_len, "d_model": cfg.task.d_model,
             "seeds": opts.seeds, "eps": list(opts.eps), "quick": opts.quick,
+            "patience": cfg.train.patience, "plateau_rule": plateau_rule_text(cfg.train.patience),
+            "save_every": opts.save_every,
             "relu_sizes": [list(s) for s in dict.fromkeys(
                 [*RELU_SIZES, (opts.seq_len, opts.d_model)])]}
 
@@ -383,6 +423,48 @@ def thresholds() -> dict[str, Any]:
             "sink_head": SINK_HEAD_THRESHOLD, "head_figure_seeds": HEAD_FIGURE_SEEDS,
             "error_bins": [[lo, None if hi == float("inf") else hi]
                            for lo, hi in theory.ERROR_BINS]}
+
+
+def worst_records(ctx: Context) -> dict[str, Any]:
+    """The worst-case sections (``studies.bounds``): each heavy part kept in the study's cache
+    under the settings it depends on."""
+    opts = ctx.opts
+    base = {"seeds": opts.seeds, "save_every": opts.save_every,
+            "attack_steps": opts.attack_steps, "certify_seconds": opts.certify_seconds,
+            "quick": opts.quick}
+    ctx.log("theory: worst-case errors of the 1x1 models (attack and certificate)")
+    finals = ctx.cached("worst_finals", {**base, "restarts": ATTACK_RESTARTS}, lambda: {
+        "rows": bounds.final_records(ctx, opts.seeds, opts.attack_steps, ATTACK_RESTARTS,
+                                     opts.certify_seconds)})["rows"]
+    ctx.log("theory: the necessity bound at every saved checkpoint")
+    checkpoints = ctx.cached("worst_checkpoints", {**base, "steps": CHECKPOINT_ATTACK_STEPS},
+                             lambda: {"rows": bounds.checkpoint_records(
+                                 ctx, opts.seeds, CHECKPOINT_ATTACK_STEPS)})["rows"]
+    gaps = list(QUICK_WORST_GAPS if opts.quick else WORST_GAPS)
+    family = ctx.cached("worst_family", {"gaps": gaps, "seq_len": opts.seq_len,
+                                         "d_model": opts.d_model,
+                                         "attack_steps": opts.attack_steps,
+                                         "certify_seconds": opts.certify_seconds},
+                        lambda: {"rows": bounds.family_records(
+                            gaps, opts.seq_len, opts.d_model, opts.attack_steps,
+                            opts.certify_seconds)})["rows"]
+    construction = bounds.construction_record(opts.seq_len, opts.d_model, opts.certify_seconds)
+    ctx.log("theory: worst-case errors of the denied-sink runs")
+    names = [(rule, setting, eps, seed, denied_name(rule, setting, seed))
+             for rule in RULES for setting, eps in theory.denied_settings(opts.eps)
+             for seed in range(opts.seeds)]
+    denied = ctx.cached("worst_denied", {**base, "eps": list(opts.eps), "steps": opts.steps},
+                        lambda: {"rows": bounds.denied_worst(ctx, names, opts.attack_steps,
+                                                             DENIED_RESTARTS)})["rows"]
+    return {"finals": finals, "checkpoints": checkpoints, "family": family,
+            "construction": construction, "denied": denied,
+            "table": bounds.worst_table(finals),
+            "settings": {**base, "restarts": ATTACK_RESTARTS, "denied_restarts": DENIED_RESTARTS,
+                         "checkpoint_restarts": bounds.CHECKPOINT_RESTARTS,
+                         "checkpoint_attack_steps": CHECKPOINT_ATTACK_STEPS,
+                         "sampled": bounds.SAMPLED, "factor": bounds.FACTOR,
+                         "understates": bounds.UNDERSTATES, "stronger": bounds.STRONGER,
+                         "rtol": 0.05, "margin": certify.MARGIN}}
 
 
 def collect(ctx: Context) -> dict[str, Any]:
@@ -400,8 +482,14 @@ def collect(ctx: Context) -> dict[str, Any]:
     for entry in heads:
         entry["constant_share"] = constant_share(entry)
         entry["excursion"] = excursion(entry)
+    worst = worst_records(ctx)
+    ctx.log("theory: where the plain-target stacks sink")
+    plain = stacks.plain_collect(ctx, opts.seeds, opts.plain_steps,
+                                 stacks.QUICK_PLAIN_SEQUENCES if opts.quick
+                                 else stacks.PLAIN_SEQUENCES)
     return {
         "protocol": protocol(opts, ctx.exe), "thresholds": thresholds(),
+        "worst": worst, "plain": plain,
         "reproduction": {**source, "head_sequences": n_seq},
         "relu_construction": relu, "family": family,
         "denied": denied, "denied_settings": denied_settings(denied),
@@ -463,15 +551,19 @@ def denied_claims(records: dict[str, Any]) -> list[Claim]:
     for s in records["denied_settings"]:
         words = _setting_words(s["setting"], s["eps"])
         if s["rule"] == "softmax":
+            worst = [max(r["row1"], r["others"], r["trigger"])
+                     for r in records["worst"]["denied"]
+                     if r["rule"] == "softmax" and r["setting"] == s["setting"]]
             out.append(cl.mean_at_least(
-                f"denied.softmax.{s['setting']}.floor_above_stop",
-                f"Softmax 1x1, {words}: the best training-batch L∞ over the logged checkpoints "
-                f"stays at or above the stop rule's {tol:g} (it cannot reach it)",
-                s["best_train_linf"], tol))
+                f"denied.softmax.{s['setting']}.worst_above_stop",
+                f"Softmax 1x1, {words}: the worst-case L∞ error over every input (attacked, a "
+                f"lower bound) stays at or above the stop rule's {tol:g} (mean over seeds)",
+                worst, tol))
         else:
             out.append(cl.every(
                 f"denied.relu.{s['setting']}.reaches_stop",
-                f"ReLU 1x1, {words}: every seed reaches the stop rule within {steps:,} steps",
+                f"ReLU 1x1, {words}: every seed reaches the stop rule before the plateau rule or "
+                f"the cap of {steps:,} steps stops it",
                 s["converged"], s["n"], "reached it"))
     for rule in RULES:
         sel = [r for r in records["denied"] if r["rule"] == rule]
@@ -481,13 +573,15 @@ def denied_claims(records: dict[str, Any]) -> list[Claim]:
         if rule == "softmax":
             out.append(cl.none(
                 "denied.softmax.never_reaches",
-                f"No softmax 1x1 run with its sink denied reaches the stop rule in {steps:,} "
-                "steps, whatever the setting", k, len(sel), what))
+                f"No softmax 1x1 run with its sink denied reaches the stop rule before the "
+                f"plateau rule or the cap of {steps:,} steps stops it, whatever the setting",
+                k, len(sel), what))
         else:
             out.append(cl.every(
                 "denied.relu.always_reaches",
-                f"Every ReLU 1x1 run with its sink denied reaches the stop rule within "
-                f"{steps:,} steps, whatever the setting", k, len(sel), what))
+                f"Every ReLU 1x1 run with its sink denied reaches the stop rule before the "
+                f"plateau rule or the cap of {steps:,} steps stops it, whatever the setting",
+                k, len(sel), what))
     return out
 
 
@@ -549,7 +643,9 @@ def head_claims(records: dict[str, Any]) -> list[Claim]:
 
 def claims(records: dict[str, Any], opts: TheoryOptions) -> list[Claim]:
     """The theory's verdicts, each decided by its test."""
-    return [*relu_claims(records), *family_claims(records), *denied_claims(records),
+    return [*relu_claims(records), *family_claims(records), *bounds.worst_claims(records),
+            *bounds.necessity_claims(records), *denied_claims(records),
+            *bounds.denied_worst_claims(records), *stacks.plain_claims(records["plain"]["runs"]),
             *frontier_claims(records), *(head_claims(records) if records["heads"] else [])]
 
 
@@ -574,32 +670,6 @@ def _draw_family(ax: Any, records: dict[str, Any], opts: TheoryOptions) -> None:
     ax.set_ylabel("error")
     ax.set_title("Softmax sink family: error falls only as BOS mass -> 1")
     ax.legend(fontsize=8)
-
-
-def _draw_denied(axes: Any, records: dict[str, Any], opts: TheoryOptions) -> None:
-    tol = records["protocol"]["tol"]
-    for ax, (key, label) in zip(axes[0], (("best_train_linf", "best L∞ error (train batches)"),
-                                          ("best_train_mse", "best MSE (train batches)"))):
-        for rule in RULES:
-            rows = [s for s in records["denied_settings"] if s["rule"] == rule]
-            capped = [s for s in rows if s["eps"] is not None and s[key]]
-            eps = [s["eps"] for s in capped]
-            mean = np.array([np.mean(s[key]) for s in capped])
-            lo = np.array([np.min(s[key]) for s in capped])
-            hi = np.array([np.max(s[key]) for s in capped])
-            ax.errorbar(eps, mean, yerr=[mean - lo, hi - mean], fmt="o-", color=COLORS[rule],
-                        capsize=3, label=f"{rule}, BOS share capped at 1 - eps")
-            removed = [s for s in rows if s["eps"] is None and s[key]]
-            if removed:
-                ax.axhline(float(np.mean(removed[0][key])), color=COLORS[rule], ls="--",
-                           label=f"{rule}, BOS key removed")
-        if key == "best_train_linf":
-            ax.axhline(tol, color="grey", ls=":", label=f"stop rule ({tol:g})")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("eps")
-        ax.set_ylabel(label)
-        ax.legend(fontsize=7)
 
 
 def _experiments(records: dict[str, Any]) -> list[str]:
@@ -666,11 +736,17 @@ def _heads_grid(records: dict[str, Any], opts: TheoryOptions) -> tuple[int, int]
 
 FIGURES = (
     FigureSpec("fig_family", _draw_family, size=(6.0, 4.2)),
-    FigureSpec("fig_denied", _draw_denied, grid=(1, 2), size=(5.5, 4.0),
-               title="Denied sink, 1x1: mean and range over seeds"),
+    FigureSpec("fig_worst", bounds.draw_positions, grid=(1, 2), size=(5.5, 4.0),
+               title="Sampled, attacked and certified errors per position"),
+    FigureSpec("fig_necessity", bounds.draw_necessity, grid=(1, 2), size=(5.5, 4.2),
+               title="The necessity bound, checked at every checkpoint and along the family"),
+    FigureSpec("fig_norm", bounds.draw_norm, size=(6.5, 4.5)),
+    FigureSpec("fig_denied", bounds.draw_denied, grid=(1, 2), size=(5.5, 4.0),
+               title="Denied sink, 1x1: worst-case errors, mean and range over seeds"),
     FigureSpec("fig_frontier", _draw_frontier, grid=_frontier_grid, size=(5.0, 3.2)),
     FigureSpec("fig_heads", _draw_heads, grid=_heads_grid, size=(4.0, 3.6),
                when=lambda records, opts: bool(records["heads"])),
+    *stacks.PLAIN_FIGURES,
 )
 
 

@@ -111,7 +111,8 @@ def compute(job: Job) -> list[dict[str, Any]]:
             if not summary_path.is_file():
                 results.append({"name": name, "error": "the run wrote no summary"})
                 continue
-            files = {f.name: f.read_bytes() for f in folder.iterdir() if f.is_file()}
+            files = {f.relative_to(folder).as_posix(): f.read_bytes()
+                     for f in sorted(folder.rglob("*")) if f.is_file()}
             results.append({"name": name, "summary": json.loads(summary_path.read_text()),
                             "files": files})
         return results

@@ -254,7 +254,8 @@ class Store:
             partial = final.parent / f".partial-{final.name}"
             shutil.rmtree(partial, ignore_errors=True)
             partial.mkdir(parents=True)
-            for fname, data in files.items():
+            for fname, data in files.items():  # names relative to the folder (checkpoints/)
+                (partial / fname).parent.mkdir(parents=True, exist_ok=True)
                 (partial / fname).write_bytes(data)
             if final.exists():  # a folder from an attempt whose row was never updated
                 shutil.rmtree(final)

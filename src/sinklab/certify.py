@@ -1,0 +1,711 @@
+"""Certified worst-case errors of single-layer models, and the theorem's explicit bound.
+
+The task's input set is every sequence with content in [-1, 1]^(d-3) at every non-BOS token and
+a trigger anywhere in 2..L-1. For a model with one layer and one head (softmax or the paper's
+ReLU / i), this module gives, at every non-trigger row, an *upper* bound on the supremum error
+over that whole set, together with an input that attains a lower bound (``certify``); an attack
+(``sinklab.attack``) gives lower bounds for any model. It also computes the largest score a ReLU
+model's non-trigger queries can give any key (``relu_max_score``), which certifies that those rows
+are zero for every input when it is <= 0, and the quantities of the necessity bound proved in
+docs/theory.md (``necessity``).
+
+Notation (row vectors, as in the model): A = W_Q W_K^T and M = W_V W_O, so a query token x_q
+scores key x_k at x_q A x_k^T and the key's value is x_k M. A token is its flags plus its
+content c in the coordinates 2..d-2: BOS is e_0, an ordinary token is e_{d-1} + c, the trigger
+e_1 + c.
+
+**Why the non-trigger rows decompose.** At a non-trigger row the target is 0 and the keys are:
+BOS (fixed), the query token itself, i - 1 or i - 2 ordinary tokens and, after the trigger, the
+trigger; every key but the query itself has its own free content. Fix the query's content q and
+one output coordinate m with a sign s. For softmax the output s y_m is a ratio
+sum_k e^{S_k} s v_km / sum_k e^{S_k}; its supremum over the other keys is the root lambda of
+F(lambda) = sum_k max_{c_k} e^{S_k(c_k)} (s v_km(c_k) - lambda), Dinkelbach's equation, whose
+terms are independent maximisations over one token's content each (and identical for all the
+ordinary keys). For ReLU / i the output is a sum sum_k ReLU(S_k) s v_km / i whose terms are
+independent as they stand. Each one-token problem maximises e^{a + g.c} (h.c + b) or
+ReLU(a + g.c) (h.c + b) over the box: both depend on c only through (t, u) = (g.c, h.c), which
+ranges over a zonogon (the box's shadow in the plane), and both increase with u, so the maximum
+lies on the zonogon's upper chain, n + 1 vertices found by sorting, where it is found exactly
+(``_chain_max``). The query's own content q enters every term; an outer branch and bound splits
+the query box, bounding each term over a sub-box by how far the scores and the values can move
+inside it, and stops when the bound is within ``rtol`` of the best input found or at its time cap,
+reporting the gap. At the trigger row the target, the mean of every token, couples the tokens, so
+the decomposition does not apply: trigger rows get the attack's lower bound only.
+
+All arithmetic is float64; bounds are widened by ``MARGIN`` (relative) to cover rounding.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from sinklab.config import RunConfig
+from sinklab.model import AttentionStack
+from sinklab.task import BOS, CONTENT_START, TRIGGER
+
+CERTIFIABLE = ("softmax", "relu")  # the rules ``certify`` covers (default keyword arguments)
+MARGIN = 1e-9  # relative widening of every certified bound, for float64 rounding
+BISECTIONS = 52  # bisection steps of Dinkelbach's root: 2^-52 of the value range
+
+
+class NotCertifiable(ValueError):
+    """The model is outside what ``certify`` covers; the message says why in one sentence."""
+
+
+@dataclass(frozen=True)
+class Folded:
+    """A one-layer, one-head model's folded weights in float64: A = W_Q W_K^T, M = W_V W_O."""
+
+    a: Tensor
+    m: Tensor
+    rule: str
+    seq_len: int
+
+    @property
+    def d(self) -> int:
+        return self.a.shape[-1]
+
+    @property
+    def content(self) -> slice:
+        return slice(CONTENT_START, self.d - 1)
+
+    def token(self, flag: int, content: Tensor) -> Tensor:
+        """Tokens (..., d) with the flag coordinate ``flag`` set and ``content`` (..., d - 3)."""
+        x = torch.zeros(*content.shape[:-1], self.d, dtype=self.a.dtype, device=self.a.device)
+        x[..., flag] = 1.0
+        x[..., self.content] = content
+        return x
+
+
+def folded(model: AttentionStack, cfg: RunConfig) -> Folded:
+    """The folded weights of a certifiable model, or NotCertifiable naming what is not."""
+    mc = cfg.model
+    reasons = []
+    if mc.n_layers != 1 or mc.n_heads != 1:
+        reasons.append(f"it has {mc.n_layers} layer(s) x {mc.n_heads} head(s), not 1 x 1")
+    if mc.attention not in CERTIFIABLE or mc.attention_args:
+        reasons.append(f"its rule is {mc.attention!r}"
+                       + (" with arguments" if mc.attention_args else ""))
+    if mc.bos != "visible":
+        reasons.append(f"its BOS key is {mc.bos}")
+    if mc.block != "attention":
+        reasons.append(f"its block is {mc.block!r}")
+    if model.n_members != 1:
+        reasons.append(f"it is an ensemble of {model.n_members}")
+    if reasons:
+        raise NotCertifiable("certification covers single-layer, single-head softmax or relu "
+                             "models with default arguments and a visible BOS key; this one is "
+                             "not: " + "; ".join(reasons) + ".")
+    attn = model.blocks[0].attn
+    w = {k: getattr(attn, k)[0, 0].detach().to(torch.float64) for k in ("w_q", "w_k", "w_v",
+                                                                         "w_o")}
+    return Folded(a=w["w_q"] @ w["w_k"].T, m=w["w_v"] @ w["w_o"], rule=mc.attention,
+                  seq_len=cfg.task.seq_len)
+
+
+# ------------------------------------------------------------------ one-token problems
+
+
+def _chain(g: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
+    """The upper chain of the zonogon {(g.c, h.c) : c in [-1, 1]^n}: vertices (t, u), each
+    (..., n + 1) with t increasing and the slopes between them decreasing."""
+    flip = torch.where(g < 0, -1.0, 1.0).to(g.dtype)
+    g, h = g * flip, h * flip  # c_r -> -c_r where g_r < 0: now every g_r >= 0
+    flat = g == 0  # a generator along u only: it adds |h_r| to the whole chain
+    lift = (h.abs() * flat).sum(-1, keepdim=True)
+    h = torch.where(flat, torch.zeros_like(h), h)
+    slope = torch.where(flat, torch.zeros_like(h), h / torch.where(flat, 1.0, g))
+    order = torch.argsort(slope, dim=-1, descending=True)
+    dg, dh = 2 * torch.gather(g, -1, order), 2 * torch.gather(h, -1, order)
+    t0, u0 = -g.sum(-1, keepdim=True), -h.sum(-1, keepdim=True) + lift
+    t = torch.cat([t0, t0 + dg.cumsum(-1)], dim=-1)
+    u = torch.cat([u0, u0 + dh.cumsum(-1)], dim=-1)
+    return t, u
+
+
+def _segments(t: Tensor, u: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Start, end, start value and slope of each edge of a chain (..., n); a zero-length edge
+    gets slope 0 (its candidates are its end points)."""
+    t_a, t_b, u_a = t[..., :-1], t[..., 1:], u[..., :-1]
+    dt = t_b - t_a
+    r = torch.where(dt > 0, (u[..., 1:] - u_a) / torch.where(dt > 0, dt, 1.0), 0.0)
+    return t_a, t_b, u_a, r
+
+
+def _edge_candidates(t: Tensor, u: Tensor, a: Tensor, b: Tensor, spread: Tensor | None
+                     ) -> tuple[Tensor, Tensor, Tensor]:
+    """Candidate maximisers on each edge of a chain (..., n + 1): points t (..., n, K) clipped
+    to their edge, with the edges' start (t_a, u_a) and slope r to evaluate them.
+
+    ``spread`` None: the softmax term e^{a + t} (u + b), whose only stationary point on an edge
+    u = u_a + r (t - t_a) is t* = t_a - (u_a + b + r) / r (a maximum when r < 0). Otherwise the
+    ReLU term phi(t, u) = ReLU(a + t + spread) (u + b) where u + b >= 0 and
+    ReLU(a + t - spread) (u + b) where it is < 0 (``spread`` >= 0 bounds how far the score can
+    move; 0 gives ReLU(a + t) (u + b)): continuous and, on an edge, a quadratic or zero between
+    the breakpoints u + b = 0 and a + t +- spread = 0; its candidates are those breakpoints and
+    both quadratics' stationary points."""
+    a, b = a[..., None], b[..., None]
+    t_a, t_b, u_a, r = _segments(t, u)
+    if spread is None:
+        cands = [t_a - (u_a + b + r) / torch.where(r < 0, r, -1.0)]
+    else:
+        spread = spread[..., None]
+        safe = torch.where(r != 0, r, 1.0)
+        cands = [t_a - (u_a + b) / safe, -a - spread + 0 * t_a, -a + spread + 0 * t_a]
+        for kappa in (spread, -spread):  # (t + a + kappa)(u_a + b + r (t - t_a)) = 0':
+            cands.append((r * t_a - u_a - b - r * (a + kappa)) / (2 * safe))
+    pts = torch.stack([c.expand_as(t_a) for c in cands], dim=-1)
+    pts = torch.minimum(torch.maximum(pts, t_a[..., None]), t_b[..., None])
+    return pts, t_a, u_a, r
+
+
+def _term(t: Tensor, u: Tensor, a: Tensor, b: Tensor, spread: Tensor | None) -> Tensor:
+    """The one-key term at points (t, u): e^{a + t} (u + b), or phi of ``_edge_candidates``."""
+    if spread is None:
+        return torch.exp(a + t) * (u + b)
+    val = u + b
+    return torch.relu(a + t + torch.where(val >= 0, spread, -spread)) * val
+
+
+def _chain_max(t: Tensor, u: Tensor, a: Tensor, b: Tensor, spread: Tensor | None = None
+               ) -> Tensor:
+    """The maximum of a one-key term over a chain (..., n + 1); a, b (and spread) broadcast
+    over the leading axes. Exact: the maximum lies at a vertex or an edge candidate."""
+    def at(x: Tensor) -> Tensor:
+        return x[..., None]
+
+    s = None if spread is None else at(spread)
+    best = _term(t, u, at(a), at(b), s).amax(-1)
+    pts, t_a, u_a, r = _edge_candidates(t, u, a, b, spread)
+    on_edge = u_a[..., None] + r[..., None] * (pts - t_a[..., None])
+    s2 = None if spread is None else s[..., None]
+    inner = _term(pts, on_edge, at(at(a)), at(at(b)), s2)
+    return torch.maximum(best, inner.flatten(-2).amax(-1))
+
+
+def _chain_argmax(g: Tensor, h: Tensor, a: float, b: float, relu: bool) -> Tensor:
+    """The content c (n,) in the box that maximises one key's exact term e^{a + g.c} (h.c + b)
+    or ReLU(a + g.c) (h.c + b): the chain's best vertex or edge point, mapped back to c."""
+    t, u = _chain(g, h)
+    spread = torch.zeros((), dtype=g.dtype) if relu else None
+    at, bt = torch.tensor(a, dtype=g.dtype), torch.tensor(b, dtype=g.dtype)
+    flip = torch.where(g < 0, -1.0, 1.0).to(g.dtype)
+    gg, hh = g * flip, h * flip
+    flat = gg == 0
+    slope = torch.where(flat, torch.zeros_like(hh), hh / torch.where(flat, 1.0, gg))
+    order = torch.argsort(slope, descending=True)
+    start = torch.where(flat, torch.where(hh >= 0, 1.0, -1.0), -1.0).to(g.dtype)
+    vertices = [start.clone()]
+    for r in order.tolist():  # vertex k + 1 flips generator order[k] to +1
+        nxt = vertices[-1].clone()
+        if not flat[r]:
+            nxt[r] = 1.0
+        vertices.append(nxt)
+    vals = _term(t, u, at, bt, spread)
+    k = int(vals.argmax())
+    best_val, best = vals[k].item(), vertices[k]
+    pts, t_a, u_a, rr = _edge_candidates(t, u, at, bt, spread)
+    on_edge = u_a[..., None] + rr[..., None] * (pts - t_a[..., None])
+    inner = _term(pts, on_edge, at, bt, None if spread is None else spread)
+    e, j = divmod(int(inner.argmax()), inner.shape[-1])
+    if inner[e, j].item() > best_val:
+        width = t[e + 1] - t[e]
+        theta = ((pts[e, j] - t[e]) / width).item() if width > 0 else 0.0
+        best = vertices[e] + (vertices[e + 1] - vertices[e]) * theta
+    return best * flip
+
+
+# ------------------------------------------------------------------ rows and query boxes
+
+
+@dataclass(frozen=True)
+class Row:
+    """A non-trigger query row: position ``i`` and whether the trigger is visible ("post",
+    i > j) or not ("pre", i < j). The keys are BOS, the query itself, ``n_ordinary`` other
+    ordinary tokens and ``n_trigger`` (0 or 1) trigger tokens."""
+
+    kind: str
+    i: int
+
+    @property
+    def n_trigger(self) -> int:
+        return 1 if self.kind == "post" else 0
+
+    @property
+    def n_ordinary(self) -> int:
+        return self.i - 1 - self.n_trigger
+
+
+def rows(seq_len: int) -> list[Row]:
+    """Every non-trigger row the input set has, BOS excluded: pre rows 1..L-2 (a trigger can
+    come after them) and post rows 3..L-1 (a trigger at 2..i-1 before them)."""
+    return ([Row("pre", i) for i in range(1, seq_len - 1)]
+            + [Row("post", i) for i in range(3, seq_len)])
+
+
+def bos_row_error(f: Folded) -> float:
+    """The error at row 0, the same for every input: BOS sees only itself, so the output is
+    BOS's value (times ReLU(A_00) for ReLU, whose divisor there is 1)."""
+    v0 = f.m[BOS]
+    if f.rule == "relu":
+        v0 = torch.relu(f.a[BOS, BOS]) * v0
+    return v0.abs().max().item()
+
+
+class _Bounds:
+    """Upper bounds of s y_m at one row over query boxes. A node is a box with one objective o
+    = (coordinate m, sign s), o < d meaning s = +1 and o >= d meaning s = -1; at radius 0 a
+    bound is the exact supremum over the other keys (the point value)."""
+
+    def __init__(self, f: Folded, row: Row) -> None:
+        self.f, self.row = f, row
+        d, cs = f.d, f.content
+        self.n_objectives = 2 * d
+        sign = torch.cat([torch.ones(d), -torch.ones(d)]).to(f.a)
+        col = torch.cat([torch.arange(d), torch.arange(d)]).to(f.a.device)
+        mv = f.m[:, col] * sign  # (d, 2d): s M[:, m] per objective
+        self.mv = mv
+        self.v0 = mv[BOS]  # (2d,)
+        self.b_ord, self.b_trig = mv[d - 1], mv[TRIGGER]
+        self.h = mv[cs].T  # (2d, n): a key's value changes by h . c
+        self.h_abs = self.h.abs()
+        self.ac = f.a[cs]  # (n, d): how the query's content moves u = x_q A
+        ref = torch.zeros(d, dtype=f.a.dtype, device=f.a.device)
+        if f.rule == "softmax":
+            ref[BOS] = 1.0  # softmax scores are taken relative to BOS's
+        self.ref = ref
+        self.acc_abs = f.a[cs][:, cs].abs()
+        self.flag_ord = torch.zeros_like(ref)
+        self.flag_ord[d - 1] = 1.0
+        self.flag_trig = torch.zeros_like(ref)
+        self.flag_trig[TRIGGER] = 1.0
+        # how far a key's score can move per unit of query radius, for any key content
+        self.move_ord = (self.ac @ (self.flag_ord - ref)).abs() + self.acc_abs.sum(-1)  # (n,)
+        self.move_trig = (self.ac @ (self.flag_trig - ref)).abs() + self.acc_abs.sum(-1)
+        self.move_bos = self.ac[:, BOS].abs()  # ReLU's BOS score (softmax's is the reference)
+        # the largest |value| any key can have: Dinkelbach's root lies within it
+        self.vmax = torch.stack([self.v0.abs(), self.b_ord.abs() + self.h_abs.sum(-1),
+                                 self.b_trig.abs() + self.h_abs.sum(-1)]).amax(0)
+
+    def bound(self, q: Tensor, rad: Tensor, obj: Tensor) -> Tensor:
+        """Upper bounds (N,) of s y_m over boxes centred at q (N, n) with radii rad (N, n), one
+        objective obj (N,) each (exact point values at radius 0)."""
+        f = self.f
+        x = f.token(f.d - 1, q)  # (N, d) the query token at the centre
+        u = x @ f.a  # (N, d)
+        g = u[:, f.content]  # a key's score changes by g . c
+        h = self.h[obj]  # (N, n) and its value by h . c
+        base = u @ self.ref  # the reference score (BOS's for softmax, 0 for ReLU)
+        k = {"a_ord": u @ self.flag_ord - base, "a_trig": u @ self.flag_trig - base,
+             "self_score": (u * x).sum(-1) - base,
+             "bos_score": u[:, BOS], "r_bos": rad @ self.move_bos,
+             "r_ord": rad @ self.move_ord, "r_trig": rad @ self.move_trig,
+             "v0": self.v0[obj], "b_ord": self.b_ord[obj], "b_trig": self.b_trig[obj],
+             "vmax": self.vmax[obj]}
+        grad = (self.ac @ x.T).T + g - self.ac @ self.ref  # d/dq of the self score
+        k["self_move"] = (grad.abs() * rad).sum(-1) + ((rad @ self.acc_abs) * rad).sum(-1)
+        k["self_value"] = (x @ self.mv)[torch.arange(len(obj), device=obj.device), obj]
+        k["self_value_move"] = (rad * self.h_abs[obj]).sum(-1)
+        k["t"], k["u"] = _chain(g, h)  # (N, n + 1)
+        return self._softmax(k) if f.rule == "softmax" else self._relu(k)
+
+    def _softmax(self, k: dict[str, Tensor]) -> Tensor:
+        n_ord, n_trig = self.row.n_ordinary, self.row.n_trigger
+        lo, hi = -k["vmax"] - 1.0, k["vmax"] + 1.0
+
+        def widen(z: Tensor, radius: Tensor) -> Tensor:  # the larger of e^{+-R} z
+            return torch.where(z >= 0, z * torch.exp(radius), z * torch.exp(-radius))
+
+        for _ in range(BISECTIONS):
+            lam = (lo + hi) / 2
+            total = k["v0"] - lam  # BOS: score 0 relative to itself, value fixed
+            value = k["self_value"] + k["self_value_move"] - lam
+            score = k["self_score"] + torch.where(value >= 0, 1.0, -1.0) * k["self_move"]
+            total = total + torch.exp(score) * value
+            if n_ord:
+                g_ord = _chain_max(k["t"], k["u"], k["a_ord"], k["b_ord"] - lam)
+                total = total + n_ord * widen(g_ord, k["r_ord"])
+            if n_trig:
+                g_trig = _chain_max(k["t"], k["u"], k["a_trig"], k["b_trig"] - lam)
+                total = total + n_trig * widen(g_trig, k["r_trig"])
+            above = total > 0  # the root is above lam
+            lo = torch.where(above, lam, lo)
+            hi = torch.where(above, hi, lam)
+        return hi
+
+    def _relu(self, k: dict[str, Tensor]) -> Tensor:
+        row = self.row
+        v0 = k["v0"]
+        bos_score = k["bos_score"] + torch.where(v0 >= 0, 1.0, -1.0) * k["r_bos"]
+        total = torch.relu(bos_score) * v0
+        value = k["self_value"] + k["self_value_move"]
+        score = k["self_score"] + torch.where(value >= 0, 1.0, -1.0) * k["self_move"]
+        total = total + torch.relu(score) * value
+        if row.n_ordinary:
+            total = total + row.n_ordinary * _chain_max(k["t"], k["u"], k["a_ord"],
+                                                        k["b_ord"], k["r_ord"])
+        if row.n_trigger:
+            total = total + row.n_trigger * _chain_max(k["t"], k["u"], k["a_trig"],
+                                                       k["b_trig"], k["r_trig"])
+        return total / max(row.i, 1)
+
+    def split_weights(self) -> Tensor:
+        """How much each query content coordinate moves the bound per unit radius (n,): the
+        branch and bound splits a box along the coordinate with the largest radius times
+        this."""
+        return self.move_ord + self.move_trig + self.h_abs.sum(0) + self.ac.abs().sum(-1)
+
+    def witness(self, q: Tensor, objective: int) -> Tensor:
+        """An input (L, d), trigger at L - 1 for a pre row or at 2 for a post row, whose row i
+        attains the point value at query content q (n,) for ``objective``: every other key gets
+        the content that maximises its term (the same for every ordinary key), at Dinkelbach's
+        root for softmax."""
+        f, row = self.f, self.row
+        obj = torch.tensor([objective], device=q.device)
+        value = self.bound(q[None], torch.zeros_like(q)[None], obj)[0].item()
+        x_q = f.token(f.d - 1, q)
+        u = x_q @ f.a
+        g, h = u[f.content], self.h[objective]
+        base = (u @ self.ref).item()
+        relu = f.rule == "relu"
+        lam = 0.0 if relu else value
+
+        def best(flag: Tensor, b: Tensor) -> Tensor:
+            return _chain_argmax(g, h, (u @ flag).item() - base, b.item() - lam, relu)
+
+        ordinary = best(self.flag_ord, self.b_ord[objective])
+        trigger = best(self.flag_trig, self.b_trig[objective])
+        L = f.seq_len
+        j = L - 1 if row.kind == "pre" else 2
+        content = ordinary.expand(L, -1).clone()
+        content[row.i] = q
+        if row.kind == "post":
+            content[j] = trigger
+        x = f.token(f.d - 1, content)
+        x[0] = 0.0
+        x[0, BOS] = 1.0
+        x[j] = f.token(TRIGGER, content[j])
+        return x
+
+
+# ------------------------------------------------------------------------ branch and bound
+
+
+@dataclass
+class RowCertificate:
+    """The certified supremum error at one non-trigger row: ``upper`` >= sup >= ``lower``
+    (``lower`` attained by ``witness_query``'s input), ``converged`` when upper <= lower (1 +
+    rtol) + atol was reached before the time cap, with ``boxes`` query boxes examined."""
+
+    kind: str
+    i: int
+    upper: float
+    lower: float
+    converged: bool
+    boxes: int
+    coordinate: int
+    sign: int
+    witness_query: list[float] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "i": self.i, "upper": self.upper, "lower": self.lower,
+                "converged": self.converged, "boxes": self.boxes,
+                "coordinate": self.coordinate, "sign": self.sign,
+                "witness_query": self.witness_query}
+
+
+def _polish(bounds: _Bounds, q: Tensor, obj: int, value: float,
+            deadline: float = math.inf) -> tuple[Tensor, float]:
+    """Coordinate search over the query's content from q (n,): move the one coordinate to
+    -1, 0 or +1 that raises the point value of objective ``obj`` most, for at most n moves.
+    The extremes of a box are where these suprema usually sit. Stops at ``deadline``
+    (``time.perf_counter()`` seconds)."""
+    n = q.shape[0]
+    moves = torch.tensor([-1.0, 0.0, 1.0], dtype=q.dtype, device=q.device)
+    for _ in range(n):
+        if time.perf_counter() > deadline:
+            break
+        trial = q.expand(3 * n, n).clone()
+        trial[torch.arange(3 * n), torch.arange(n).repeat_interleave(3)] = moves.repeat(n)
+        vals = bounds.bound(trial, torch.zeros_like(trial),
+                            torch.full((3 * n,), obj, device=q.device))
+        top, at = vals.max(0)
+        if top.item() <= value:
+            break
+        q, value = trial[at].clone(), top.item()
+    return q, value
+
+
+def certify_row(f: Folded, row: Row, *, rtol: float = 0.05, atol: float = 1e-12,
+                time_limit: float = 10.0, batch: int = 256, max_nodes: int = 500_000,
+                start: Tensor | None = None) -> RowCertificate:
+    """Branch and bound over the query token's content box for one non-trigger row.
+
+    A node is a query box with one objective (coordinate, sign); its upper bound comes from
+    ``_Bounds.bound`` and its centre's exact value is a lower bound on the supremum. Each round
+    splits the ``batch`` open nodes with the largest bounds in two along their most influential
+    coordinate, and drops nodes whose bound cannot beat the best value found (improved by a
+    coordinate search, ``_polish``, from the best centre of each round and from ``start``, a
+    query content (n,) such as an attack's). It stops when the largest open bound is within
+    rtol (relative) and atol (absolute) of the best value, at ``time_limit`` seconds, or after
+    ``max_nodes`` nodes."""
+    bounds = _Bounds(f, row)
+    n, k = f.d - 3, bounds.n_objectives
+    dev, dt = f.a.device, f.a.dtype
+    weight = bounds.split_weights()
+    obj = torch.arange(k, device=dev)
+    centre = torch.zeros(k, n, dtype=dt, device=dev)
+    radius = torch.ones(k, n, dtype=dt, device=dev)
+    upper = bounds.bound(centre, radius, obj)
+    point = bounds.bound(centre, torch.zeros_like(radius), obj)
+    best = int(point.argmax())
+    best_val, best_obj, best_q = point[best].item(), best, centre[best].clone()
+    if start is not None:
+        start = start.to(device=dev, dtype=dt)
+        vals = bounds.bound(start.expand(k, n), torch.zeros(k, n, dtype=dt, device=dev), obj)
+        if vals.max().item() > best_val:
+            best_val, best_obj, best_q = vals.max().item(), int(vals.argmax()), start.clone()
+    began = time.perf_counter()
+    deadline = began + time_limit
+    best_q, best_val = _polish(bounds, best_q, best_obj, best_val, deadline)
+    examined = k
+    while True:
+        keep = upper > best_val + atol
+        centre, radius, upper, obj = centre[keep], radius[keep], upper[keep], obj[keep]
+        top = upper.max().item() if len(upper) else best_val
+        if top <= (best_val * (1 + rtol) if best_val > 0 else 0.0) + atol:
+            converged = True
+            break
+        if time.perf_counter() - began > time_limit or examined >= max_nodes:
+            converged = False
+            break
+        pick = torch.argsort(upper, descending=True)[:batch]
+        rest = torch.ones(len(upper), dtype=torch.bool, device=dev)
+        rest[pick] = False
+        c, r, o, up = centre[pick], radius[pick], obj[pick], upper[pick]
+        axis = (r * weight).argmax(-1)[:, None]
+        half = r.gather(1, axis) / 2
+        r2 = r.clone().scatter_(1, axis, half)
+        kids_c = torch.cat([c.clone().scatter_add_(1, axis, -half),
+                            c.clone().scatter_add_(1, axis, half)])
+        kids_r, kids_o = torch.cat([r2, r2]), torch.cat([o, o])
+        # a kid's box lies inside its parent's, so the parent's bound holds for it too
+        kid_upper = torch.minimum(bounds.bound(kids_c, kids_r, kids_o), torch.cat([up, up]))
+        kid_point = bounds.bound(kids_c, torch.zeros_like(kids_r), kids_o)
+        examined += len(kids_c)
+        val, at = kid_point.max(0)
+        if val.item() > best_val:
+            q, value = _polish(bounds, kids_c[at].clone(), int(kids_o[at]), val.item(),
+                               deadline)
+            best_val, best_obj, best_q = value, int(kids_o[at]), q
+        centre, radius = torch.cat([centre[rest], kids_c]), torch.cat([radius[rest], kids_r])
+        upper, obj = torch.cat([upper[rest], kid_upper]), torch.cat([obj[rest], kids_o])
+    top = max(upper.max().item() if len(upper) else best_val, best_val)
+    d = f.d
+    return RowCertificate(kind=row.kind, i=row.i, upper=top + MARGIN * abs(top),
+                          lower=best_val, converged=converged, boxes=examined,
+                          coordinate=best_obj % d, sign=1 if best_obj < d else -1,
+                          witness_query=best_q.tolist())
+
+
+@dataclass
+class Certificate:
+    """Certified errors of a single-layer model at every non-trigger row: the BOS row's exact
+    error, and per (kind, i) a RowCertificate. ``upper(kind)`` is the largest upper bound over
+    the rows of a kind, ``lower(kind)`` the largest value attained."""
+
+    rule: str
+    bos: float
+    rows: list[RowCertificate]
+    seconds: float
+
+    def upper(self, kind: str | None = None) -> float:
+        sel = [r.upper for r in self.rows if kind in (None, r.kind)]
+        return max([self.bos, *sel]) if kind is None else max(sel, default=float("nan"))
+
+    def lower(self, kind: str | None = None) -> float:
+        sel = [r.lower for r in self.rows if kind in (None, r.kind)]
+        return max([self.bos, *sel]) if kind is None else max(sel, default=float("nan"))
+
+    @property
+    def converged(self) -> bool:
+        return all(r.converged for r in self.rows)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rule": self.rule, "bos": self.bos, "seconds": self.seconds,
+                "converged": self.converged, "upper": self.upper(), "lower": self.lower(),
+                "rows": [r.to_dict() for r in self.rows]}
+
+
+def certify(model: AttentionStack, cfg: RunConfig, *, rtol: float = 0.05,
+            time_limit: float = 30.0) -> Certificate:
+    """Certified upper bounds (and attained lower bounds) of the supremum error at every
+    non-trigger row of a single-layer, single-head softmax or ReLU model over the task's whole
+    input set. ``time_limit`` (seconds) is shared by the rows; a row that hits it reports its
+    remaining gap (``converged`` False). NotCertifiable for any other model."""
+    f = folded(model, cfg)
+    if not (rtol >= 0 and math.isfinite(rtol)):
+        raise ValueError(f"rtol={rtol!r} is not allowed: it must be a finite number >= 0.")
+    if not (time_limit > 0 and math.isfinite(time_limit)):
+        raise ValueError(f"time_limit={time_limit!r} is not allowed: it must be a finite "
+                         "number of seconds > 0.")
+    start = time.perf_counter()
+    todo = rows(f.seq_len)
+    out = []
+    for k, row in enumerate(todo):
+        left = time_limit - (time.perf_counter() - start)
+        share = max(left / (len(todo) - k), 1e-3)
+        out.append(certify_row(f, row, rtol=rtol, time_limit=share))
+    return Certificate(rule=f.rule, bos=bos_row_error(f), rows=out,
+                       seconds=time.perf_counter() - start)
+
+
+# ------------------------------------------------------------------ ReLU's zero rows
+
+
+def relu_max_score(model: AttentionStack, cfg: RunConfig) -> dict[str, Any]:
+    """The largest score any non-trigger query of a single-layer model can give any key over
+    the whole input set, per key kind ("bos", "ordinary", "trigger", "self", and "bos_query":
+    BOS's score of itself at row 0), with the query token that attains it where it is exact.
+
+    A query is an ordinary token (flags e_{d-1}) with content q in the box; a key is BOS, an
+    ordinary token or the trigger with its own content c, or the query itself. The score
+    x_q A x_k^T is bilinear in (q, c): for a fixed q its maximum over c is x_q A f^T +
+    sum_r |(x_q A)_r| over the content coordinates, a convex function of q, so the maximum over
+    q sits at one of the box's 2^(d-3) vertices, which are enumerated (exact) up to d - 3 = 16
+    coordinates, beyond which a looser interval bound is used (``exact`` False). The self score
+    x_q A x_q^T is a quadratic in q; it is bounded by the bilinear maximum over independent
+    copies (q, q'), which contains the diagonal (an upper bound, ``exact`` False for it).
+
+    Where every value is <= 0 a ReLU model outputs exactly zero at every non-trigger row for
+    every input: ``certified_zero``."""
+    f = folded(model, cfg)
+    d, cs = f.d, f.content
+    n = d - 3
+    a = f.a
+    exact = n <= 16
+    out: dict[str, Any] = {"bos_query": a[BOS, BOS].item()}
+    flags = {"bos": BOS, "ordinary": d - 1, "trigger": TRIGGER}
+    if exact:
+        grid = torch.tensor([[(k >> r) & 1 for r in range(n)] for k in range(2 ** n)],
+                            dtype=a.dtype, device=a.device) * 2 - 1
+        u = f.token(d - 1, grid) @ a  # (V, d): x_q A at every vertex q
+        for name, flag in flags.items():
+            score = u[:, flag] + (0 if name == "bos" else u[:, cs].abs().sum(-1))
+            k = int(score.argmax())
+            out[name] = score[k].item()
+            out[f"{name}_at"] = grid[k].tolist()
+        # self: max over (q, q') of x_q A x_{q'}^T + x_{q'} A x_q^T, halved: bilinear, so a
+        # vertex q and the best q' for it
+        sym = (a + a.T) / 2
+        us = f.token(d - 1, grid) @ sym
+        out["self"] = (us[:, d - 1] + us[:, cs].abs().sum(-1)).max().item()
+    else:
+        u_mid, u_rad = a[d - 1], a[cs].abs().sum(0)  # x_q A over the box: centre and radius
+        for name, flag in flags.items():
+            score = u_mid[flag] + u_rad[flag]
+            if name != "bos":
+                score = score + (u_mid[cs].abs() + u_rad[cs]).sum()
+            out[name] = score.item()
+        sym = (a + a.T) / 2
+        out["self"] = (sym[d - 1, d - 1] + sym[cs, d - 1].abs().sum() * 2
+                       + sym[cs][:, cs].abs().sum()).item()
+    out["exact"] = exact
+    keys = ("bos_query", "bos", "ordinary", "trigger", "self")
+    out["max"] = max(out[k] for k in keys)
+    out["certified_zero"] = out["max"] <= 0
+    return out
+
+
+# ------------------------------------------------------------------ the necessity bound
+
+
+def necessity(model: AttentionStack, cfg: RunConfig) -> dict[str, Any]:
+    """The quantities of the necessity bound (docs/theory.md) for a single-layer, single-head
+    softmax model, all exact:
+
+    - ``nu`` = ||v_0||_inf, BOS's value v_0 = e_0 M, which is also the output at row 0;
+    - ``w_star`` = max over contents c of ||w(c)||_inf, w(c) = (e_{d-1} + c - e_0) M, in closed
+      form max_m (|M[d-1, m] - M[0, m]| + sum_r |M[r, m]| over content rows r), attained at the
+      content ``c_star`` (a vertex) and coordinate ``m_star``;
+    - ``delta`` = (L - 2) / (L - 1), the share of the trigger row's mean the content carries when
+      the trigger at L - 1 has content 0;
+    - per pre row i = 1..L-2, at the input X* whose every content is c_star (trigger at L - 1):
+      the BOS mass ``bos`` b_i(X*), the error ``error`` ||y_i(X*)||_inf, and the bound's value
+      ``bound`` (1 - b_i(X*)) w_star - nu (part 1: the supremum error at row i is at least this);
+    - ``proof_errors``: per content coordinate m, the largest trigger-row error at coordinate m
+      over the two inputs of part 2's proof (ordinary contents +-1 at m, 0 elsewhere, trigger
+      content 0), so that w_star >= delta - proof_error - nu can be checked for every m.
+    """
+    f = folded(model, cfg)
+    if f.rule != "softmax":
+        raise NotCertifiable(f"the necessity bound is about softmax; this model's rule is "
+                             f"{f.rule!r}.")
+    d, cs, L = f.d, f.content, f.seq_len
+    m = f.m
+    v0 = m[BOS]
+    nu = v0.abs().max().item()
+    lift = m[d - 1] - v0
+    per = lift.abs() + m[cs].abs().sum(0)
+    m_star = int(per.argmax())
+    sign = torch.where(lift[m_star] >= 0, 1.0, -1.0)
+    c_star = sign * torch.where(m[cs][:, m_star] >= 0, 1.0, -1.0).to(m)
+    w_star = per[m_star].item()
+    inputs = uniform_input(f, c_star, trigger_content=c_star)
+    weights, err = _forward_one(model, cfg, inputs[None])
+    out_rows = []
+    for i in range(1, L - 1):
+        b = weights[0, i, 0].item()
+        out_rows.append({"i": i, "bos": b, "error": err[0, i].item(),
+                         "bound": (1 - b) * w_star - nu})
+    proof = []
+    for r in range(d - 3):
+        errs = []
+        for s in (1.0, -1.0):
+            c = torch.zeros(d - 3, dtype=m.dtype, device=m.device)
+            c[r] = s
+            x = uniform_input(f, c, trigger_content=torch.zeros_like(c))
+            _, e_coord = _forward_one(model, cfg, x[None], coordinate=CONTENT_START + r)
+            errs.append(e_coord[0, L - 1].item())
+        proof.append(max(errs))
+    return {"nu": nu, "w_star": w_star, "m_star": m_star, "c_star": c_star.tolist(),
+            "delta": (L - 2) / (L - 1), "rows": out_rows, "proof_errors": proof,
+            "seq_len": L}
+
+
+def uniform_input(f: Folded, content: Tensor, trigger_content: Tensor) -> Tensor:
+    """The sequence (L, d) whose ordinary tokens all carry ``content``, with the trigger at
+    L - 1 carrying ``trigger_content``: every row before L - 1 is a pre row."""
+    L = f.seq_len
+    x = f.token(f.d - 1, content.expand(L, -1).clone())
+    x[0] = 0.0
+    x[0, BOS] = 1.0
+    x[L - 1] = f.token(TRIGGER, trigger_content)
+    return x
+
+
+@torch.no_grad()
+def _forward_one(model: AttentionStack, cfg: RunConfig, x: Tensor,
+                 coordinate: int | None = None) -> tuple[Tensor, Tensor]:
+    """Attention weights (B, L, L) and per-row errors (B, L) of inputs x (B, L, d) with the
+    trigger at L - 1, in float64 on the model's device: the L-inf error of each row, or the
+    absolute error at one ``coordinate``."""
+    from copy import deepcopy
+
+    from sinklab.task import targets
+
+    weight = next(model.parameters())
+    m64 = deepcopy(model).to(torch.float64)
+    x = x.to(device=weight.device, dtype=torch.float64)
+    trig = torch.full((x.shape[0],), x.shape[1] - 1, device=x.device)
+    y = targets(x, trig, cfg.residual)
+    out = m64(x, return_weights=True)
+    err = (out.out[0] - y).abs()
+    err = err.amax(-1) if coordinate is None else err[..., coordinate]
+    return out.patterns[0][0, :, 0], err

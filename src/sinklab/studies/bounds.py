@@ -1,0 +1,525 @@
+"""The theory study's worst-case sections: errors over every input, the necessity bound, norms.
+
+For the 1x1 models the theory study trains itself (``frontier/{rule}_seed{s}``, the paper's
+protocol with the weights saved every ``save_every`` steps), this module computes:
+
+- per row type and position, the error on sampled test sequences, the attack's lower bound on
+  the supremum over every input (``sinklab.attack``) and, at non-trigger rows, the certified
+  upper bound (``sinklab.certify``);
+- for ReLU, the largest score a non-trigger query can give any key (``certify.relu_max_score``):
+  <= 0 certifies that those rows are zero for every input;
+- for softmax, the necessity bound of docs/theory.md at every saved checkpoint, with its slack,
+  and along the sink family;
+- the worst-case error against the norm of W_Q W_K^T, for the family, the ReLU construction and
+  the trained models;
+- for the denied-sink runs, what the cap forces at row 1 by arithmetic against what the attack
+  finds at the other rows.
+
+The heavy parts (attacks, certificates) are kept in the study's ``cache/`` keyed by the settings
+they depend on, so a rerun only renders.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+from sinklab import attack, certify, theory
+from sinklab import claims as cl
+from sinklab.claims import Claim
+from sinklab.config import RunConfig, build_run_config
+from sinklab.model import AttentionStack
+from sinklab.studies.base import Cell, Context, Execution
+from sinklab.task import CONTENT_START, encode, targets
+
+RULES = ("softmax", "relu")
+SAMPLED = 2000  # test sequences of the sampled errors (every trigger position)
+UNDERSTATES = 2.0  # "the sample understates the worst case": attacked / sampled at least this
+FACTOR = 2.0  # the certified upper bound within this factor of the attack's lower bound
+STRONGER = 1.1  # the bound made this much stronger must be violated somewhere
+CHECKPOINT_RESTARTS = 2  # random starts per row of the cheap attack at every checkpoint
+
+
+def frontier_name(rule: str, seed: int) -> str:
+    return f"frontier/{rule}_seed{seed}"
+
+
+def frontier_config(rule: str, seed: int, save_every: int, device: str) -> RunConfig:
+    """A 1x1 run of the paper's protocol that saves its weights every ``save_every`` steps."""
+    return build_run_config({"model": {"attention": rule},
+                             "train": {"seed": seed, "save_every": save_every,
+                                       "log_every": save_every, "device": device}})
+
+
+def frontier_cells(seeds: int, save_every: int, exe: Execution) -> list[Cell]:
+    return [Cell(frontier_name(rule, s), frontier_config(rule, s, save_every, exe.device),
+                 group=("frontier", rule), label=f"1x1 {rule} with checkpoints")
+            for rule in RULES for s in range(seeds)]
+
+
+# --------------------------------------------------------------------------- measurements
+
+
+@torch.no_grad()
+def sampled_errors(model: AttentionStack, cfg: RunConfig, n: int = SAMPLED, seed: int = 0
+                   ) -> dict[str, list[float | None]]:
+    """The largest error per row type (``attack.KINDS``) and position over ``n`` random test
+    sequences with the trigger anywhere in 2..L-1 (None where a type cannot occur)."""
+    weight = next(model.parameters())
+    batch = theory.all_triggers_batch(cfg, n, seed, dtype=torch.float64)
+    net = copy.deepcopy(model).to(torch.float64)
+    x, y = batch.x.to(weight.device), batch.y.to(weight.device)
+    err = (net(x).out[0] - y).abs().amax(-1).cpu()  # (B, L)
+    L = err.shape[1]
+    pos = torch.arange(L)
+    j = batch.trigger.cpu()[:, None]
+    masks = {"bos": (pos == 0).expand_as(err), "pre": (pos >= 1) & (pos < j),
+             "trigger": pos == j, "post": pos > j}
+    out = {}
+    for kind, mask in masks.items():
+        vals = torch.where(mask, err, -math.inf).amax(0)
+        out[kind] = [v if math.isfinite(v) else None for v in vals.tolist()]
+    return out
+
+
+def worst_case(model: AttentionStack, cfg: RunConfig, *, steps: int, restarts: int,
+               seconds: float, triggers: list[int] | None = None,
+               certified: bool = True) -> dict[str, Any]:
+    """Sampled, attacked and (for certifiable models, when ``certified``) certified errors of
+    one model, its ||W_Q W_K^T|| (spectral norm, 1 layer: the largest over heads), and the
+    rule's own evidence: ReLU's largest non-trigger score, softmax's necessity quantities."""
+    rule = cfg.model.attention
+    single = cfg.model.n_layers == 1 and cfg.model.n_heads == 1 and cfg.model.bos == "visible"
+    worst = attack.attack(model, cfg, steps=steps, restarts=restarts, triggers=triggers,
+                          per_coordinate=False)
+    out: dict[str, Any] = {"attacked": worst.to_dict("none")["error"],
+                           "sampled": sampled_errors(model, cfg) if triggers is None else None,
+                           "norm": qk_norm(model)}
+    if single and certified:
+        out["certified"] = certify.certify(model, cfg, time_limit=seconds).to_dict()
+    if single and rule == "relu":
+        out["relu_score"] = certify.relu_max_score(model, cfg)
+    if single and rule == "softmax":
+        out["necessity"] = certify.necessity(model, cfg)
+    return out
+
+
+def qk_norm(model: AttentionStack) -> float:
+    """The largest spectral norm of W_Q W_K^T over the model's layers and heads."""
+    attn = [b.attn for b in model.blocks]
+    return max(torch.linalg.matrix_norm(
+        (a.w_q[0].detach().double() @ a.w_k[0].detach().double().transpose(-1, -2)), ord=2
+    ).max().item() for a in attn)
+
+
+def _finite(values: list[float | None]) -> list[float]:
+    return [v for v in values if v is not None and math.isfinite(v)]
+
+
+def nontrigger(errors: dict[str, list[float | None]]) -> float:
+    """The largest non-trigger error (BOS, pre and post rows) of a kind -> positions table."""
+    return max(_finite(errors["bos"] + errors["pre"] + errors["post"]), default=float("nan"))
+
+
+def bound_check(record: dict[str, Any]) -> dict[str, Any]:
+    """The necessity bound at one softmax model (a ``worst_case`` record with a necessity part):
+    per pre row i, eps_i (the larger of the attack's error and the error at X*, both errors of
+    real inputs, so lower bounds on the supremum), part 1's bound (1 - b_i(X*)) w* - nu and
+    part 2's (1 - b_i(X*)) (delta - eps_T - nu) - nu with eps_T the trigger row's error at
+    L - 1 (the larger of the attack's and the proof inputs'), the worst violation (negative:
+    every row on the allowed side) and the slack eps_i / part 2 where part 2 is positive."""
+    nec = record["necessity"]
+    att = record["attacked"]
+    L = nec["seq_len"]
+    eps_t = max(att["trigger"][L - 1], *nec["proof_errors"])
+    nu, w_star, delta = nec["nu"], nec["w_star"], nec["delta"]
+    rows, worst, slacks = [], -math.inf, []
+    for row in nec["rows"]:
+        i, b = row["i"], row["bos"]
+        eps = max(att["pre"][i], row["error"])
+        one = (1 - b) * w_star - nu
+        two = (1 - b) * (delta - eps_t - nu) - nu
+        worst = max(worst, one - eps, two - eps)
+        slack = eps / two if two > 0 else None
+        if slack is not None:
+            slacks.append(slack)
+        rows.append({"i": i, "bos": b, "error": eps, "part1": one, "part2": two,
+                     "slack": slack})
+    return {"rows": rows, "violation": worst, "eps_trigger": eps_t, "nu": nu,
+            "w_star": w_star, "delta": delta,
+            "min_slack": min(slacks) if slacks else None,
+            "max_off_bos": max(1 - r["bos"] for r in nec["rows"])}
+
+
+def checkpoint_records(ctx: Context, seeds: int, steps: int) -> list[dict[str, Any]]:
+    """Every saved checkpoint of every frontier run: the cheap attack (trigger at L - 1: every
+    pre row and that trigger row), the norm and the rule's evidence (necessity for softmax,
+    the largest non-trigger score for ReLU)."""
+    from sinklab.train import list_checkpoints, load_checkpoint
+
+    out = []
+    for rule in RULES:
+        for seed in range(seeds):
+            folder = ctx.out / frontier_name(rule, seed)
+            for step in list_checkpoints(folder):
+                cfg, model = load_checkpoint(folder, step)
+                L = cfg.task.seq_len
+                rec = worst_case(model, cfg, steps=steps, restarts=CHECKPOINT_RESTARTS,
+                                 seconds=0.0, triggers=[L - 1], certified=False)
+                entry = {"rule": rule, "seed": seed, "step": step, "norm": rec["norm"],
+                         "pre": _finite(rec["attacked"]["pre"]),
+                         "trigger": rec["attacked"]["trigger"][L - 1],
+                         "bos": rec["attacked"]["bos"][0]}
+                if rule == "softmax":
+                    entry["check"] = bound_check(rec)
+                else:
+                    score = rec["relu_score"]
+                    entry["max_score"] = score["max"]
+                    entry["certified_zero"] = score["certified_zero"]
+                out.append(entry)
+    return out
+
+
+def final_records(ctx: Context, seeds: int, steps: int, restarts: int, seconds: float
+                  ) -> list[dict[str, Any]]:
+    """The final model of every frontier run: sampled, attacked and certified errors."""
+    from sinklab.train import load_model
+
+    out = []
+    for rule in RULES:
+        for seed in range(seeds):
+            name = frontier_name(rule, seed)
+            cfg, model = load_model(ctx.out / name)
+            summary = ctx.summary(name)
+            rec = worst_case(model, cfg, steps=steps, restarts=restarts, seconds=seconds)
+            out.append({"rule": rule, "seed": seed, "steps": summary["steps"],
+                        "converged": summary["converged"], **rec})
+    return out
+
+
+def family_records(gaps: list[float], seq_len: int, d_model: int, steps: int,
+                   seconds: float) -> list[dict[str, Any]]:
+    """The sink family at each gap c: the certified non-trigger supremum (exactly 1 - b at
+    the last row here), the attack's trigger error at L - 1, the necessity bound's parts and
+    slack, and ||W_Q W_K^T||."""
+    out = []
+    for c in gaps:
+        cfg, model = theory.softmax_sink(c, seq_len, d_model)
+        rec = worst_case(model, cfg, steps=steps, restarts=CHECKPOINT_RESTARTS,
+                         seconds=seconds, triggers=[seq_len - 1])
+        check = bound_check(rec)
+        cert = rec["certified"]
+        out.append({"c": c, "norm": rec["norm"], "certified": cert["upper"],
+                    "certified_lower": cert["lower"], "trigger": check["eps_trigger"],
+                    "check": check})
+    return out
+
+
+def construction_record(seq_len: int, d_model: int, seconds: float) -> dict[str, Any]:
+    """The ReLU construction's certified non-trigger error, largest score and norm."""
+    cfg, model = theory.relu_construction(seq_len, d_model, dtype=torch.float64)
+    cert = certify.certify(model, cfg, time_limit=seconds)
+    return {"certified": cert.upper(), "converged": cert.converged,
+            "relu_score": certify.relu_max_score(model, cfg), "norm": qk_norm(model)}
+
+
+# ------------------------------------------------------------------------------ denied
+
+
+def denied_floor(model: AttentionStack, cfg: RunConfig) -> dict[str, Any]:
+    """What denying the sink forces at row 1 by arithmetic, from the weights alone, and the
+    error at row 1 of the input the argument names (every content equal to ``witness``).
+
+    Row 1 sees only BOS and x_1. With BOS removed its output is x_1 M, whose supremum error is
+    max_m (|M[d-1, m]| + sum_r |M[r, m]|) exactly, attained at the vertex named. With BOS's
+    share capped at 1 - eps the weight on x_1 is at least eps at every input, so part 1 of the
+    necessity bound gives eps w* - nu (w* and nu as in ``certify.necessity``), and the error at
+    X* (every content c*) is at least that."""
+    attn = model.blocks[0].attn
+    m = (attn.w_v[0, 0].detach().double() @ attn.w_o[0, 0].detach().double())
+    d = m.shape[0]
+    cs = slice(CONTENT_START, d - 1)
+    v0 = m[0]
+    nu = v0.abs().max().item()
+    lift = m[d - 1] if cfg.model.bos == "removed" else m[d - 1] - v0
+    per = lift.abs() + m[cs].abs().sum(0)
+    col = int(per.argmax())
+    sign = 1.0 if lift[col] >= 0 else -1.0
+    witness = sign * torch.where(m[cs][:, col] >= 0, 1.0, -1.0).to(m)
+    if cfg.model.bos == "removed":
+        floor = per[col].item()
+    else:
+        floor = max(cfg.model.bos_cap_eps * per[col].item() - nu, 0.0)
+    L = cfg.task.seq_len
+    content = witness.expand(1, L, d - 3).clone()
+    x = encode(content, torch.tensor([L - 1])).to(device=m.device)
+    net = copy.deepcopy(model).to(torch.float64)
+    with torch.no_grad():
+        err = (net(x).out[0] - targets(x, torch.tensor([L - 1], device=m.device),
+                                       cfg.residual))[0, 1].abs().max().item()
+    return {"floor": floor, "nu": nu, "w_star": per[col].item(), "at_witness": err}
+
+
+def denied_worst(ctx: Context, names: list[tuple[str, str, float | None, int, str]],
+                 steps: int, restarts: int) -> list[dict[str, Any]]:
+    """Per denied-sink run (rule, setting, eps, seed, folder name): the arithmetic floor at
+    row 1, and the errors at row 1 (the larger of the attack's and the floor's input's), at the
+    other non-trigger rows and at trigger rows (the attack's)."""
+    from sinklab.train import load_model
+
+    out = []
+    for rule, setting, eps, seed, name in names:
+        cfg, model = load_model(ctx.out / name)
+        floor = denied_floor(model, cfg)
+        worst = attack.attack(model, cfg, steps=steps, restarts=restarts, per_coordinate=False)
+        err = worst.to_dict("none")["error"]
+        row1 = max(_finite([err["pre"][1], floor["at_witness"]]), default=float("nan"))
+        others = _finite(err["bos"] + err["pre"][2:] + err["post"])
+        out.append({"rule": rule, "setting": setting, "eps": eps, "seed": seed, **floor,
+                    "row1": row1, "others": max(others, default=float("nan")),
+                    "trigger": max(_finite(err["trigger"]), default=float("nan"))})
+    return out
+
+
+def worst_table(finals: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (rule, row type): sampled, attacked and certified suprema over positions,
+    as mean, smallest and largest over seeds."""
+    rows = []
+    for rule in RULES:
+        sel = [f for f in finals if f["rule"] == rule]
+        for kind in ("pre", "post", "trigger", "bos"):
+            sampled = [max(_finite(f["sampled"][kind]), default=float("nan")) for f in sel]
+            attacked = [max(_finite(f["attacked"][kind]), default=float("nan")) for f in sel]
+            cert = []
+            for f in sel:
+                c = f.get("certified")
+                if c is None or kind == "trigger":
+                    continue
+                cert.append(c["bos"] if kind == "bos" else
+                            max(r["upper"] for r in c["rows"] if r["kind"] == kind))
+            rows.append({"rule": rule, "kind": kind, "n": len(sel),
+                         "sampled": _spread(sampled), "attacked": _spread(attacked),
+                         "certified": _spread(cert) if cert else None})
+    return rows
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    vals = [v for v in values if math.isfinite(v)]
+    if not vals:
+        return {"mean": float("nan"), "min": float("nan"), "max": float("nan")}
+    return {"mean": float(np.mean(vals)), "min": float(min(vals)), "max": float(max(vals))}
+
+
+# ------------------------------------------------------------------------------ claims
+
+
+def ratio_certified_attacked(final: dict[str, Any]) -> float:
+    """Certified upper bound over attacked lower bound of the non-trigger supremum."""
+    cert = final["certified"]["upper"]
+    att = nontrigger(final["attacked"])
+    return cert / att if att > 0 else (1.0 if cert <= 0 else math.inf)
+
+
+def worst_claims(records: dict[str, Any]) -> list[Claim]:
+    w = records["worst"]
+    finals = w["finals"]
+    out = []
+    gaps = [nontrigger(f["attacked"]) - f["certified"]["upper"] for f in finals
+            if f.get("certified")]
+    out.append(cl.exact(
+        "worst.certified_above_attack",
+        "On every trained 1x1 model, the certified upper bound of the non-trigger supremum is "
+        "never below the attack's lower bound", max(gaps), 0.0,
+        f"largest attacked minus certified over {len(gaps)} models"))
+    soft = [f for f in finals if f["rule"] == "softmax"]
+    if soft:
+        ratios = [ratio_certified_attacked(f) for f in soft]
+        out.append(cl.exact(
+            "worst.softmax.certified_within_factor",
+            f"On every trained 1x1 softmax model the certified upper bound of the non-trigger "
+            f"supremum is within a factor {FACTOR:g} of the attack's lower bound",
+            max(ratios), FACTOR, f"largest certified / attacked over {len(ratios)} models"))
+        under = [nontrigger(f["attacked"]) / max(_finite(f["sampled"]["bos"]
+                                                         + f["sampled"]["pre"]
+                                                         + f["sampled"]["post"]))
+                 for f in soft]
+        out.append(cl.mean_at_least(
+            "worst.softmax.sample_understates",
+            f"Random test sequences understate a trained softmax model's non-trigger worst case "
+            f"at least {UNDERSTATES:g}-fold: the attacked error over the sampled one ({SAMPLED:,}"
+            " sequences), mean over seeds", under, UNDERSTATES))
+    relu = [f for f in finals if f["rule"] == "relu"]
+    if relu:
+        out.append(cl.every(
+            "worst.relu.zero_rows_certified",
+            "Every trained 1x1 ReLU model's non-trigger rows are certified zero for every input "
+            "(no non-trigger query gives any key a positive score)",
+            sum(f["relu_score"]["certified_zero"] for f in relu), len(relu),
+            "certified zero"))
+    con = w["construction"]
+    out.append(cl.exact(
+        "worst.relu.construction_certified",
+        "The hand-built ReLU construction's non-trigger rows are certified zero for every input",
+        con["relu_score"]["max"], 0.0, "largest score of a non-trigger query over every input"))
+    return out
+
+
+def necessity_claims(records: dict[str, Any]) -> list[Claim]:
+    w = records["worst"]
+    checks = [c["check"] for c in w["checkpoints"] if c["rule"] == "softmax"]
+    out = []
+    if checks:
+        out.append(cl.exact(
+            "necessity.every_checkpoint_allowed",
+            "Every saved checkpoint of every trained 1x1 softmax model lies on the allowed side "
+            "of the necessity bound (both parts, every pre-trigger row)",
+            max(c["violation"] for c in checks), 0.0,
+            f"largest bound minus attacked error over {len(checks)} checkpoints"))
+    fam = [f for f in w["family"] if f["check"]["min_slack"] is not None]
+    if fam:
+        out.append(cl.exact(
+            "necessity.family_tight",
+            f"Along the sink family the bound is tight: made {STRONGER:g} times stronger it is "
+            "violated by some family member",
+            min(f["check"]["min_slack"] for f in fam) / STRONGER, 1.0,
+            f"smallest slack (error / bound) over {len(fam)} gaps, divided by {STRONGER:g}"))
+    return out
+
+
+def denied_worst_claims(records: dict[str, Any]) -> list[Claim]:
+    tol = records["protocol"]["tol"]
+    rows = records["worst"]["denied"]
+    out = []
+    for setting in dict.fromkeys(r["setting"] for r in rows):
+        sel = [r for r in rows if r["setting"] == setting]
+        soft = [r for r in sel if r["rule"] == "softmax"]
+        if not soft:
+            continue
+        out.append(cl.mean_at_least(
+            f"denied.softmax.{setting}.beyond_row1",
+            f"Softmax 1x1, {setting}: away from row 1 too, the worst-case non-trigger error "
+            f"stays at or above the stop rule's {tol:g} (mean over seeds)",
+            [r["others"] for r in soft], tol))
+    return out
+
+
+# ------------------------------------------------------------------------------ figures
+
+COLORS = {"softmax": "tab:blue", "relu": "tab:orange"}
+KIND_STYLE = {"pre": "-", "post": "--", "trigger": ":"}
+
+
+def draw_positions(axes: Any, records: dict[str, Any], opts: Any) -> None:
+    """Per rule, seed 0's errors at every query position: sampled, attacked, certified."""
+    for ax, rule in zip(np.ravel(axes), RULES):
+        final = next((f for f in records["worst"]["finals"]
+                      if f["rule"] == rule and f["seed"] == 0), None)
+        if final is None:
+            continue
+        L = len(final["attacked"]["pre"])
+        pos = np.arange(L)
+        floor = 1e-12
+        for kind, style in KIND_STYLE.items():
+            for source, color in (("sampled", "tab:gray"), ("attacked", "tab:red")):
+                vals = [np.nan if v is None else max(v, floor) for v in final[source][kind]]
+                ax.plot(pos, vals, style, color=color, marker=".",
+                        label=f"{source}, {kind}")
+            cert = final.get("certified")
+            if cert and kind != "trigger":
+                up = [np.nan] * L
+                for r in cert["rows"]:
+                    if r["kind"] == kind:
+                        up[r["i"]] = max(r["upper"], floor)
+                ax.plot(pos, up, style, color="k", marker="_", label=f"certified, {kind}")
+        ax.set_yscale("log")
+        ax.set_xlabel("query position i")
+        ax.set_ylabel("largest L∞ error at the row")
+        ax.set_title(f"1x1 {rule}, seed 0" + (" (zero rows at 1e-12)" if rule == "relu"
+                                               else ""), fontsize=9)
+        ax.legend(fontsize=5, ncol=2)
+
+
+def draw_necessity(axes: Any, records: dict[str, Any], opts: Any) -> None:
+    """Left: error against 1 - BOS mass at X* for every checkpoint's pre rows and the family,
+    with part 2's line for eps_T = nu = 0. Right: every checkpoint row's attacked error
+    against its own part-2 bound (the allowed side is above the diagonal)."""
+    left, right = np.ravel(axes)
+    w = records["worst"]
+    fam = [r for f in w["family"] for r in f["check"]["rows"]]
+    ck = [r for c in w["checkpoints"] if c["rule"] == "softmax" for r in c["check"]["rows"]]
+    for rows, label, style in ((ck, "trained checkpoints (attacked)", "o"),
+                               (fam, "sink family (exact)", "s")):
+        x = [1 - r["bos"] for r in rows if r["error"] > 0 and 1 - r["bos"] > 0]
+        y = [r["error"] for r in rows if r["error"] > 0 and 1 - r["bos"] > 0]
+        left.scatter(x, y, s=6, alpha=0.5, marker=style, label=label)
+        xs = [r["part2"] for r in rows if r["part2"] > 0]
+        ys = [r["error"] for r in rows if r["part2"] > 0]
+        right.scatter(xs, ys, s=6, alpha=0.5, marker=style, label=label)
+    delta = w["family"][0]["check"]["delta"] if w["family"] else 1.0
+    grid = np.logspace(-8, 0, 50)
+    left.plot(grid, delta * grid, "k--", label=f"bound, eps_T = nu = 0: {delta:.3f} (1 - b)")
+    right.plot(grid, grid, "k--", label="error = bound")
+    for ax in (left, right):
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.legend(fontsize=6)
+    left.set_xlabel("1 - BOS mass at X*, pre rows")
+    left.set_ylabel("supremum error at the row (lower bound)")
+    right.set_xlabel("the bound's value, part 2")
+    right.set_ylabel("supremum error at the row (lower bound)")
+
+
+def draw_norm(ax: Any, records: dict[str, Any], opts: Any) -> None:
+    """Worst-case non-trigger error against ||W_Q W_K^T||_2."""
+    w = records["worst"]
+    floor = 1e-12
+    fam = w["family"]
+    ax.plot([f["norm"] for f in fam], [max(f["certified"], floor) for f in fam], "k-o", ms=3,
+            label="softmax sink family (certified)")
+    con = w["construction"]
+    ax.scatter([con["norm"]], [max(con["certified"], floor)], marker="*", s=80,
+               color="tab:green", label="ReLU construction (certified 0, drawn at 1e-12)")
+    for rule in RULES:
+        ck = [c for c in w["checkpoints"] if c["rule"] == rule]
+        ax.scatter([c["norm"] for c in ck], [max(max(c["pre"] + [c["bos"]]), floor) for c in ck],
+                   s=5, alpha=0.3, color=COLORS[rule],
+                   label=f"{rule} checkpoints (attacked, pre rows)")
+        fin = [f for f in w["finals"] if f["rule"] == rule and f.get("certified")]
+        ax.scatter([f["norm"] for f in fin], [max(f["certified"]["upper"], floor) for f in fin],
+                   s=30, marker="D", edgecolor="k", color=COLORS[rule],
+                   label=f"{rule} final models (certified)")
+    ax.set_yscale("log")
+    ax.set_xlabel("||W_Q W_K^T|| (spectral norm)")
+    ax.set_ylabel("worst-case non-trigger L∞ error")
+    ax.legend(fontsize=6)
+
+
+def draw_denied(axes: Any, records: dict[str, Any], opts: Any) -> None:
+    """Per rule: what the cap forces at row 1 by arithmetic, the attacked error at row 1, at
+    the other non-trigger rows and at trigger rows, against eps (mean and range over seeds)."""
+    tol = records["protocol"]["tol"]
+    rows = records["worst"]["denied"]
+    for ax, rule in zip(np.ravel(axes), RULES):
+        sel = [r for r in rows if r["rule"] == rule and r["eps"] is not None]
+        eps = sorted({r["eps"] for r in sel})
+        for key, label, style in (("floor", "row 1: forced by arithmetic", "k--"),
+                                  ("row1", "row 1: attacked", "o-"),
+                                  ("others", "other non-trigger rows: attacked", "s-"),
+                                  ("trigger", "trigger rows: attacked", "^-")):
+            vals = [[max(r[key], 1e-12) for r in sel if r["eps"] == e] for e in eps]
+            mean = np.array([np.mean(v) for v in vals])
+            lo = np.array([np.min(v) for v in vals])
+            hi = np.array([np.max(v) for v in vals])
+            ax.errorbar(eps, mean, yerr=[mean - lo, hi - mean], fmt=style, capsize=3,
+                        label=label, ms=4)
+        ax.axhline(tol, color="grey", ls=":", label=f"stop rule ({tol:g})")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("eps (BOS share capped at 1 - eps)")
+        ax.set_ylabel("worst-case L∞ error")
+        ax.set_title(f"1x1 {rule}", fontsize=9)
+        ax.legend(fontsize=6)

@@ -1,0 +1,332 @@
+"""The theorem's multi-layer claim in its own setting: attention stacks with plain targets.
+
+The theorem's multi-layer statement is about stacks without a residual stream, x <- MHA_l(x),
+whose target is 0 off the trigger and mean(x_1..x_j) at it (``task.target=plain``); the paper's
+experiments use residual targets instead. This module declares the 2x2 and 4x4 softmax and ReLU
+runs of that setting, trained to a step cap or the plateau rule (``sinklab.theory.
+PLATEAU_PATIENCE``), measures where each trained stack puts its BOS weight (per layer, head and
+query position, at non-trigger and at trigger rows), and decides the existential claim: some
+head sinks, and every non-trigger position has a sinking head somewhere in the stack. The
+``sinklab theory`` study (``sinklab.studies.theorem``) wires these pieces in::
+
+    plain/{2x2,4x4}_{softmax,relu}_seed{s}/   the runs (``plain_cells``)
+    records["plain"] = plain_collect(ctx, seeds, max_steps, n_sequences)
+    claims += plain_claims(records["plain"]["runs"])
+    figures += PLAIN_FIGURES; the report includes templates/theorem_plain.md.j2
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+from sinklab import claims as cl
+from sinklab import metrics, theory
+from sinklab.claims import Claim
+from sinklab.config import ConfigError, RunConfig, build_run_config
+from sinklab.metrics import SINK_HEAD_THRESHOLD
+from sinklab.model import AttentionStack
+from sinklab.results import read_log
+from sinklab.studies.base import Cell, Context, Execution, FigureSpec
+from sinklab.studies.reproduction import EXPERIMENTS
+from sinklab.task import Batch
+from sinklab.train import load_model, plateau_rule_text
+
+PLAIN_EXPERIMENTS = ("2x2", "4x4")
+PLAIN_RULES = ("softmax", "relu")
+PLAIN_LOG_EVERY = 100
+PLAIN_SEQUENCES, QUICK_PLAIN_SEQUENCES = 1000, 200  # test sequences of the BOS measurements
+# How a run can end (``sinklab.train``): the stop rule, the plateau rule, the step cap, NaN.
+STOPS = ("converged", "plateau", "max_steps", "diverged")
+
+
+def plain_name(experiment: str, rule: str, seed: int) -> str:
+    """The run's folder, relative to the study's."""
+    return f"plain/{experiment}_{rule}_seed{seed}"
+
+
+def plain_config(experiment: str, rule: str, seed: int, max_steps: int,
+                 device: str = "auto") -> RunConfig:
+    """One plain-target stack: the paper's protocol (its learning rate for the shape), capped at
+    ``max_steps`` and stopped early by the plateau rule (``train.patience``)."""
+    if experiment not in PLAIN_EXPERIMENTS:
+        raise ConfigError(f"plain-target experiment {experiment!r} is not one of "
+                          f"{', '.join(PLAIN_EXPERIMENTS)}.")
+    layers, heads = EXPERIMENTS[experiment]
+    return build_run_config({
+        "task": {"target": "plain"},
+        "model": {"attention": rule, "n_layers": layers, "n_heads": heads},
+        "train": {"seed": seed, "max_steps": max_steps, "log_every": PLAIN_LOG_EVERY,
+                  "patience": theory.PLATEAU_PATIENCE, "device": device}})
+
+
+def plain_cells(seeds: int, max_steps: int, exe: Execution) -> list[Cell]:
+    """Every (experiment, rule, seed); one ensemble of seeds per experiment and rule."""
+    return [Cell(plain_name(e, rule, seed), plain_config(e, rule, seed, max_steps, exe.device),
+                 group=("plain", e, rule), label=f"plain {e} {rule}")
+            for e in PLAIN_EXPERIMENTS for rule in PLAIN_RULES for seed in range(seeds)]
+
+
+def plain_protocol(seeds: int, max_steps: int) -> dict[str, Any]:
+    """The settings the report quotes, read from a run's own config: the step cap, the plateau
+    rule (its patience, and in words ``sinklab.train.plateau_rule_text``), the stop rule, the
+    sink threshold and the learning rate of each shape."""
+    cfgs = {e: plain_config(e, "softmax", 0, max_steps) for e in PLAIN_EXPERIMENTS}
+    cfg = cfgs[PLAIN_EXPERIMENTS[0]]
+    return {
+        "experiments": list(PLAIN_EXPERIMENTS), "rules": list(PLAIN_RULES), "seeds": seeds,
+        "max_steps": cfg.train.max_steps, "patience": cfg.train.patience,
+        "plateau_rule": plateau_rule_text(cfg.train.patience),
+        "tol": cfg.train.tol, "batch_size": cfg.train.batch_size,
+        "beta1": cfg.train.beta1, "beta2": cfg.train.beta2, "log_every": cfg.train.log_every,
+        "lr": {e: c.train.lr for e, c in cfgs.items()},
+        "shape": {e: list(EXPERIMENTS[e]) for e in PLAIN_EXPERIMENTS},
+        "seq_len": cfg.task.seq_len, "d_model": cfg.task.d_model,
+        "train_trigger_min": cfg.task.train_trigger_min,
+        "train_trigger_max": cfg.task.train_trigger_max,
+        "eval_sequences": cfg.eval.n_sequences, "eval_trigger": cfg.task.eval_trigger,
+        "threshold": SINK_HEAD_THRESHOLD, "universal_seeds": cl.UNIVERSAL_SEEDS,
+    }
+
+
+# ----------------------------------------------------------------------------- records
+
+
+def _listed(values: torch.Tensor) -> list[Any]:
+    """A float tensor as nested lists, NaN (a row type that never occurs there) as None."""
+    return [_listed(v) for v in values] if values.dim() else \
+        (None if math.isnan(values.item()) else values.item())
+
+
+def _covered(bos: torch.Tensor, threshold: float) -> list[bool | None]:
+    """Per query position: does some (layer, head) have mean BOS mass >= threshold there?
+    ``bos`` (layers, heads, L) with NaN where the row type never occurs; None at those
+    positions."""
+    seen = ~torch.isnan(bos).all(dim=(0, 1))
+    hit = (bos.nan_to_num(nan=-math.inf) >= threshold).any(dim=0).any(dim=0)
+    return [bool(h) if s else None for h, s in zip(hit.tolist(), seen.tolist())]
+
+
+@torch.no_grad()
+def plain_measure(model: AttentionStack, batch: Batch,
+                  threshold: float = SINK_HEAD_THRESHOLD) -> dict[str, Any]:
+    """Where a one-member stack puts its BOS weight on ``batch`` (sequences with the trigger
+    anywhere the task allows: ``theory.all_triggers_batch``).
+
+    Returned (layers and heads 1-indexed in ``sink_heads``, positions 0-indexed everywhere):
+
+    - ``bos_nontrigger`` / ``bos_trigger``: (layers, heads, L) nested lists, the mean BOS weight
+      over the sequences whose row at that query position is a non-trigger row / the trigger
+      row; None where no sequence has such a row (position 0, the BOS row, is neither);
+    - ``head_bos``: (layers, heads), the mean BOS weight over all non-trigger rows
+      (``metrics.bos_mass_nontrigger``, the reproduction's per-head number);
+    - ``sink_heads``: the [layer, head] pairs whose ``head_bos`` is >= ``threshold``, and
+      ``layers_with_sink``, per layer whether some head of it sinks;
+    - ``positions_covered`` / ``trigger_positions_covered``: per query position (length L,
+      None where the row type never occurs) whether some (layer, head) has BOS mass >=
+      ``threshold`` there;
+    - ``bos_max_by_position``: per position the largest non-trigger BOS mass over every head;
+    - ``linf_all_triggers``: the model's L-infinity error on the batch.
+    """
+    device = next(model.parameters()).device
+    x, y, trigger = batch.x.to(device), batch.y.to(device), batch.trigger.to(device)
+    out = model(x, return_weights=True)
+    weights = torch.stack(out.patterns, dim=1)[0].to(torch.float64)  # (layers, B, H, L, L)
+    bos = weights[..., 0]  # (layers, B, H, L): each query row's weight on BOS
+    nontrigger, is_trigger = metrics.row_types(trigger, weights.shape[-1])  # (B, L)
+
+    def per_position(rows: torch.Tensor) -> torch.Tensor:  # (layers, H, L), NaN if never
+        w = rows[:, None, :].to(bos.dtype)  # (B, 1, L)
+        return (bos * w).sum(dim=1) / w.sum(dim=0)
+
+    bos_nt, bos_tr = per_position(nontrigger), per_position(is_trigger)
+    head_bos = metrics.bos_mass_nontrigger(weights, trigger)  # (layers, H)
+    sinks = head_bos >= threshold
+    top = bos_nt.amax(dim=(0, 1))  # NaN where no head has a non-trigger row: position 0
+    return {
+        "bos_nontrigger": _listed(bos_nt), "bos_trigger": _listed(bos_tr),
+        "head_bos": head_bos.tolist(),
+        "sink_heads": [[li + 1, hi + 1] for li, hi in sinks.nonzero().tolist()],
+        "layers_with_sink": sinks.any(dim=1).tolist(),
+        "positions_covered": _covered(bos_nt, threshold),
+        "trigger_positions_covered": _covered(bos_tr, threshold),
+        "bos_max_by_position": _listed(top),
+        "linf_all_triggers": metrics.error_split(out.out[0], y, trigger)["linf"].item(),
+    }
+
+
+def plain_records(ctx: Context, seeds: int, n_sequences: int = PLAIN_SEQUENCES
+                  ) -> list[dict[str, Any]]:
+    """One row per plain-target run: how it stopped, its errors (the test set's, from
+    ``summary.json``, and the best training batch of its log), and where its trained model puts
+    its BOS weight on ``n_sequences`` sequences with every trigger position (``plain_measure``).
+
+    ``ctx`` needs only ``out`` (the study's folder) and ``summary(name)``."""
+    rows = []
+    for e in PLAIN_EXPERIMENTS:
+        for rule in PLAIN_RULES:
+            for seed in range(seeds):
+                name = plain_name(e, rule, seed)
+                summary = ctx.summary(name)
+                best = theory.floor(read_log(ctx.out / name / "metrics.jsonl"))["best_linf"]
+                cfg, model = load_model(ctx.out / name)
+                batch = theory.all_triggers_batch(cfg, n_sequences, seed=0, dtype=torch.float32)
+                rows.append({
+                    "experiment": e, "rule": rule, "seed": seed, "status": summary["status"],
+                    "converged": summary["converged"], "steps": summary["steps"],
+                    "best_train_linf": best, "test_linf": summary["linf_error"],
+                    "linf_trigger": summary["linf_trigger"],
+                    "linf_nontrigger": summary["linf_nontrigger"],
+                    **plain_measure(model, batch),
+                })
+    return rows
+
+
+def _known(flags: list[bool | None]) -> list[bool]:
+    return [f for f in flags if f is not None]
+
+
+def all_covered(run: dict[str, Any]) -> bool:
+    """Whether every non-trigger query position of the run has a sinking head somewhere."""
+    return all(_known(run["positions_covered"]))
+
+
+def coverage_text(flags: list[bool | None]) -> str:
+    """'k/n': positions with a sinking head, of the positions where the row type occurs."""
+    known = _known(flags)
+    return f"{sum(known)}/{len(known)}"
+
+
+def heads_text(pairs: list[list[int]]) -> str:
+    """Sink heads as 'L1H2, L3H1' (or '-' for none)."""
+    return ", ".join(f"L{layer}H{head}" for layer, head in pairs) or "-"
+
+
+def _finite(values: list[Any]) -> list[float]:
+    return [float(v) for v in values if v is not None and math.isfinite(v)]
+
+
+def plain_groups(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (experiment, rule), over seeds: how the runs stopped (not a claim: a count), their
+    steps and errors, and how many have a sink head (with its 95% Clopper-Pearson interval)."""
+    out = []
+    for e in PLAIN_EXPERIMENTS:
+        for rule in PLAIN_RULES:
+            sel = [r for r in runs if r["experiment"] == e and r["rule"] == rule]
+            if not sel:
+                continue
+            steps = [r["steps"] for r in sel]
+            with_sink = sum(bool(r["sink_heads"]) for r in sel)
+            out.append({
+                "experiment": e, "rule": rule, "n": len(sel),
+                **{stop: sum(r["status"] == stop for r in sel) for stop in STOPS},
+                "steps_min": min(steps), "steps_max": max(steps),
+                "best_train_linf": _finite([r["best_train_linf"] for r in sel]),
+                "test_linf": _finite([r["test_linf"] for r in sel]),
+                "with_sink": with_sink,
+                "with_sink_interval": list(cl.clopper_pearson(with_sink, len(sel))),
+                "all_covered": sum(all_covered(r) for r in sel),
+            })
+    return out
+
+
+def plain_collect(ctx: Context, seeds: int, max_steps: int,
+                  n_sequences: int = PLAIN_SEQUENCES) -> dict[str, Any]:
+    """What the report's plain-target section reads, as ``records["plain"]``: the protocol, the
+    test sequences' count, one row per run and one per (experiment, rule)."""
+    runs = plain_records(ctx, seeds, n_sequences)
+    return {"protocol": plain_protocol(seeds, max_steps), "sequences": n_sequences,
+            "runs": runs, "groups": plain_groups(runs)}
+
+
+# ------------------------------------------------------------------------------ claims
+
+
+def plain_claims(records: list[dict[str, Any]]) -> list[Claim]:
+    """Per (experiment, rule): softmax, every seed has a sink head and every seed has a sinking
+    head at every non-trigger position, over all seeds and again over the seeds that reached
+    the stop rule (where there are any); ReLU, no seed has a sink head."""
+    thr = SINK_HEAD_THRESHOLD
+    sink = f"a head at non-trigger BOS mass >= {thr:g}"
+    out = []
+    for e in PLAIN_EXPERIMENTS:
+        for rule in PLAIN_RULES:
+            sel = [r for r in records if r["experiment"] == e and r["rule"] == rule]
+            if not sel:
+                continue
+            what = f"plain-target {e} {rule}"
+            if rule == "relu":
+                out.append(cl.none(
+                    f"plain.{e}.relu.no_sink_head",
+                    f"No {what} seed has a sink head: ReLU needs none without a residual stream "
+                    "either", sum(bool(r["sink_heads"]) for r in sel), len(sel),
+                    f"have {sink}"))
+                continue
+            conv = [r for r in sel if r["converged"]]
+            for prefix, group, words, whose in (
+                    ("", sel, "", ""), ("converged.", conv, " that reached the stop rule",
+                                        "(of those that reached the stop rule) ")):
+                if not group:
+                    continue
+                out.append(cl.every(
+                    f"plain.{e}.softmax.{prefix}some_head_sinks",
+                    f"Every {what} seed{words} has some head that sinks (the theorem's "
+                    "existential claim)", sum(bool(r["sink_heads"]) for r in group),
+                    len(group), f"{whose}have {sink}"))
+                out.append(cl.every(
+                    f"plain.{e}.softmax.{prefix}every_position_covered",
+                    f"In every {what} seed{words}, every non-trigger query position has a head "
+                    f"somewhere in the stack with BOS mass >= {thr:g} there",
+                    sum(all_covered(r) for r in group), len(group),
+                    f"{whose}have such a head at every non-trigger position"))
+    return out
+
+
+# ----------------------------------------------------------------------------- figures
+
+
+def _runs(records: dict[str, Any]) -> list[dict[str, Any]]:
+    return records["plain"]["runs"]
+
+
+def _experiments(records: dict[str, Any]) -> list[str]:
+    return list(dict.fromkeys(r["experiment"] for r in _runs(records)))
+
+
+def plain_grid(records: dict[str, Any], opts: Any) -> tuple[int, int]:
+    """Rows: the experiments run; columns: the rules."""
+    return (max(len(_experiments(records)), 1), len(PLAIN_RULES))
+
+
+def draw_plain(axes: Any, records: dict[str, Any], opts: Any) -> None:
+    """Per experiment (row) and rule (column), a line per seed: the largest non-trigger BOS
+    mass over every head and layer at each query position, with the sink threshold dashed."""
+    grid = np.asarray(axes, dtype=object).reshape(-1, len(PLAIN_RULES))
+    for row, e in zip(grid, _experiments(records)):
+        for ax, rule in zip(row, PLAIN_RULES):
+            sel = [r for r in _runs(records) if r["experiment"] == e and r["rule"] == rule]
+            for r in sel:
+                top = r["bos_max_by_position"]
+                pos = [i for i, v in enumerate(top) if v is not None]
+                ax.plot(pos, [top[i] for i in pos], marker="o", markersize=3, linewidth=1,
+                        alpha=0.8 if r["converged"] else 0.4,
+                        linestyle="-" if r["converged"] else ":")
+            ax.axhline(SINK_HEAD_THRESHOLD, color="grey", ls="--", linewidth=1,
+                       label=f"sink threshold {SINK_HEAD_THRESHOLD:g}")
+            ax.set_ylim(-0.05, 1.05)
+            ax.set_xlabel("query position (0-indexed), non-trigger rows")
+            ax.set_ylabel("largest BOS mass over heads")
+            n_conv = sum(r["converged"] for r in sel)
+            ax.set_title(f"plain {e} {rule}: {len(sel)} seeds, {n_conv} reached the stop "
+                         "rule (solid)", fontsize=9)
+            ax.legend(fontsize=7)
+
+
+PLAIN_FIGURES = (
+    FigureSpec("fig_plain", draw_plain, grid=plain_grid, size=(5.0, 3.2),
+               title="Plain targets (no residual stream): where the stack sinks",
+               when=lambda records, opts: bool(records.get("plain", {}).get("runs"))),
+)

@@ -1,0 +1,242 @@
+"""Certified worst-case errors (sinklab.certify): each piece checked against brute force, and the
+necessity bound checked on weights near it."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sinklab import certify, theory
+from sinklab.config import build_run_config
+from sinklab.model import AttentionStack
+from sinklab.task import targets
+
+F64 = torch.float64
+
+
+def random_model(rule: str, seq_len: int = 6, d_model: int = 6, scale: float = 1.0,
+                 seed: int = 0, residual: bool = False):
+    """A 1x1 model with random weights of about ``scale`` (large enough to be far from 0)."""
+    cfg = build_run_config({"task": {"seq_len": seq_len, "d_model": d_model,
+                                     "eval_trigger": seq_len - 1,
+                                     "target": "residual" if residual else "plain"},
+                            "model": {"attention": rule}})
+    model = AttentionStack(cfg.model, d_model, residual=cfg.residual).to(F64)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=F64) * scale)
+    return cfg, model
+
+
+def row_errors(model, cfg, x: torch.Tensor, j: int) -> torch.Tensor:
+    """Signed errors (B, L, d) of inputs x (B, L, d) with the trigger at j."""
+    trig = torch.full((x.shape[0],), j)
+    with torch.no_grad():
+        return model(x).out[0] - targets(x, trig, cfg.residual)
+
+
+def random_inputs(f: certify.Folded, n: int, j: int, seed: int, vertices: bool = False):
+    gen = torch.Generator().manual_seed(seed)
+    content = torch.rand(n, f.seq_len, f.d - 3, generator=gen, dtype=F64) * 2 - 1
+    if vertices:
+        content = torch.sign(content)
+    from sinklab.task import encode
+    return encode(content, torch.full((n,), j))
+
+
+# ----------------------------------------------------------------------- one-token problems
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10_000), st.integers(1, 5), st.booleans())
+def test_chain_max_is_the_exact_maximum(seed, n, relu):
+    """The chain's maximum is never below the term at any point of the box (sampled densely,
+    vertices included), and the content _chain_argmax returns attains it."""
+    gen = torch.Generator().manual_seed(seed)
+    g, h = torch.randn(2, n, generator=gen, dtype=F64) * 2
+    a, b = torch.randn(2, generator=gen, dtype=F64)
+    if seed % 5 == 0:
+        g[0] = 0.0  # a generator along u only
+    t, u = certify._chain(g, h)
+    spread = torch.zeros((), dtype=F64) if relu else None
+    top = certify._chain_max(t, u, a, b, spread).item()
+    c = torch.rand(20_000, n, generator=gen, dtype=F64) * 2 - 1
+    c[: 2 ** n] = torch.tensor([[(k >> r) & 1 for r in range(n)] for k in range(2 ** n)],
+                               dtype=F64) * 2 - 1
+    score, value = c @ g + a, c @ h + b
+    sampled = (torch.relu(score) if relu else torch.exp(score)) * value
+    assert top >= sampled.max().item() - 1e-12
+    best = certify._chain_argmax(g, h, a.item(), b.item(), relu)
+    assert best.abs().max() <= 1 + 1e-12
+    s = best @ g + a
+    got = ((torch.relu(s) if relu else torch.exp(s)) * (best @ h + b)).item()
+    assert got == pytest.approx(top, rel=1e-9, abs=1e-12)
+
+
+def test_chain_max_with_spread_bounds_every_shift():
+    """With a spread R the ReLU term is bounded for every score shift in [-R, R]."""
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(20):
+        g, h = torch.randn(2, 3, generator=gen, dtype=F64)
+        a, b = torch.randn(2, generator=gen, dtype=F64)
+        spread = torch.rand((), generator=gen, dtype=F64)
+        t, u = certify._chain(g, h)
+        top = certify._chain_max(t, u, a, b, spread).item()
+        c = torch.rand(5000, 3, generator=gen, dtype=F64) * 2 - 1
+        shift = (torch.rand(5000, generator=gen, dtype=F64) * 2 - 1) * spread
+        vals = torch.relu(c @ g + a + shift) * (c @ h + b)
+        assert top >= vals.max().item() - 1e-12
+
+
+# ----------------------------------------------------------------------- rows
+
+
+@pytest.mark.parametrize("rule", ["softmax", "relu"])
+def test_certified_rows_bound_every_sampled_input(rule):
+    """At every non-trigger row, the certified upper bound is at least the error of every
+    sampled input (random and box vertices) and of the witness, which attains the lower bound."""
+    cfg, model = random_model(rule, scale=0.7, seed=1)
+    f = certify.folded(model, cfg)
+    cert = certify.certify(model, cfg, time_limit=20, rtol=0.02)
+    by_row = {(r.kind, r.i): r for r in cert.rows}
+    L = f.seq_len
+    for j in range(2, L):
+        for vertices in (False, True):
+            x = random_inputs(f, 3000, j, seed=j + 17 * vertices, vertices=vertices)
+            err = row_errors(model, cfg, x, j).abs().amax(-1)  # (B, L)
+            assert err[:, 0].max().item() <= cert.bos * (1 + 1e-9) + 1e-15
+            for i in range(1, L):
+                if i == j:
+                    continue
+                rc = by_row["pre" if i < j else "post", i]
+                assert err[:, i].max().item() <= rc.upper, (j, i)
+    for rc in cert.rows:
+        bounds = certify._Bounds(f, certify.Row(rc.kind, rc.i))
+        obj = rc.coordinate + (0 if rc.sign > 0 else f.d)
+        x = bounds.witness(torch.tensor(rc.witness_query, dtype=F64), obj)
+        j = L - 1 if rc.kind == "pre" else 2
+        got = rc.sign * row_errors(model, cfg, x[None], j)[0, rc.i, rc.coordinate].item()
+        assert got == pytest.approx(rc.lower, rel=1e-7, abs=1e-13)
+        assert rc.lower <= rc.upper
+
+
+def test_sink_family_is_certified_at_its_exact_supremum():
+    """The family's pre-row error is exactly 1 - b_i at every input: certified to within the
+    tolerance, from above and below."""
+    c = 6.0
+    cfg, model = theory.softmax_sink(c, seq_len=8, d_model=6)
+    cert = certify.certify(model, cfg, time_limit=20, rtol=1e-3)
+    for rc in cert.rows:
+        if rc.kind == "pre":
+            exact = 1 - math.exp(c) / (math.exp(c) + rc.i)
+            assert rc.lower <= exact * (1 + 1e-9) and rc.upper >= exact * (1 - 1e-9)
+            assert rc.upper <= exact * (1 + 2e-3)
+    assert cert.bos == 0.0
+
+
+def test_relu_construction_rows_are_certified_zero():
+    cfg, model = theory.relu_construction(seq_len=8, d_model=6, dtype=F64)
+    cert = certify.certify(model, cfg, time_limit=10)
+    assert cert.upper() == 0.0 and cert.converged
+    score = certify.relu_max_score(model, cfg)
+    assert score["max"] == 0.0 and score["certified_zero"] and score["exact"]
+
+
+def test_relu_max_score_is_exact_for_keys():
+    """The largest key score equals a brute force over query and key vertices (the maximum of a
+    bilinear form over a box sits at a vertex), and the self score's bound is above the
+    diagonal's sampled values."""
+    cfg, model = random_model("relu", seq_len=5, d_model=7, seed=4)
+    f = certify.folded(model, cfg)
+    got = certify.relu_max_score(model, cfg)
+    n = f.d - 3
+    vert = torch.tensor([[(k >> r) & 1 for r in range(n)] for k in range(2 ** n)],
+                        dtype=F64) * 2 - 1
+    queries = f.token(f.d - 1, vert)
+    for kind, flag in (("ordinary", f.d - 1), ("trigger", 1)):
+        keys = f.token(flag, vert)
+        assert got[kind] == pytest.approx((queries @ f.a @ keys.T).max().item(), rel=1e-12)
+    bos = torch.zeros(1, f.d, dtype=F64)
+    bos[0, 0] = 1.0
+    assert got["bos"] == pytest.approx((queries @ f.a @ bos.T).max().item(), rel=1e-12)
+    q = f.token(f.d - 1, torch.rand(5000, n, dtype=F64) * 2 - 1)
+    assert got["self"] >= ((q @ f.a) * q).sum(-1).max().item()
+    assert not got["certified_zero"]
+
+
+def test_uncertifiable_models_are_refused_in_one_sentence():
+    cfg = build_run_config({"model": {"attention": "softmax", "n_layers": 2, "n_heads": 2}})
+    model = AttentionStack(cfg.model, cfg.task.d_model, residual=cfg.residual)
+    with pytest.raises(certify.NotCertifiable, match="2 layer"):
+        certify.certify(model, cfg)
+    cfg1, model1 = random_model("softmax")
+    with pytest.raises(ValueError, match="time_limit"):
+        certify.certify(model1, cfg1, time_limit=0)
+
+
+# ----------------------------------------------------------------------- the necessity bound
+
+
+def universal_bound(nec: dict, eps_t: float, i: int) -> float:
+    """Part 2: eps_i >= (1 - b_i(X*)) (delta - eps_T - nu) - nu."""
+    b = nec["rows"][i - 1]["bos"]
+    return (1 - b) * (nec["delta"] - eps_t - nec["nu"]) - nec["nu"]
+
+
+def family_trigger_error(cfg, model) -> float:
+    """The family's sup trigger-row error at j = L - 1 is attained at a box vertex (the
+    output there is a fixed multiple of the mean): take it over every vertex-valued sequence
+    whose contents are all equal, and random ones."""
+    f = certify.folded(model, cfg)
+    x = random_inputs(f, 4000, f.seq_len - 1, seed=5, vertices=True)
+    return row_errors(model, cfg, x, f.seq_len - 1)[:, -1].abs().max().item()
+
+
+def test_necessity_bound_is_tight_on_the_family_and_fails_ten_percent_stronger():
+    """Along the sink family part 1 holds with equality and part 2 with slack 1/(delta -
+    eps_T); the bound made 10% stronger is violated by the family."""
+    for c in (4.0, 8.0, 12.0):
+        cfg, model = theory.softmax_sink(c)
+        nec = certify.necessity(model, cfg)
+        assert nec["nu"] == 0.0 and nec["w_star"] == pytest.approx(1.0)
+        eps_t = family_trigger_error(cfg, model)
+        for row in nec["rows"]:
+            exact = 1 - math.exp(c) / (math.exp(c) + row["i"])  # the family's sup at row i
+            assert row["bound"] == pytest.approx(exact, rel=1e-9)  # part 1: equality
+            assert row["error"] == pytest.approx(exact, rel=1e-9)
+            strong = universal_bound(nec, eps_t, row["i"])
+            assert exact >= strong  # part 2 holds
+            if c >= 8:
+                assert exact < 1.1 * strong  # and 10% more is violated
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.floats(3.0, 12.0), st.floats(0.0, 0.05), st.integers(0, 1000))
+def test_necessity_bound_holds_near_it(c, noise, seed):
+    """Weights near the family (where the bound is nearly tight): part 1 holds at X* at every
+    pre row (so the supremum, which is at least the error at X*, satisfies it), and part 2's
+    inequality w_star >= delta - e_T - nu holds for every content coordinate's proof inputs."""
+    cfg, model = theory.softmax_sink(c, seq_len=8, d_model=6)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * noise)
+    nec = certify.necessity(model, cfg)
+    for row in nec["rows"]:
+        assert row["error"] >= row["bound"] - 1e-12
+    for proof_error in nec["proof_errors"]:
+        if nec["delta"] - proof_error > nec["nu"]:
+            assert nec["w_star"] >= nec["delta"] - proof_error - nec["nu"] - 1e-12
+    if noise == 0.0:
+        assert all(r["error"] == pytest.approx(r["bound"], rel=1e-9) for r in nec["rows"])
+
+
+def test_necessity_is_for_softmax():
+    cfg, model = theory.relu_construction(seq_len=8, d_model=6)
+    with pytest.raises(certify.NotCertifiable, match="softmax"):
+        certify.necessity(model, cfg)

@@ -1,0 +1,317 @@
+"""The plain-target stacks of ``sinklab theory`` (``sinklab.studies.stacks``): configs, the BOS
+measurements on a hand-built sink, records of real (tiny) runs, claims and the report fragment."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+from matplotlib.figure import Figure
+
+from sinklab import report as md
+from sinklab import theory
+from sinklab.claims import CONTRADICTED, SUPPORTED, UNDETERMINED
+from sinklab.config import ConfigError, build_run_config
+from sinklab.metrics import SINK_HEAD_THRESHOLD
+from sinklab.model import AttentionStack
+from sinklab.results import read_json, read_log
+from sinklab.studies import reference, render, stacks
+from sinklab.studies.base import Execution
+from sinklab.task import BOS
+from sinklab.train import STATUS, train_runs
+
+SEEDS, STEPS, SEQUENCES = 2, 30, 16
+
+
+def test_configs_are_plain_stacks_with_the_plateau_rule():
+    for experiment in stacks.PLAIN_EXPERIMENTS:
+        for rule in stacks.PLAIN_RULES:
+            cfg = stacks.plain_config(experiment, rule, 3, 123, "cpu")
+            assert cfg.task.target == "plain" and not cfg.residual
+            assert (cfg.model.n_layers, cfg.model.n_heads) == \
+                tuple(int(n) for n in experiment.split("x"))
+            assert cfg.model.attention == rule
+            assert cfg.train.patience == theory.PLATEAU_PATIENCE > 0
+            assert (cfg.train.max_steps, cfg.train.seed, cfg.train.log_every) == (123, 3, 100)
+            # the paper's rate for a multi-layer shape, as the config resolves it
+            assert cfg.train.lr == build_run_config(
+                {"model": {"n_layers": cfg.model.n_layers, "n_heads": cfg.model.n_heads}}
+            ).train.lr
+            assert cfg.to_dict()["train"]["patience"] == theory.PLATEAU_PATIENCE
+
+
+def test_unknown_experiment_is_one_sentence():
+    with pytest.raises(ConfigError, match="'1x1' is not one of 2x2, 4x4"):
+        stacks.plain_config("1x1", "softmax", 0, 10)
+
+
+def test_cells_one_ensemble_per_experiment_and_rule():
+    cells = stacks.plain_cells(SEEDS, STEPS, Execution(device="cpu"))
+    assert len(cells) == len({c.name for c in cells}) == 2 * 2 * SEEDS
+    groups: dict = {}
+    for c in cells:
+        groups.setdefault(c.group, []).append(c)
+        assert c.name == stacks.plain_name(c.group[1], c.group[2], c.config.train.seed)
+        assert c.config.task.target == "plain" and c.config.train.max_steps == STEPS
+    assert sorted(groups) == sorted(("plain", e, r) for e in stacks.PLAIN_EXPERIMENTS
+                                    for r in stacks.PLAIN_RULES)
+    assert all(sorted(c.config.train.seed for c in g) == list(range(SEEDS))
+               for g in groups.values())
+
+
+def test_stops_are_the_statuses_training_writes():
+    assert sorted(stacks.STOPS) == sorted(STATUS.values())
+
+
+def test_protocol_quotes_the_configs():
+    p = stacks.plain_protocol(SEEDS, STEPS)
+    cfg = stacks.plain_config("4x4", "relu", 0, STEPS)
+    assert (p["max_steps"], p["patience"], p["tol"]) == (STEPS, cfg.train.patience, cfg.train.tol)
+    assert p["threshold"] == SINK_HEAD_THRESHOLD
+    assert f"{cfg.train.patience:,}" in p["plateau_rule"]
+
+
+# ------------------------------------------------------------------------- measurements
+
+
+def bos_sink_model(c: float = 20.0) -> tuple:
+    """A plain 2x2 softmax stack whose layer 1, head 2 attends (almost) only to BOS at every
+    non-trigger row: its query maps the bias flag to c e_0 and its key maps the BOS flag to e_0.
+    The trigger row (bias flag 0) scores every key 0, so it spreads its weight evenly. Every
+    other weight is zero, so layer 2 reads zeros and attends uniformly everywhere."""
+    cfg = build_run_config({"task": {"target": "plain"},
+                            "model": {"n_layers": 2, "n_heads": 2}})
+    model = AttentionStack(cfg.model, cfg.task.d_model, residual=cfg.residual)
+    last = cfg.task.d_model - 1
+    with torch.no_grad():
+        model.blocks[0].attn.w_q[0, 1, last, BOS] = c
+        model.blocks[0].attn.w_k[0, 1, BOS, BOS] = 1.0
+    return cfg, model
+
+
+def test_hand_built_sink_is_found_at_every_non_trigger_position():
+    cfg, model = bos_sink_model()
+    batch = theory.all_triggers_batch(cfg, SEQUENCES, seed=0, dtype=torch.float32)
+    m = stacks.plain_measure(model, batch)
+    assert m["sink_heads"] == [[1, 2]]
+    assert m["layers_with_sink"] == [True, False]
+    L = cfg.task.seq_len
+    assert m["positions_covered"] == [None] + [True] * (L - 1)
+    # trigger rows spread their weight: no head sinks there, and rows 0 and 1 are never triggers
+    assert m["trigger_positions_covered"][:2] == [None, None]
+    seen = set(batch.trigger.tolist())
+    assert [i for i, v in enumerate(m["trigger_positions_covered"]) if v is not None] == \
+        sorted(seen)
+    assert not any(v for v in m["trigger_positions_covered"] if v is not None)
+    for i in sorted(seen):
+        assert m["bos_trigger"][0][1][i] == pytest.approx(1 / (i + 1), rel=1e-5)
+    # layer 2 reads zeros: uniform rows, BOS weight 1 / (i + 1) at row i
+    assert m["bos_nontrigger"][1][0][1:] == pytest.approx([1 / (i + 1) for i in range(1, L)])
+    assert m["bos_max_by_position"][0] is None
+    assert min(m["bos_max_by_position"][1:]) > 0.99
+
+
+def test_no_sink_when_the_head_is_silenced():
+    cfg, model = bos_sink_model(c=0.0)  # every score 0: uniform rows everywhere
+    batch = theory.all_triggers_batch(cfg, SEQUENCES, seed=0, dtype=torch.float32)
+    m = stacks.plain_measure(model, batch)
+    assert m["sink_heads"] == [] and m["layers_with_sink"] == [False, False]
+    # row 1 sees BOS and x_1: weight 1/2 < threshold, as everywhere after it
+    assert not any(v for v in m["positions_covered"] if v is not None)
+
+
+def test_per_position_means_agree_with_the_head_mean():
+    """Two paths to a head's non-trigger BOS mass: the mean over all its non-trigger rows
+    (``metrics``), and the per-position means weighted by how many rows each position has."""
+    cfg = build_run_config({"task": {"target": "plain"}, "model": {"n_layers": 2,
+                                                                   "n_heads": 2}})
+    model = AttentionStack(cfg.model, cfg.task.d_model, residual=False)
+    model.init_member(0, torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(50)  # far from uniform rows
+    batch = theory.all_triggers_batch(cfg, SEQUENCES, seed=0, dtype=torch.float32)
+    m = stacks.plain_measure(model, batch)
+    L = cfg.task.seq_len
+    counts = [SEQUENCES - int((batch.trigger == i).sum()) for i in range(L)]
+    counts[0] = 0
+    for li in range(2):
+        for hi in range(2):
+            rows = m["bos_nontrigger"][li][hi]
+            weighted = sum(c * v for c, v in zip(counts, rows) if c) / sum(counts)
+            assert weighted == pytest.approx(m["head_bos"][li][hi], rel=1e-6)
+
+
+# ------------------------------------------------------------------------ trained runs
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """Every plain run of the study, tiny: 30 steps, 2 seeds, a patience of 5 steps so that the
+    plateau rule can fire."""
+    out = tmp_path_factory.mktemp("plain")
+    for experiment in stacks.PLAIN_EXPERIMENTS:
+        for rule in stacks.PLAIN_RULES:
+            cfgs = [stacks.plain_config(experiment, rule, s, STEPS, "cpu")
+                    for s in range(SEEDS)]
+            cfgs = [dataclasses.replace(c, train=dataclasses.replace(c.train, patience=5))
+                    for c in cfgs]
+            train_runs(cfgs, [out / stacks.plain_name(experiment, rule, s)
+                              for s in range(SEEDS)], progress=False)
+    ctx = SimpleNamespace(out=out, summary=lambda name: read_json(out / name / "summary.json"))
+    return out, stacks.plain_collect(ctx, SEEDS, STEPS, n_sequences=SEQUENCES)
+
+
+def test_records_of_trained_runs(trained):
+    out, plain = trained
+    runs = plain["runs"]
+    assert len(runs) == 2 * 2 * SEEDS
+    assert plain["protocol"]["max_steps"] == STEPS and plain["sequences"] == SEQUENCES
+    for r in runs:
+        name = stacks.plain_name(r["experiment"], r["rule"], r["seed"])
+        summary = read_json(out / name / "summary.json")
+        assert (r["status"], r["steps"], r["test_linf"]) == \
+            (summary["status"], summary["steps"], summary["linf_error"])
+        assert r["status"] in stacks.STOPS and r["steps"] <= STEPS
+        assert r["best_train_linf"] == min(row["train_linf"]
+                                           for row in read_log(out / name / "metrics.jsonl"))
+        layers, heads = (int(n) for n in r["experiment"].split("x"))
+        assert len(r["bos_nontrigger"]) == layers and len(r["bos_nontrigger"][0]) == heads
+        assert len(r["positions_covered"]) == 16 and r["positions_covered"][0] is None
+        assert len(r["layers_with_sink"]) == layers
+        assert math.isfinite(r["linf_all_triggers"])
+    # 30 steps at learning rate 1e-4 from N(0, 0.02^2) weights: near-uniform rows, no sink yet
+    assert all(r["sink_heads"] == [] for r in runs)
+    groups = plain["groups"]
+    assert [(g["experiment"], g["rule"]) for g in groups] == \
+        [(e, r) for e in stacks.PLAIN_EXPERIMENTS for r in stacks.PLAIN_RULES]
+    assert all(sum(g[s] for s in stacks.STOPS) == g["n"] == SEEDS for g in groups)
+    assert {r["status"] for r in runs} <= {"plateau", "max_steps"}
+
+
+def test_figure_draws_a_line_per_seed(trained):
+    _, plain = trained
+    records = {"plain": plain}
+    (spec,) = stacks.PLAIN_FIGURES
+    assert spec.when(records, None) and not spec.when({}, None)
+    rows, cols = spec.grid(records, None)
+    assert (rows, cols) == (len(stacks.PLAIN_EXPERIMENTS), len(stacks.PLAIN_RULES))
+    axes = Figure().subplots(rows, cols, squeeze=False)
+    spec.draw(axes, records, None)
+    for ax in axes.flat:
+        assert len(ax.lines) == SEEDS + 1  # the seeds and the threshold
+        assert list(ax.lines[0].get_xdata()) == list(range(1, 16))
+
+
+# ------------------------------------------------------------------------------ claims
+
+
+def fake_run(experiment: str, rule: str, seed: int, sink: bool = True, converged: bool = True,
+             covered: bool = True) -> dict:
+    """A run record as ``plain_records`` writes it, with a chosen sink and coverage."""
+    L = 16
+    top = [None] + [0.95 if covered else 0.5] * (L - 1)
+    return {
+        "experiment": experiment, "rule": rule, "seed": seed,
+        "status": "converged" if converged else "plateau", "converged": converged,
+        "steps": 1234 + seed, "best_train_linf": 4e-3, "test_linf": 6e-3,
+        "linf_trigger": 5e-3, "linf_nontrigger": 6e-3, "linf_all_triggers": 7e-3,
+        "sink_heads": [[1, 2], [3, 1]] if sink else [],
+        "layers_with_sink": [sink, False], "head_bos": [[0.1, 0.95], [0.2, 0.3]],
+        "positions_covered": [None] + [covered] * (L - 1),
+        "trigger_positions_covered": [None, None] + [False] * (L - 2),
+        "bos_nontrigger": [], "bos_trigger": [], "bos_max_by_position": top,
+    }
+
+
+def runs_of(n: int, **kwargs) -> list[dict]:
+    return [fake_run(e, r, s, **kwargs) for e in stacks.PLAIN_EXPERIMENTS
+            for r in stacks.PLAIN_RULES for s in range(n)]
+
+
+def by_key(runs: list[dict]) -> dict:
+    return {c.key: c for c in stacks.plain_claims(runs)}
+
+
+def test_claim_keys_and_outcomes():
+    claims = by_key([{**r, "sink_heads": [] if r["rule"] == "relu" else r["sink_heads"]}
+                     for r in runs_of(10)])
+    for e in stacks.PLAIN_EXPERIMENTS:
+        for key in ("some_head_sinks", "every_position_covered",
+                    "converged.some_head_sinks", "converged.every_position_covered"):
+            assert claims[f"plain.{e}.softmax.{key}"].outcome == SUPPORTED
+        assert claims[f"plain.{e}.relu.no_sink_head"].outcome == SUPPORTED
+    assert len(claims) == 5 * len(stacks.PLAIN_EXPERIMENTS)
+
+
+def test_one_seed_without_a_sink_contradicts():
+    runs = runs_of(10)
+    runs = [{**r, "sink_heads": []} if (r["rule"], r["seed"]) == ("softmax", 4)
+            else r for r in runs]
+    claims = by_key(runs)
+    assert claims["plain.4x4.softmax.some_head_sinks"].outcome == CONTRADICTED
+    assert claims["plain.4x4.softmax.every_position_covered"].outcome == SUPPORTED
+    # the ReLU seeds of runs_of have sink heads: each one contradicts "no seed has one"
+    assert claims["plain.2x2.relu.no_sink_head"].outcome == CONTRADICTED
+    uncovered = by_key(runs_of(10, covered=False))
+    assert uncovered["plain.2x2.softmax.every_position_covered"].outcome == CONTRADICTED
+
+
+def test_few_seeds_are_undetermined():
+    claims = by_key(runs_of(3, sink=True))
+    assert claims["plain.2x2.softmax.some_head_sinks"].outcome == UNDETERMINED
+    assert claims["plain.2x2.softmax.some_head_sinks"].n == 3
+    relu = by_key(runs_of(3, sink=False))
+    assert relu["plain.4x4.relu.no_sink_head"].outcome == UNDETERMINED
+
+
+def test_no_converged_seed_no_restricted_claim():
+    claims = by_key(runs_of(10, converged=False))
+    assert "plain.2x2.softmax.some_head_sinks" in claims
+    assert not any(".converged." in k for k in claims)
+
+
+# ---------------------------------------------------------------------------- fragment
+
+
+def render_fragment(plain: dict) -> str:
+    claims = stacks.plain_claims(plain["runs"])
+    keyed = {c.key: c for c in claims}
+    template = render.ENV.get_template("theorem_plain.md.j2")
+    return template.render(
+        records={"plain": plain}, claims=keyed, claim_list=claims, table=md.table,
+        figure=lambda name, caption="": f"![{caption}](figures/{name}.png)",
+        claims_table=lambda keys: render.claims_table([keyed[k] for k in keys]),
+        consts=reference.constants())
+
+
+def synthetic(n: int, **kwargs) -> dict:
+    runs = runs_of(n, **kwargs)
+    return {"protocol": stacks.plain_protocol(n, 777), "sequences": 99, "runs": runs,
+            "groups": stacks.plain_groups(runs)}
+
+
+def test_fragment_renders_from_the_records():
+    plain = synthetic(3)
+    text = render_fragment(plain)
+    assert text.startswith("## The multi-layer claim without residual targets")
+    assert "L1H2, L3H1" in text and "15/15" in text
+    assert "777 steps" in text and f"{theory.PLATEAU_PATIENCE:,} steps" in text
+    assert "99 test sequences" in text
+    assert text.count("| 2x2 | softmax | ") == 3 + 1  # a row per seed, one in the stops table
+    assert "Every plain-target 4x4 softmax seed has some head that sinks" in text
+    assert "fig_plain.png" in text
+    assert "not made for" not in text
+    # every number comes from the records: another patience shows up as such
+    other = {**plain, "protocol": {**plain["protocol"], "patience": 1234}}
+    assert "1,234 steps" in render_fragment(other)
+
+
+def test_fragment_says_when_no_seed_converged():
+    text = render_fragment(synthetic(2, converged=False))
+    assert "No 2x2 softmax seed reached the stop rule" in text
+    assert "No 4x4 softmax seed reached the stop rule" in text
+    assert "that reached the stop rule has some head" not in text
