@@ -311,3 +311,15 @@ def test_attack_runs_on_the_models_device():
     model = random_model(cfg, seed=7)
     on_gpu = attack(model.cuda(), cfg, steps=10)
     assert_witnesses_reproduce(on_gpu, model.cpu(), cfg)
+
+
+def test_row_objective_finds_the_family_supremum_too():
+    """per_coordinate=False (one objective per row: its L-inf error) finds the sink family's
+    exact pre-row supremum 1 - b_i as the per-coordinate search does."""
+    c = 3.0
+    cfg, model = theory.softmax_sink(c)
+    worst = attack(model, cfg, steps=30, restarts=2, triggers=[cfg.task.seq_len - 1],
+                   per_coordinate=False)
+    for i in range(1, cfg.task.seq_len - 1):
+        exact = 1 - math.exp(c) / (math.exp(c) + i)
+        assert worst.error["pre"][i] == pytest.approx(exact, rel=1e-9)

@@ -240,3 +240,21 @@ def test_necessity_is_for_softmax():
     cfg, model = theory.relu_construction(seq_len=8, d_model=6)
     with pytest.raises(certify.NotCertifiable, match="softmax"):
         certify.necessity(model, cfg)
+
+
+@pytest.mark.parametrize("rule", ["softmax", "relu"])
+def test_certified_bounds_are_never_below_the_attack(rule):
+    """The attack's value (an input's error) never exceeds the certificate at any non-trigger
+    row, in either attack mode; the BOS row's exact error is the same for both."""
+    from sinklab import attack
+
+    cfg, model = random_model(rule, scale=0.7, seed=2)
+    cert = certify.certify(model, cfg, time_limit=10)
+    upper = {(r.kind, r.i): r.upper for r in cert.rows}
+    for per_coordinate in (True, False):
+        worst = attack.attack(model, cfg, steps=40, restarts=3, per_coordinate=per_coordinate)
+        for kind in ("pre", "post"):
+            for i, value in enumerate(worst.error[kind]):
+                if not math.isnan(value):
+                    assert value <= upper[kind, i], (kind, i, per_coordinate)
+        assert worst.error["bos"][0] == pytest.approx(cert.bos, rel=1e-12)

@@ -297,7 +297,7 @@ def synthetic(n: int, **kwargs) -> dict:
 def test_fragment_renders_from_the_records():
     plain = synthetic(3)
     text = render_fragment(plain)
-    assert text.startswith("## The multi-layer claim without residual targets")
+    assert text.startswith("## 7. The multi-layer claim without residual targets")
     assert "L1H2, L3H1" in text and "15/15" in text
     assert "777 steps" in text and f"{theory.PLATEAU_PATIENCE:,} steps" in text
     assert "99 test sequences" in text

@@ -288,7 +288,9 @@ def snapshot(folder):
             for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-THEORY = ["theory", "--workers", "1", "--steps", "40", "--seeds", "1", "--eps", "0.1,0.5"]
+THEORY = ["theory", "--workers", "1", "--steps", "40", "--seeds", "1", "--eps", "0.1,0.5",
+          "--plain-steps", "10", "--save-every", "200", "--attack-steps", "3",
+          "--certify-seconds", "0.2"]
 
 
 @pytest.mark.slow
@@ -297,7 +299,8 @@ def test_theory_trains_its_own_runs_writes_its_report_and_resumes(tmp_path, caps
     docs = tmp_path / "docs" / "theory.md"
     code, _, err = run_cli(capsys, *THEORY, "--out", str(out), "--docs", str(docs))
     assert code == 0, err
-    assert "theory: 12 runs to train" in err  # 6 denied-sink runs and the 6 reproduction runs
+    # 6 denied-sink runs, 2 frontier runs, 4 plain stacks and the 6 reproduction runs
+    assert "theory: 18 runs to train" in err
     result = read_json(out / "records.json")
     records = result["records"]
     assert records["family"]["slope_linf"] == pytest.approx(1.0, abs=0.1)
@@ -323,12 +326,24 @@ def test_theory_trains_its_own_runs_writes_its_report_and_resumes(tmp_path, caps
     assert claims["relu.no_bos_weight"]["outcome"] == SUPPORTED
     assert claims["family.error_proportional"]["outcome"] == SUPPORTED
     # one seed decides nothing about a mean over seeds, and says how to get there
-    floor = claims["denied.softmax.removed.floor_above_stop"]
+    floor = claims["denied.softmax.removed.worst_above_stop"]
     assert floor["outcome"] == UNDETERMINED and "run at least two" in floor["needed_text"]
+    # the worst-case sections: the certificate is never below the attack, checkpoints exist
+    # and every one is on the bound's allowed side
+    assert claims["worst.certified_above_attack"]["outcome"] == SUPPORTED
+    assert claims["necessity.every_checkpoint_allowed"]["outcome"] == SUPPORTED
+    assert claims["necessity.family_tight"]["outcome"] == SUPPORTED
+    worst = records["worst"]
+    assert {f["rule"] for f in worst["finals"]} == {"softmax", "relu"}
+    assert len(worst["checkpoints"]) >= 4 and all("check" in c for c in worst["checkpoints"]
+                                                    if c["rule"] == "softmax")
+    assert {(r["experiment"], r["rule"]) for r in records["plain"]["runs"]} == {
+        (e, r) for e in ("2x2", "4x4") for r in ("softmax", "relu")}
     text = (out / "THEORY.md").read_text()
     assert text.startswith("# Theory: the sink is necessary for softmax, and not for ReLU\n")
     assert "not computed: BOS mass spans only" in text and "harmless" not in text
-    for fig in ("fig_family", "fig_denied", "fig_frontier", "fig_heads"):
+    for fig in ("fig_family", "fig_worst", "fig_necessity", "fig_norm", "fig_denied",
+                "fig_frontier", "fig_heads", "fig_plain"):
         assert (out / "figures" / f"{fig}.png").is_file()
         assert f"(figures/{fig}.png)" in text
         assert (docs.parent / "theory" / f"{fig}.png").is_file()
@@ -338,7 +353,8 @@ def test_theory_trains_its_own_runs_writes_its_report_and_resumes(tmp_path, caps
 
     code, _, err = run_cli(capsys, *THEORY, "--out", str(out))  # resume: nothing retrained
     assert code == 0, err
-    assert "theory: 0 runs to train in 0 jobs" in err and "12 already finished" in err
+    assert "theory: 0 runs to train in 0 jobs" in err and "18 already finished" in err
+    assert "worst_finals: reused" in err  # the attacks and certificates are kept, too
 
 
 @pytest.mark.slow
@@ -350,7 +366,7 @@ def test_theory_only_reads_the_reproduce_folder_it_is_given(tmp_path, capsys, ti
     code, _, err = run_cli(capsys, *THEORY, "--reproduce", str(rdir), "--out", str(out))
     assert code == 0, err
     assert snapshot(rdir) == before  # not a byte written: no lock, no link in its report
-    assert "theory: 6 runs to train" in err and not (out / "runs").exists()
+    assert "theory: 12 runs to train" in err and not (out / "runs").exists()
     records = read_json(out / "records.json")["records"]
     assert records["reproduction"]["folder"] == str(rdir)
     assert records["reproduction"]["seeds"] == 1
@@ -387,6 +403,10 @@ def test_theory_only_reads_the_reproduce_folder_it_is_given(tmp_path, capsys, ti
                                  "does not exist"),
     (["--d-model", "3"], "--d-model=3 is not allowed: the constructions need an integer >= 4"),
     (["--seq-len", "2"], "--seq-len=2 is not allowed"),
+    (["--plain-steps", "0"], "--plain-steps=0 is not allowed"),
+    (["--save-every", "-1"], "--save-every=-1 is not allowed"),
+    (["--certify-seconds", "0"], "--certify-seconds=0.0 is not allowed"),
+    (["--certify-seconds", "1e9"], "--certify-seconds=1000000000.0 is not allowed"),
 ])
 def test_theory_bad_input_is_one_sentence(tmp_path, capsys, extra, message):
     code, _, err = run_cli(capsys, "theory", "--out", str(tmp_path / "t"), *extra)
@@ -396,22 +416,28 @@ def test_theory_bad_input_is_one_sentence(tmp_path, capsys, extra, message):
 
 def test_theory_options_defaults_quick_and_their_runs():
     opts = th.TheoryOptions()
-    assert (opts.seeds, opts.steps, opts.eps) == (3, 3000, theory.DENIED_EPS)
+    assert (opts.seeds, opts.steps, opts.eps) == (3, th.DENIED_STEPS, theory.DENIED_EPS)
+    assert (opts.plain_steps, opts.save_every) == (th.PLAIN_STEPS, th.SAVE_EVERY)
     quick = th.TheoryOptions(quick=True)
     assert (quick.seeds, quick.steps) == (th.QUICK_SEEDS, th.QUICK_DENIED_STEPS)
     exe = Execution()
     own = th.cells(opts, exe)
     names = [c.name for c in own]
-    assert len(own) == 3 * (2 * 6 + 6) and len(set(names)) == len(names)
+    assert len(own) == 3 * (2 * 6 + 2 + 4 + 6) and len(set(names)) == len(names)
     # the denied-sink runs keep their folder names and configs, so earlier folders are reused
     assert "denied/softmax_capped-0.01_seed2" in names
     cell = next(c for c in own if c.name == "denied/relu_removed_seed1")
-    assert cell.config == theory.denied_config("relu", "removed", None, 1, 3000, "auto")
+    assert cell.config == theory.denied_config("relu", "removed", None, 1, th.DENIED_STEPS,
+                                               "auto")
+    assert cell.config.train.patience == theory.PLATEAU_PATIENCE  # they train to a plateau
+    frontier = next(c for c in own if c.name == "frontier/softmax_seed2")
+    assert frontier.config.train.save_every == th.SAVE_EVERY
     # the reproduction's runs, exactly as `sinklab reproduce` names and configures them
     rep = {c.name: c.config for c in reproduction.cells(reproduction.ReproduceOptions(), exe)}
     assert {c.name: c.config for c in own if c.name.startswith("runs/")} == rep
     given = th.cells(th.TheoryOptions(reproduce=Path("elsewhere")), exe)
-    assert all(c.name.startswith("denied/") for c in given) and len(given) == 3 * 12
+    assert all(c.name.split("/")[0] in ("denied", "frontier", "plain") for c in given)
+    assert len(given) == 3 * 18
 
 
 # --------------------------------------------------------------- claims on constructed records
@@ -428,14 +454,17 @@ def _denied_records(seeds, relu_fails=0, eps=(0.01, 0.1)):
                              "converged": reached, "best_train_linf": best,
                              "best_train_mse": best ** 2, "test_linf": best,
                              "bos_mass_nontrigger": 0.0})
+    worst = [{"rule": r["rule"], "setting": r["setting"], "eps": r["eps"], "seed": r["seed"],
+              "row1": r["best_train_linf"], "others": r["best_train_linf"],
+              "trigger": r["best_train_linf"], "floor": 0.0} for r in rows]
     return {"protocol": {"tol": 0.005, "denied_steps": 3000}, "denied": rows,
-            "denied_settings": th.denied_settings(rows)}
+            "denied_settings": th.denied_settings(rows), "worst": {"denied": worst}}
 
 
 def test_denied_claims_rest_on_their_seeds():
     claims = {c.key: c for c in th.denied_claims(_denied_records(5))}
     assert len(claims) == 2 * 3 + 2
-    floor = claims["denied.softmax.capped-0.01.floor_above_stop"]
+    floor = claims["denied.softmax.capped-0.01.worst_above_stop"]
     assert floor.rule == "mean_at_least" and floor.outcome == SUPPORTED and floor.n == 5
     # five seeds cannot show that every seed of one setting reaches the stop rule ...
     reach = claims["denied.relu.capped-0.1.reaches_stop"]

@@ -281,3 +281,21 @@ def test_the_cli_trains_to_a_plateau(tmp_path, capsys):
     assert code == 0, err
     assert f"softmax 1x1, seed 0: stopped without converging at {steps} steps" in stdout
     assert list_checkpoints(out)[-1] == steps
+
+
+def test_checkpoints_travel_with_a_sweep_job_and_an_adopted_run(tmp_path):
+    """A sweep job returns the checkpoints with the run's other files (names relative to the
+    run folder), the store writes them back into place, and the completion record lists them,
+    so a finished run with checkpoints checks complete after the trip."""
+    from sinklab.sweeps import run as sweep_run
+
+    cfg = tiny(train={"max_steps": 6, "save_every": 3})
+    (result,) = sweep_run.compute([("cell", cfg.to_dict())])
+    assert {"checkpoints/step000000.pt", "checkpoints/step000003.pt",
+            "checkpoints/step000006.pt", "model.pt"} <= set(result["files"])
+    folder = tmp_path / "copy"
+    for name, data in result["files"].items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(data)
+    assert folders.check_complete(folder)
+    assert list_checkpoints(folder) == [0, 3, 6]

@@ -456,6 +456,7 @@ def worst_records(ctx: Context) -> dict[str, Any]:
     denied = ctx.cached("worst_denied", {**base, "eps": list(opts.eps), "steps": opts.steps},
                         lambda: {"rows": bounds.denied_worst(ctx, names, opts.attack_steps,
                                                              DENIED_RESTARTS)})["rows"]
+    checkpoints, family = bounds.with_checks(checkpoints), bounds.with_checks(family)
     return {"finals": finals, "checkpoints": checkpoints, "family": family,
             "construction": construction, "denied": denied,
             "table": bounds.worst_table(finals),
@@ -464,6 +465,7 @@ def worst_records(ctx: Context) -> dict[str, Any]:
                          "checkpoint_attack_steps": CHECKPOINT_ATTACK_STEPS,
                          "sampled": bounds.SAMPLED, "factor": bounds.FACTOR,
                          "understates": bounds.UNDERSTATES, "stronger": bounds.STRONGER,
+                         "rounding": bounds.ROUNDING,
                          "rtol": 0.05, "margin": certify.MARGIN}}
 
 
