@@ -466,11 +466,18 @@ def draw_necessity(axes: Any, records: dict[str, Any], opts: Any) -> None:
     w = records["worst"]
     fam = [r for f in w["family"] for r in f["check"]["rows"]]
     ck = [r for c in w["checkpoints"] if c["rule"] == "softmax" for r in c["check"]["rows"]]
-    for rows, label, style in ((ck, "trained checkpoints (attacked)", "o"),
+    vacuous = [r for r in ck if r["part2"] <= 0]
+    for rows, label, style in (([r for r in ck if r["part2"] > 0],
+                                "trained checkpoints (attacked)", "o"),
+                               (vacuous, "trained checkpoints where part 2 is vacuous "
+                                         "(eps_T + nu >= delta)", "x"),
                                (fam, "sink family (exact)", "s")):
         x = [1 - r["bos"] for r in rows if r["error"] > 0 and 1 - r["bos"] > 0]
         y = [r["error"] for r in rows if r["error"] > 0 and 1 - r["bos"] > 0]
-        left.scatter(x, y, s=6, alpha=0.5, marker=style, label=label)
+        left.scatter(x, y, s=6, alpha=0.5, marker=style, label=label,
+                     color="tab:gray" if rows is vacuous else None)
+        if rows is vacuous:
+            continue
         xs = [r["part2"] for r in rows if r["part2"] > 0]
         ys = [r["error"] for r in rows if r["part2"] > 0]
         right.scatter(xs, ys, s=6, alpha=0.5, marker=style, label=label)

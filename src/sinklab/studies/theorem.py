@@ -1,18 +1,25 @@
 """``sinklab theory``: the paper's theorem checked numerically, every verdict a stated test.
 
-Constructions (an exact ReLU solution with no sink, the softmax sink family), 1x1 models trained
-with their sink denied, the error-BOS frontier of trained models and what the heads of 4x4
-softmax models write at non-trigger rows. Writes into its own folder (``--out``) only::
+Constructions (an exact ReLU solution with no sink, the softmax sink family); worst-case errors
+of trained 1x1 models over every input, attacked and certified, with ReLU's zero rows certified
+and the necessity bound of docs/theory.md checked at every saved checkpoint
+(``studies.bounds``); 1x1 models trained to a plateau with their sink denied; 2x2 and 4x4 stacks
+with plain targets, the theorem's multi-layer setting (``studies.stacks``); the error-BOS
+frontier of the reproduction's models and what the heads of 4x4 softmax models write at
+non-trigger rows. Writes into its own folder (``--out``) only::
 
     denied/{rule}_{setting}_seed{s}/    1x1 runs with BOS removed or its share capped
+    frontier/{rule}_seed{s}/            1x1 runs of the paper's protocol with checkpoints/
+    plain/{2x2,4x4}_{rule}_seed{s}/     stacks with plain targets, no residual stream
     runs/{1x1,2x2,4x4}_{rule}_seed{s}/  the reproduction's runs, trained here only without
                                         --reproduce (the names and configs of
                                         ``sinklab reproduce``, from ``studies.reproduction``)
+    cache/                              the attacks and certificates, kept per settings
     figures/, records.json, claims.csv, one CSV per table, THEORY.md
 
 With ``--reproduce DIR`` the frontier and the heads come from DIR, a finished ``sinklab
 reproduce`` folder that is only read (never locked or written). Rerunning with the same ``--out``
-keeps every finished run.
+keeps every finished run, and the cached measurements.
 
     sinklab theory --reproduce results/reproduce --out results/theory
 """
@@ -755,13 +762,17 @@ FIGURES = (
 STUDY = register(Study(
     name="theory",
     title="Theory: the sink is necessary for softmax, and not for ReLU",
-    help="check the theorem numerically: constructions, sink family, denied sinks",
-    description="Build an exact ReLU solution without a sink and the softmax sink family, train "
-                "1x1 models whose sink is removed or capped, and measure the error-BOS frontier "
-                "and what the heads of 4x4 softmax models write at non-trigger rows, on the runs "
-                "of a finished `sinklab reproduce` folder (--reproduce, only read) or on the "
-                "reproduction's runs trained here. Writes runs, figures, records.json, "
-                "claims.csv and THEORY.md; rerunning with the same --out resumes.",
+    help="check the theorem: worst cases, the necessity bound, denied sinks, plain stacks",
+    description="Build an exact ReLU solution without a sink and the softmax sink family; "
+                "bound the worst-case error of trained 1x1 models over every input from below "
+                "(attack) and above (certificate), certify ReLU's zero rows, and check the "
+                "necessity bound at every saved checkpoint; train 1x1 models to a plateau with "
+                "their sink removed or capped, and 2x2 and 4x4 stacks with plain targets; "
+                "measure the error-BOS frontier and what the heads of 4x4 softmax models write "
+                "at non-trigger rows, on the runs of a finished `sinklab reproduce` folder "
+                "(--reproduce, only read) or on the reproduction's runs trained here. Writes "
+                "runs, figures, records.json, claims.csv and THEORY.md; rerunning with the same "
+                "--out resumes.",
     options=TheoryOptions, template="theorem.md.j2", collect=collect, cells=cells,
     claims=claims, figures=FIGURES, check=check, report="THEORY.md",
     tables=("denied", "denied_settings", "frontier", "head_rows", "head_layers",
