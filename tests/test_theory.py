@@ -17,9 +17,9 @@ from conftest import small_config
 from sinklab import folders, theory
 from sinklab.attention import causal_mask
 from sinklab.claims import CONTRADICTED, SUPPORTED, UNDETERMINED
-from sinklab.config import ConfigError
+from sinklab.config import ConfigError, build_run_config
 from sinklab.metrics import row_types
-from sinklab.model import cap_bos
+from sinklab.model import AttentionStack, cap_bos
 from sinklab.results import read_json
 from sinklab.studies import reproduction
 from sinklab.studies import theorem as th
@@ -545,3 +545,28 @@ def test_theory_out_inside_the_reproduce_folder_is_refused(tmp_path, monkeypatch
     with pytest.raises(ResultsError, match="is inside the --reproduce folder"):
         theorem.check(opts, Execution(), tmp_path / "rep" / "theory")
     theorem.check(opts, Execution(), tmp_path / "theory")  # beside it is fine
+
+
+@pytest.mark.parametrize("bos", ["removed", "capped"])
+def test_denied_floor_is_what_row_one_must_carry(bos):
+    """With BOS removed the floor is row 1's exact supremum: its witness attains it and no
+    attacked input exceeds it. With a cap the floor eps w* - nu is a lower bound that the
+    witness's error reaches."""
+    from sinklab import attack
+    from sinklab.studies import bounds
+
+    cfg = build_run_config({"task": {"seq_len": 6, "d_model": 6, "eval_trigger": 5},
+                            "model": {"attention": "softmax", "bos": bos,
+                                      "bos_cap_eps": 0.3}})
+    model = AttentionStack(cfg.model, 6, residual=False)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
+    floor = bounds.denied_floor(model, cfg)
+    worst = attack.attack(model, cfg, steps=30, restarts=4, per_coordinate=False)
+    if bos == "removed":
+        assert floor["at_witness"] == pytest.approx(floor["floor"], rel=1e-6)
+        assert worst.error["pre"][1] <= floor["floor"] * (1 + 1e-6)
+    else:
+        assert floor["at_witness"] >= floor["floor"] - 1e-9

@@ -279,7 +279,7 @@ def test_the_cli_trains_to_a_plateau(tmp_path, capsys):
     stdout, err = capsys.readouterr()
     steps = read_json(out / "summary.json")["steps"]
     assert code == 0, err
-    assert f"softmax 1x1, seed 0: stopped without converging at {steps} steps" in stdout
+    assert f"softmax 1x1, seed 0: stopped on a plateau at {steps} steps" in stdout
     assert list_checkpoints(out)[-1] == steps
 
 

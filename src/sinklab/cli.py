@@ -266,7 +266,9 @@ def cmd_train(args: argparse.Namespace) -> int:
                   f"finite); its logs are kept in {run_dir}.", file=sys.stderr)
             code = EXIT_DIVERGED
             continue
-        verb = "converged after" if summary["converged"] else "stopped without converging at"
+        verb = "converged after" if summary["converged"] else \
+            "stopped on a plateau at" if summary["status"] == "plateau" else \
+            "stopped without converging at"
         bos = [[round(v, 4) for v in layer] for layer in summary["bos_mass_nontrigger"]]
         n_heads = summary["n_layers"] * summary["n_heads"]
         print(f"{name}: {verb} {summary['steps']} steps (last batch L∞ "

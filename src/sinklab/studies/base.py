@@ -443,7 +443,9 @@ def _describe(job: Job, summaries: list[dict[str, Any]], seconds: float) -> str:
     step_text = f"{steps[0]}" if len(steps) == 1 else f"{min(steps)}-{max(steps)}"
     extra = "".join(f"; seed {s['seed']} {s['status']}" for s in summaries
                     if s["status"] == "diverged")
-    return (f"{job.label}: converged {converged}/{len(summaries)}, steps {step_text}, "
+    plateau = sum(s["status"] == "plateau" for s in summaries)
+    stops = f", plateau {plateau}/{len(summaries)}" if plateau else ""
+    return (f"{job.label}: converged {converged}/{len(summaries)}{stops}, steps {step_text}, "
             f"{seconds:.0f} s{extra}")
 
 
