@@ -253,7 +253,8 @@ def denied_floor(model: AttentionStack, cfg: RunConfig) -> dict[str, Any]:
     max_m (|M[d-1, m]| + sum_r |M[r, m]|) exactly, attained at the vertex named. With BOS's
     share capped at 1 - eps the weight on x_1 is at least eps at every input, so part 1 of the
     necessity bound gives eps w* - nu (w* and nu as in ``certify.necessity``), and the error at
-    X* (every content c*) is at least that."""
+    X* (every content c*) is at least that. For ReLU the floor is 0: its rows need not sum to
+    one, and an all-zero row 1 outputs exactly zero whatever is denied."""
     attn = model.blocks[0].attn
     m = (attn.w_v[0, 0].detach().double() @ attn.w_o[0, 0].detach().double())
     d = m.shape[0]
@@ -265,7 +266,9 @@ def denied_floor(model: AttentionStack, cfg: RunConfig) -> dict[str, Any]:
     col = int(per.argmax())
     sign = 1.0 if lift[col] >= 0 else -1.0
     witness = sign * torch.where(m[cs][:, col] >= 0, 1.0, -1.0).to(m)
-    if cfg.model.bos == "removed":
+    if cfg.model.attention != "softmax":
+        floor = 0.0  # a ReLU row may be all zero: denying BOS forces nothing at row 1
+    elif cfg.model.bos == "removed":
         floor = per[col].item()
     else:
         floor = max(cfg.model.bos_cap_eps * per[col].item() - nu, 0.0)
