@@ -91,8 +91,10 @@ def worst_case(model: AttentionStack, cfg: RunConfig, *, steps: int, restarts: i
                seconds: float, triggers: list[int] | None = None,
                certified: bool = True) -> dict[str, Any]:
     """Sampled, attacked and (for certifiable models, when ``certified``) certified errors of
-    one model, its ||W_Q W_K^T|| (spectral norm, 1 layer: the largest over heads), and the
-    rule's own evidence: ReLU's largest non-trigger score, softmax's necessity quantities."""
+    one model, its ||W_Q W_K^T|| (spectral norm, 1 layer: the largest over heads), the rule's
+    own evidence (ReLU's largest non-trigger score, softmax's necessity quantities) and, for a
+    full attack, the input attaining each row type's maximum (``witness``: trigger position,
+    coordinate, sign and the (L, d - 3) contents)."""
     rule = cfg.model.attention
     single = cfg.model.n_layers == 1 and cfg.model.n_heads == 1 and cfg.model.bos == "visible"
     worst = attack.attack(model, cfg, steps=steps, restarts=restarts, triggers=triggers,
@@ -100,6 +102,10 @@ def worst_case(model: AttentionStack, cfg: RunConfig, *, steps: int, restarts: i
     out: dict[str, Any] = {"attacked": worst.to_dict("none")["error"],
                            "sampled": sampled_errors(model, cfg) if triggers is None else None,
                            "norm": qk_norm(model)}
+    if triggers is None:  # the input attaining each row type's attacked maximum
+        full = worst.to_dict("max")
+        out["witness"] = {k: None if full["argmax"][k] is None
+                          else full["witness"][k][full["argmax"][k]] for k in attack.KINDS}
     if single and certified:
         out["certified"] = certify.certify(model, cfg, time_limit=seconds).to_dict()
     if single and rule == "relu":

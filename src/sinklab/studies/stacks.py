@@ -268,7 +268,7 @@ def plain_claims(records: list[dict[str, Any]]) -> list[Claim]:
                 continue
             conv = [r for r in sel if r["converged"]]
             what = f"plain-target {e} {rule}"
-            whose = f"of the {len(sel)} seed(s), {len(conv)} reached the stop rule; of those, "
+            whose = f"(those of {len(sel)} that reached the stop rule) "
             tests = ([("no_sink_head", cl.none,
                        f"No {what} seed that reached the stop rule has a sink head: ReLU "
                        "needs none without a residual stream either",

@@ -440,7 +440,8 @@ def worst_records(ctx: Context) -> dict[str, Any]:
             "attack_steps": opts.attack_steps, "certify_seconds": opts.certify_seconds,
             "quick": opts.quick}
     ctx.log("theory: worst-case errors of the 1x1 models (attack and certificate)")
-    finals = ctx.cached("worst_finals", {**base, "restarts": ATTACK_RESTARTS}, lambda: {
+    finals = ctx.cached("worst_finals", {**base, "restarts": ATTACK_RESTARTS,
+                                         "witnesses": True}, lambda: {
         "rows": bounds.final_records(ctx, opts.seeds, opts.attack_steps, ATTACK_RESTARTS,
                                      opts.certify_seconds)})["rows"]
     ctx.log("theory: the necessity bound at every saved checkpoint")
