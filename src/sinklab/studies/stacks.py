@@ -216,27 +216,34 @@ def _finite(values: list[Any]) -> list[float]:
     return [float(v) for v in values if v is not None and math.isfinite(v)]
 
 
-def plain_groups(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per (experiment, rule), over seeds: how the runs stopped (not a claim: a count), their
-    steps and errors, and how many have a sink head (with its 95% Clopper-Pearson interval)."""
+def _by_config(runs: list[dict[str, Any]]) -> list[tuple[str, str, list[dict[str, Any]]]]:
+    """(experiment, rule, its runs) for every configuration that has runs, in order."""
     out = []
     for e in PLAIN_EXPERIMENTS:
         for rule in PLAIN_RULES:
             sel = [r for r in runs if r["experiment"] == e and r["rule"] == rule]
-            if not sel:
-                continue
-            steps = [r["steps"] for r in sel]
-            with_sink = sum(bool(r["sink_heads"]) for r in sel)
-            out.append({
-                "experiment": e, "rule": rule, "n": len(sel),
-                **{stop: sum(r["status"] == stop for r in sel) for stop in STOPS},
-                "steps_min": min(steps), "steps_max": max(steps),
-                "best_train_linf": _finite([r["best_train_linf"] for r in sel]),
-                "test_linf": _finite([r["test_linf"] for r in sel]),
-                "with_sink": with_sink,
-                "with_sink_interval": list(cl.clopper_pearson(with_sink, len(sel))),
-                "all_covered": sum(all_covered(r) for r in sel),
-            })
+            if sel:
+                out.append((e, rule, sel))
+    return out
+
+
+def plain_groups(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (experiment, rule), over seeds: how the runs stopped (not a claim: a count), their
+    steps and errors, and how many have a sink head (with its 95% Clopper-Pearson interval)."""
+    out = []
+    for e, rule, sel in _by_config(runs):
+        steps = [r["steps"] for r in sel]
+        with_sink = sum(bool(r["sink_heads"]) for r in sel)
+        out.append({
+            "experiment": e, "rule": rule, "n": len(sel),
+            **{stop: sum(r["status"] == stop for r in sel) for stop in STOPS},
+            "steps_min": min(steps), "steps_max": max(steps),
+            "best_train_linf": _finite([r["best_train_linf"] for r in sel]),
+            "test_linf": _finite([r["test_linf"] for r in sel]),
+            "with_sink": with_sink,
+            "with_sink_interval": list(cl.clopper_pearson(with_sink, len(sel))),
+            "all_covered": sum(all_covered(r) for r in sel),
+        })
     return out
 
 
@@ -261,39 +268,35 @@ def plain_claims(records: list[dict[str, Any]]) -> list[Claim]:
     thr = SINK_HEAD_THRESHOLD
     sink = f"a head at non-trigger BOS mass >= {thr:g}"
     out = []
-    for e in PLAIN_EXPERIMENTS:
-        for rule in PLAIN_RULES:
-            sel = [r for r in records if r["experiment"] == e and r["rule"] == rule]
-            if not sel:
-                continue
-            conv = [r for r in sel if r["converged"]]
-            what = f"plain-target {e} {rule}"
-            whose = f"(those of {len(sel)} that reached the stop rule) "
-            tests = ([("no_sink_head", cl.none,
-                       f"No {what} seed that reached the stop rule has a sink head: ReLU "
-                       "needs none without a residual stream either",
-                       sum(bool(r["sink_heads"]) for r in conv), f"have {sink}")]
-                     if rule == "relu" else
-                     [("some_head_sinks", cl.every,
-                       f"Every {what} seed that reached the stop rule has some head that "
-                       "sinks (the theorem's existential claim)",
-                       sum(bool(r["sink_heads"]) for r in conv), f"have {sink}"),
-                      ("every_position_covered", cl.every,
-                       f"In every {what} seed that reached the stop rule, every non-trigger "
-                       f"query position has a head somewhere in the stack with BOS mass >= "
-                       f"{thr:g} there", sum(all_covered(r) for r in conv),
-                       "have such a head at every non-trigger position")])
-            for name, build, sentence, k, have in tests:
-                claim = build(f"plain.{e}.{rule}.{name}", sentence, k, len(conv),
-                              whose + have)
-                if not conv:  # the premise holds for no seed: nothing to test
-                    claim = dataclasses.replace(
-                        claim, data=f"none of the {len(sel)} seed(s) reached the stop rule "
-                                    "within the step cap, so no model solves the task",
-                        needed_text=f"seeds that reach the stop rule (a longer step cap than "
-                                    f"{max(r['steps'] for r in sel):,}, or another protocol): "
-                                    f"{cl.UNIVERSAL_SEEDS} of them, all alike, can decide it")
-                out.append(claim)
+    for e, rule, sel in _by_config(records):
+        conv = [r for r in sel if r["converged"]]
+        what = f"plain-target {e} {rule}"
+        whose = f"(those of {len(sel)} that reached the stop rule) "
+        tests = ([("no_sink_head", cl.none,
+                   f"No {what} seed that reached the stop rule has a sink head: ReLU "
+                   "needs none without a residual stream either",
+                   sum(bool(r["sink_heads"]) for r in conv), f"have {sink}")]
+                 if rule == "relu" else
+                 [("some_head_sinks", cl.every,
+                   f"Every {what} seed that reached the stop rule has some head that "
+                   "sinks (the theorem's existential claim)",
+                   sum(bool(r["sink_heads"]) for r in conv), f"have {sink}"),
+                  ("every_position_covered", cl.every,
+                   f"In every {what} seed that reached the stop rule, every non-trigger "
+                   f"query position has a head somewhere in the stack with BOS mass >= "
+                   f"{thr:g} there", sum(all_covered(r) for r in conv),
+                   "have such a head at every non-trigger position")])
+        for name, build, sentence, k, have in tests:
+            claim = build(f"plain.{e}.{rule}.{name}", sentence, k, len(conv),
+                          whose + have)
+            if not conv:  # the premise holds for no seed: nothing to test
+                claim = dataclasses.replace(
+                    claim, data=f"none of the {len(sel)} seed(s) reached the stop rule "
+                                "within the step cap, so no model solves the task",
+                    needed_text=f"seeds that reach the stop rule (a longer step cap than "
+                                f"{max(r['steps'] for r in sel):,}, or another protocol): "
+                                f"{cl.UNIVERSAL_SEEDS} of them, all alike, can decide it")
+            out.append(claim)
     return out
 
 
