@@ -258,3 +258,31 @@ def test_certified_bounds_are_never_below_the_attack(rule):
                 if not math.isnan(value):
                     assert value <= upper[kind, i], (kind, i, per_coordinate)
         assert worst.error["bos"][0] == pytest.approx(cert.bos, rel=1e-12)
+
+
+def test_sinklab_worst_on_any_finished_run(tmp_path, capsys):
+    """`sinklab worst RUN` prints sampled, attacked and certified errors per row type, and says
+    which rows a multi-layer model cannot have certified; a missing run is one sentence."""
+    from sinklab.cli import main
+    from sinklab.train import train_runs
+
+    one = build_run_config({"task": {"seq_len": 6, "d_model": 6, "eval_trigger": 5},
+                            "model": {"attention": "relu"},
+                            "train": {"max_steps": 20, "batch_size": 16},
+                            "eval": {"n_sequences": 16}})
+    two = build_run_config({"task": {"seq_len": 6, "d_model": 6, "eval_trigger": 5},
+                            "model": {"attention": "softmax", "n_layers": 2, "n_heads": 2},
+                            "train": {"max_steps": 5, "batch_size": 16},
+                            "eval": {"n_sequences": 16}})
+    train_runs([one], [tmp_path / "one"], progress=False)
+    train_runs([two], [tmp_path / "two"], progress=False)
+    code = main(["worst", str(tmp_path / "one"), str(tmp_path / "two"), "--attack-steps", "3",
+                 "--restarts", "1", "--certify-seconds", "1"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert out.count("attacked >=") == 8 and out.count("certified <=") == 3
+    assert "largest non-trigger score" in out
+    assert "not certified (1-layer, 1-head softmax or relu only)" in out
+    code = main(["worst", str(tmp_path / "nowhere")])
+    _, err = capsys.readouterr()
+    assert code == 2 and err.count("\n") == 1 and "no finished run" in err

@@ -30,7 +30,7 @@ from sinklab import __version__, studies
 from sinklab.config import SECTIONS, SinklabError
 
 # sinklab's own commands; every other subcommand is a registered study (sinklab.studies)
-RESERVED = frozenset({"train", "plot", "sweep", "results", "report", "rules"})
+RESERVED = frozenset({"train", "plot", "sweep", "results", "report", "rules", "worst"})
 EXIT_INPUT, EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_INTERNAL = 2, 1, 130, 3
 DEBUG_ENV = "SINKLAB_DEBUG"
 
@@ -168,6 +168,24 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("dir", type=given, metavar="DIR", help="a folder holding sinklab results")
     rp.add_argument("--out", type=given, default=None, metavar="FOLDER",
                     help="where to write REPORT.html and REPORT.md (default: DIR/report)")
+
+    wp = sub.add_parser(
+        "worst", parents=[common],
+        help="the worst-case error of finished runs over every input",
+        description="For each finished run folder: the largest error per row type (BOS, "
+                    "non-trigger rows before and after the trigger, the trigger row) on sampled "
+                    "test sequences, the attack's lower bound on the supremum over every input "
+                    "(sinklab.attack), and for 1-layer, 1-head softmax and ReLU models the "
+                    "certified upper bound at the non-trigger rows (sinklab.certify), with ReLU's "
+                    "largest non-trigger score (<= 0: those rows are zero for every input).")
+    wp.add_argument("runs", nargs="+", type=given, metavar="RUN", help="a finished run folder")
+    wp.add_argument("--attack-steps", type=int, default=100, metavar="N",
+                    help="projected-gradient steps of the attack (default: 100)")
+    wp.add_argument("--restarts", type=int, default=8, metavar="N",
+                    help="random starts per trigger position and row (default: 8)")
+    wp.add_argument("--certify-seconds", type=float, default=30.0, metavar="S",
+                    help="time cap of one model's certificate (default: 30; the gap left is "
+                         "printed)")
 
     sub.add_parser("rules", parents=[common], help="list the attention rules",
                    description="List the registered attention rules: what a row of weights can "
@@ -345,6 +363,50 @@ def cmd_report(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
+def cmd_worst(args: argparse.Namespace) -> int:
+    from sinklab.config import ConfigError, check_count
+    from sinklab.studies import bounds
+    from sinklab.train import load_model
+
+    check_count("--attack-steps", args.attack_steps)
+    check_count("--restarts", args.restarts)
+    if not 0 < args.certify_seconds <= 3600:
+        raise ConfigError(f"--certify-seconds={args.certify_seconds!r} is not allowed: it must "
+                          "be a number of seconds in (0, 3600].")
+    for run in args.runs:
+        cfg, model = load_model(Path(run))
+        rec = bounds.worst_case(model, cfg, steps=args.attack_steps, restarts=args.restarts,
+                                seconds=args.certify_seconds)
+        cert = rec.get("certified")
+        print(f"{run}: {cfg.model.n_layers}x{cfg.model.n_heads} {cfg.model.attention}, "
+              f"||W_Q W_K^T|| {rec['norm']:.3g}")
+        for kind in ("bos", "pre", "post", "trigger"):
+            sampled = max((v for v in rec["sampled"][kind] if v is not None), default=None)
+            attacked = max((v for v in rec["attacked"][kind] if v is not None), default=None)
+            if cert is None:
+                certified = "not certified (1-layer, 1-head softmax or relu only)"
+            elif kind == "trigger":
+                certified = "not certified (the mean couples the tokens)"
+            else:
+                up = cert["bos"] if kind == "bos" else \
+                    max(r["upper"] for r in cert["rows"] if r["kind"] == kind)
+                certified = f"certified <= {up:.3e}"
+            print(f"  {kind:8s} sampled {sampled:.3e}   attacked >= {attacked:.3e}   "
+                  f"{certified}")
+        if cert is not None:
+            gaps = [r["upper"] / r["lower"] for r in cert["rows"]
+                    if not r["converged"] and r["lower"] > 0]
+            closed = sum(r["converged"] for r in cert["rows"])
+            print(f"  certificate: {closed} of {len(cert['rows'])} rows closed to 5% in "
+                  f"{cert['seconds']:.1f} s" + (f"; largest gap left {max(gaps):.3g}x"
+                                                if gaps else ""))
+        if "relu_score" in rec:
+            score = rec["relu_score"]["max"]
+            print(f"  largest non-trigger score {score:.3e}: non-trigger rows "
+                  + ("certified zero for every input" if score <= 0 else "not certified zero"))
+    return 0
+
+
 def cmd_rules() -> int:
     from sinklab.attention import RULES
 
@@ -428,6 +490,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_results(args)
         if args.command == "report":
             return cmd_report(args, argv)
+        if args.command == "worst":
+            return cmd_worst(args)
         return cmd_rules()
     except KeyboardInterrupt:
         print("sinklab: interrupted; finished runs are kept on disk.", file=sys.stderr)
