@@ -239,9 +239,9 @@ def _attack(model: AttentionStack, cfg: RunConfig, steps: int, restarts: int, se
         runs = torch.arange(first, min(first + chunk, n_runs), device=device)
         if per_coordinate:
             i, j, m, s = _objectives(runs, pairs, d_model, restarts + n_starts)
-        else:  # one objective per pair, the row's L-inf error: m = -1 says so
+        else:  # one objective per pair, the row's L-inf error (m and s unused)
             i, j = pairs[runs // (restarts + n_starts)].unbind(-1)
-            m, s = torch.full_like(i, -1), torch.ones_like(i)
+            m, s = torch.zeros_like(i), torch.ones_like(i)
         # Runs are sorted by row. A truncated chunk keeps one token after its last row, so
         # that a trigger beyond it can sit there, after every row it is searched on.
         length = min(int(i[-1].item()) + 2, seq_len) if truncate else seq_len
@@ -249,7 +249,7 @@ def _attack(model: AttentionStack, cfg: RunConfig, steps: int, restarts: int, se
         content = _starts(start, restarts, extra, (seq_len, d_model - 3), generator,
                           dtype)[:, :length]
         value, best = _ascend(net, j.clamp(max=length - 1), i, m, s, content, etas,
-                              cfg.residual)
+                              cfg.residual, per_coordinate)
         # the best run of each (row type, position) in the chunk, as a whole sequence
         key = torch.where(i < j, 0, torch.where(i == j, 1, 2)) * seq_len + i
         keys = key.unique()
@@ -327,10 +327,12 @@ def _linf(e: Tensor) -> Tensor:
 
 
 def _ascend(net: AttentionStack, j: Tensor, i: Tensor, m: Tensor, s: Tensor, content: Tensor,
-            etas: list[float], residual: bool) -> tuple[Tensor, Tensor]:
-    """Projected sign-gradient ascent on s (y_im - target_im), one run per sequence of
-    contents (B, T, d - 3) with the trigger at j (B,); returns the largest row-i L-inf error
-    seen by each run (B,) and the contents that gave it.
+            etas: list[float], residual: bool, per_coordinate: bool = True
+            ) -> tuple[Tensor, Tensor]:
+    """Projected sign-gradient ascent on s (y_im - target_im), or with ``per_coordinate``
+    false on row i's L-inf error, one run per sequence of contents (B, T, d - 3) with the
+    trigger at j (B,); returns the largest row-i L-inf error seen by each run (B,) and the
+    contents that gave it.
 
     The ascent moves the inputs x themselves, with the gradient kept to the content entries
     (non-BOS rows, coordinates 2..d-2): clamping all of x to [-1, 1] then projects the content
@@ -346,7 +348,7 @@ def _ascend(net: AttentionStack, j: Tensor, i: Tensor, m: Tensor, s: Tensor, con
         x.requires_grad_(t < len(etas))
         with torch.enable_grad():
             e = _row_errors(net, x, j, i, residual)
-            if m[0] < 0:  # the row's L-inf error (per_coordinate=False)
+            if not per_coordinate:  # the row's L-inf error
                 objective = e.abs().amax(dim=-1).sum()
             else:  # one per sequence: one backward serves all
                 objective = (s * e[rows, m]).sum()

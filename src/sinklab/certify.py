@@ -51,6 +51,7 @@ from sinklab.task import BOS, CONTENT_START, TRIGGER
 
 CERTIFIABLE = ("softmax", "relu")  # the rules ``certify`` covers (default keyword arguments)
 MARGIN = 1e-9  # relative widening of every certified bound, for float64 rounding
+RTOL = 0.05  # a row's branch and bound stops when its bound is this close to the best input
 BISECTIONS = 52  # bisection steps of Dinkelbach's root: 2^-52 of the value range
 
 
@@ -112,16 +113,24 @@ def folded(model: AttentionStack, cfg: RunConfig) -> Folded:
 # ------------------------------------------------------------------ one-token problems
 
 
+def _normalised(g: Tensor, h: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The zonogon's generators turned so that every g_r >= 0 (``flip``: the sign each content
+    coordinate c_r is turned by), the ``flat`` ones (g_r = 0, along u only, which add |h_r| to
+    the whole chain) and the ``order`` in which the upper chain takes the others: by slope
+    h_r / g_r, largest first."""
+    flip = torch.where(g < 0, -1.0, 1.0).to(g.dtype)
+    g, h = g * flip, h * flip
+    flat = g == 0
+    slope = torch.where(flat, torch.zeros_like(h), h / torch.where(flat, 1.0, g))
+    return g, h, flip, flat, torch.argsort(slope, dim=-1, descending=True)
+
+
 def _chain(g: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
     """The upper chain of the zonogon {(g.c, h.c) : c in [-1, 1]^n}: vertices (t, u), each
     (..., n + 1) with t increasing and the slopes between them decreasing."""
-    flip = torch.where(g < 0, -1.0, 1.0).to(g.dtype)
-    g, h = g * flip, h * flip  # c_r -> -c_r where g_r < 0: now every g_r >= 0
-    flat = g == 0  # a generator along u only: it adds |h_r| to the whole chain
+    g, h, _, flat, order = _normalised(g, h)
     lift = (h.abs() * flat).sum(-1, keepdim=True)
     h = torch.where(flat, torch.zeros_like(h), h)
-    slope = torch.where(flat, torch.zeros_like(h), h / torch.where(flat, 1.0, g))
-    order = torch.argsort(slope, dim=-1, descending=True)
     dg, dh = 2 * torch.gather(g, -1, order), 2 * torch.gather(h, -1, order)
     t0, u0 = -g.sum(-1, keepdim=True), -h.sum(-1, keepdim=True) + lift
     t = torch.cat([t0, t0 + dg.cumsum(-1)], dim=-1)
@@ -157,7 +166,7 @@ def _edge_candidates(t: Tensor, u: Tensor, a: Tensor, b: Tensor, spread: Tensor 
     else:
         spread = spread[..., None]
         safe = torch.where(r != 0, r, 1.0)
-        cands = [t_a - (u_a + b) / safe, -a - spread + 0 * t_a, -a + spread + 0 * t_a]
+        cands = [t_a - (u_a + b) / safe, -a - spread, -a + spread]  # expanded below
         for kappa in (spread, -spread):  # (t + a + kappa)(u_a + b + r (t - t_a)) = 0':
             cands.append((r * t_a - u_a - b - r * (a + kappa)) / (2 * safe))
     pts = torch.stack([c.expand_as(t_a) for c in cands], dim=-1)
@@ -195,11 +204,7 @@ def _chain_argmax(g: Tensor, h: Tensor, a: float, b: float, relu: bool) -> Tenso
     t, u = _chain(g, h)
     spread = torch.zeros((), dtype=g.dtype) if relu else None
     at, bt = torch.tensor(a, dtype=g.dtype), torch.tensor(b, dtype=g.dtype)
-    flip = torch.where(g < 0, -1.0, 1.0).to(g.dtype)
-    gg, hh = g * flip, h * flip
-    flat = gg == 0
-    slope = torch.where(flat, torch.zeros_like(hh), hh / torch.where(flat, 1.0, gg))
-    order = torch.argsort(slope, descending=True)
+    _, hh, flip, flat, order = _normalised(g, h)
     start = torch.where(flat, torch.where(hh >= 0, 1.0, -1.0), -1.0).to(g.dtype)
     vertices = [start.clone()]
     for r in order.tolist():  # vertex k + 1 flips generator order[k] to +1
@@ -442,7 +447,7 @@ def _polish(bounds: _Bounds, q: Tensor, obj: int, value: float,
     return q, value
 
 
-def certify_row(f: Folded, row: Row, *, rtol: float = 0.05, atol: float = 1e-12,
+def certify_row(f: Folded, row: Row, *, rtol: float = RTOL, atol: float = 1e-12,
                 time_limit: float = 10.0, batch: int = 256, max_nodes: int = 500_000,
                 start: Tensor | None = None) -> RowCertificate:
     """Branch and bound over the query token's content box for one non-trigger row.
@@ -543,7 +548,7 @@ class Certificate:
                 "rows": [r.to_dict() for r in self.rows]}
 
 
-def certify(model: AttentionStack, cfg: RunConfig, *, rtol: float = 0.05,
+def certify(model: AttentionStack, cfg: RunConfig, *, rtol: float = RTOL,
             time_limit: float = 30.0) -> Certificate:
     """Certified upper bounds (and attained lower bounds) of the supremum error at every
     non-trigger row of a single-layer, single-head softmax or ReLU model over the task's whole
@@ -647,36 +652,45 @@ def necessity(model: AttentionStack, cfg: RunConfig) -> dict[str, Any]:
     if f.rule != "softmax":
         raise NotCertifiable(f"the necessity bound is about softmax; this model's rule is "
                              f"{f.rule!r}.")
-    d, cs, L = f.d, f.content, f.seq_len
-    m = f.m
-    v0 = m[BOS]
-    nu = v0.abs().max().item()
-    lift = m[d - 1] - v0
-    per = lift.abs() + m[cs].abs().sum(0)
-    m_star = int(per.argmax())
-    sign = torch.where(lift[m_star] >= 0, 1.0, -1.0)
-    c_star = sign * torch.where(m[cs][:, m_star] >= 0, 1.0, -1.0).to(m)
-    w_star = per[m_star].item()
-    inputs = uniform_input(f, c_star, trigger_content=c_star)
-    weights, err = _forward_one(model, cfg, inputs[None])
+    d, L = f.d, f.seq_len
+    nu = f.m[BOS].abs().max().item()
+    w_star, m_star, c_star = widest_value(f.m)
+    n = d - 3
+    proof = torch.zeros(2 * n, n, dtype=f.m.dtype, device=f.m.device)  # +-e_r, row by row
+    proof[torch.arange(2 * n), torch.arange(n).repeat_interleave(2)] = \
+        torch.tensor([1.0, -1.0], dtype=f.m.dtype, device=f.m.device).repeat(n)
+    inputs = torch.stack([uniform_input(f, c_star, trigger_content=c_star)]
+                         + [uniform_input(f, c, trigger_content=torch.zeros_like(c))
+                            for c in proof])
+    weights, err = forward_errors(model, cfg, inputs)  # one pass: X*, then the proof inputs
+    row_err = err.abs().amax(-1)
     out_rows = []
     for i in range(1, L - 1):
-        b = weights[0, i, 0].item()
-        out_rows.append({"i": i, "bos": b, "error": err[0, i].item(),
+        b = weights[0, i].item()
+        out_rows.append({"i": i, "bos": b, "error": row_err[0, i].item(),
                          "bound": (1 - b) * w_star - nu})
-    proof = []
-    for r in range(d - 3):
-        errs = []
-        for s in (1.0, -1.0):
-            c = torch.zeros(d - 3, dtype=m.dtype, device=m.device)
-            c[r] = s
-            x = uniform_input(f, c, trigger_content=torch.zeros_like(c))
-            _, e_coord = _forward_one(model, cfg, x[None], coordinate=CONTENT_START + r)
-            errs.append(e_coord[0, L - 1].item())
-        proof.append(max(errs))
+    at_coord = err[1:, L - 1, CONTENT_START:d - 1].abs()  # (2n, n): proof input, coordinate
+    coords = torch.arange(n, device=err.device).repeat_interleave(2)
+    proof_errors = at_coord[torch.arange(2 * n), coords].view(n, 2).amax(-1).tolist()
     return {"nu": nu, "w_star": w_star, "m_star": m_star, "c_star": c_star.tolist(),
-            "delta": (L - 2) / (L - 1), "rows": out_rows, "proof_errors": proof,
+            "delta": (L - 2) / (L - 1), "rows": out_rows, "proof_errors": proof_errors,
             "seq_len": L}
+
+
+def widest_value(m: Tensor, relative_to_bos: bool = True) -> tuple[float, int, Tensor]:
+    """max over contents c of ||w(c)||_inf for the value map M = ``m`` (d, d), with w(c) the
+    value of the ordinary token with content c, x(c) M, minus BOS's (``relative_to_bos``) or
+    not: the closed form max_m (|lift_m| + sum_r |M[r, m]|) over content rows r, lift =
+    M[d-1] - M[0] (or M[d-1]). Returned: the maximum, its coordinate and the vertex c attaining
+    it."""
+    d = m.shape[-1]
+    cs = slice(CONTENT_START, d - 1)
+    lift = m[d - 1] - m[BOS] if relative_to_bos else m[d - 1]
+    per = lift.abs() + m[cs].abs().sum(0)
+    col = int(per.argmax())
+    sign = 1.0 if lift[col] >= 0 else -1.0
+    vertex = sign * torch.where(m[cs][:, col] >= 0, 1.0, -1.0).to(m)
+    return per[col].item(), col, vertex
 
 
 def uniform_input(f: Folded, content: Tensor, trigger_content: Tensor) -> Tensor:
@@ -691,11 +705,9 @@ def uniform_input(f: Folded, content: Tensor, trigger_content: Tensor) -> Tensor
 
 
 @torch.no_grad()
-def _forward_one(model: AttentionStack, cfg: RunConfig, x: Tensor,
-                 coordinate: int | None = None) -> tuple[Tensor, Tensor]:
-    """Attention weights (B, L, L) and per-row errors (B, L) of inputs x (B, L, d) with the
-    trigger at L - 1, in float64 on the model's device: the L-inf error of each row, or the
-    absolute error at one ``coordinate``."""
+def forward_errors(model: AttentionStack, cfg: RunConfig, x: Tensor) -> tuple[Tensor, Tensor]:
+    """Layer 1's BOS weights (B, L) at every row and the signed errors (B, L, d) of inputs x
+    (B, L, d) with the trigger at L - 1, in float64 on the model's device (on a cast copy)."""
     from copy import deepcopy
 
     from sinklab.task import targets
@@ -704,8 +716,5 @@ def _forward_one(model: AttentionStack, cfg: RunConfig, x: Tensor,
     m64 = deepcopy(model).to(torch.float64)
     x = x.to(device=weight.device, dtype=torch.float64)
     trig = torch.full((x.shape[0],), x.shape[1] - 1, device=x.device)
-    y = targets(x, trig, cfg.residual)
     out = m64(x, return_weights=True)
-    err = (out.out[0] - y).abs()
-    err = err.amax(-1) if coordinate is None else err[..., coordinate]
-    return out.patterns[0][0, :, 0], err
+    return out.patterns[0][0, :, 0, :, 0], out.out[0] - targets(x, trig, cfg.residual)

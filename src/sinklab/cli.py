@@ -364,6 +364,7 @@ def cmd_report(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def cmd_worst(args: argparse.Namespace) -> int:
+    from sinklab import certify
     from sinklab.config import ConfigError, check_count
     from sinklab.studies import bounds
     from sinklab.train import load_model
@@ -397,7 +398,8 @@ def cmd_worst(args: argparse.Namespace) -> int:
             gaps = [r["upper"] / r["lower"] for r in cert["rows"]
                     if not r["converged"] and r["lower"] > 0]
             closed = sum(r["converged"] for r in cert["rows"])
-            print(f"  certificate: {closed} of {len(cert['rows'])} rows closed to 5% in "
+            print(f"  certificate: {closed} of {len(cert['rows'])} rows closed to "
+                  f"{certify.RTOL:.0%} in "
                   f"{cert['seconds']:.1f} s" + (f"; largest gap left {max(gaps):.3g}x"
                                                 if gaps else ""))
         if "relu_score" in rec:

@@ -34,7 +34,7 @@ from sinklab.claims import Claim
 from sinklab.config import RunConfig, build_run_config
 from sinklab.model import AttentionStack
 from sinklab.studies.base import Cell, Context, Execution
-from sinklab.task import CONTENT_START, encode, targets
+from sinklab.task import encode
 
 RULES = ("softmax", "relu")
 SAMPLED = 2000  # test sequences of the sampled errors (every trigger position)
@@ -123,13 +123,15 @@ def qk_norm(model: AttentionStack) -> float:
     ).max().item() for a in attn)
 
 
-def _finite(values: list[float | None]) -> list[float]:
-    return [v for v in values if v is not None and math.isfinite(v)]
+def finite(values: list[Any]) -> list[float]:
+    """The values that are numbers and finite (None and NaN mark a row type or a run that has
+    none), as floats."""
+    return [float(v) for v in values if v is not None and math.isfinite(v)]
 
 
 def nontrigger(errors: dict[str, list[float | None]]) -> float:
     """The largest non-trigger error (BOS, pre and post rows) of a kind -> positions table."""
-    return max(_finite(errors["bos"] + errors["pre"] + errors["post"]), default=float("nan"))
+    return max(finite(errors["bos"] + errors["pre"] + errors["post"]), default=float("nan"))
 
 
 def bound_check(record: dict[str, Any]) -> dict[str, Any]:
@@ -179,7 +181,7 @@ def checkpoint_records(ctx: Context, seeds: int, steps: int) -> list[dict[str, A
                 rec = worst_case(model, cfg, steps=steps, restarts=CHECKPOINT_RESTARTS,
                                  seconds=0.0, triggers=[L - 1], certified=False)
                 entry = {"rule": rule, "seed": seed, "step": step, "norm": rec["norm"],
-                         "pre": _finite(rec["attacked"]["pre"]),
+                         "pre": finite(rec["attacked"]["pre"]),
                          "trigger": rec["attacked"]["trigger"][L - 1],
                          "bos": rec["attacked"]["bos"][0]}
                 if rule == "softmax":  # bound_check reads these (``with_checks``)
@@ -264,28 +266,19 @@ def denied_floor(model: AttentionStack, cfg: RunConfig) -> dict[str, Any]:
     attn = model.blocks[0].attn
     m = (attn.w_v[0, 0].detach().double() @ attn.w_o[0, 0].detach().double())
     d = m.shape[0]
-    cs = slice(CONTENT_START, d - 1)
-    v0 = m[0]
-    nu = v0.abs().max().item()
-    lift = m[d - 1] if cfg.model.bos == "removed" else m[d - 1] - v0
-    per = lift.abs() + m[cs].abs().sum(0)
-    col = int(per.argmax())
-    sign = 1.0 if lift[col] >= 0 else -1.0
-    witness = sign * torch.where(m[cs][:, col] >= 0, 1.0, -1.0).to(m)
+    nu = m[0].abs().max().item()
+    removed = cfg.model.bos == "removed"
+    widest, _, witness = certify.widest_value(m, relative_to_bos=not removed)
     if cfg.model.attention != "softmax":
         floor = 0.0  # a ReLU row may be all zero: denying BOS forces nothing at row 1
-    elif cfg.model.bos == "removed":
-        floor = per[col].item()
+    elif removed:
+        floor = widest
     else:
-        floor = max(cfg.model.bos_cap_eps * per[col].item() - nu, 0.0)
+        floor = max(cfg.model.bos_cap_eps * widest - nu, 0.0)
     L = cfg.task.seq_len
-    content = witness.expand(1, L, d - 3).clone()
-    x = encode(content, torch.tensor([L - 1])).to(device=m.device)
-    net = copy.deepcopy(model).to(torch.float64)
-    with torch.no_grad():
-        err = (net(x).out[0] - targets(x, torch.tensor([L - 1], device=m.device),
-                                       cfg.residual))[0, 1].abs().max().item()
-    return {"floor": floor, "nu": nu, "w_star": per[col].item(), "at_witness": err}
+    x = encode(witness.expand(1, L, d - 3).clone(), torch.tensor([L - 1], device=m.device))
+    _, err = certify.forward_errors(model, cfg, x)
+    return {"floor": floor, "nu": nu, "w_star": widest, "at_witness": err[0, 1].abs().max().item()}
 
 
 def denied_worst(ctx: Context, names: list[tuple[str, str, float | None, int, str]],
@@ -301,11 +294,11 @@ def denied_worst(ctx: Context, names: list[tuple[str, str, float | None, int, st
         floor = denied_floor(model, cfg)
         worst = attack.attack(model, cfg, steps=steps, restarts=restarts, per_coordinate=False)
         err = worst.to_dict("none")["error"]
-        row1 = max(_finite([err["pre"][1], floor["at_witness"]]), default=float("nan"))
-        others = _finite(err["bos"] + err["pre"][2:] + err["post"])
+        row1 = max(finite([err["pre"][1], floor["at_witness"]]), default=float("nan"))
+        others = finite(err["bos"] + err["pre"][2:] + err["post"])
         out.append({"rule": rule, "setting": setting, "eps": eps, "seed": seed, **floor,
                     "row1": row1, "others": max(others, default=float("nan")),
-                    "trigger": max(_finite(err["trigger"]), default=float("nan"))})
+                    "trigger": max(finite(err["trigger"]), default=float("nan"))})
     return out
 
 
@@ -316,8 +309,8 @@ def worst_table(finals: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for rule in RULES:
         sel = [f for f in finals if f["rule"] == rule]
         for kind in ("pre", "post", "trigger", "bos"):
-            sampled = [max(_finite(f["sampled"][kind]), default=float("nan")) for f in sel]
-            attacked = [max(_finite(f["attacked"][kind]), default=float("nan")) for f in sel]
+            sampled = [max(finite(f["sampled"][kind]), default=float("nan")) for f in sel]
+            attacked = [max(finite(f["attacked"][kind]), default=float("nan")) for f in sel]
             cert = []
             for f in sel:
                 c = f.get("certified")
@@ -326,15 +319,16 @@ def worst_table(finals: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 cert.append(c["bos"] if kind == "bos" else
                             max(r["upper"] for r in c["rows"] if r["kind"] == kind))
             rows.append({"rule": rule, "kind": kind, "n": len(sel),
-                         "sampled": _spread(sampled), "attacked": _spread(attacked),
-                         "certified": _spread(cert) if cert else None})
+                         "sampled": spread(sampled), "attacked": spread(attacked),
+                         "certified": spread(cert) if cert else None})
     return rows
 
 
-def _spread(values: list[float]) -> dict[str, float]:
-    vals = [v for v in values if math.isfinite(v)]
+def spread(values: list[Any]) -> dict[str, float | None]:
+    """Mean, smallest and largest of the finite values (each None when there are none)."""
+    vals = finite(values)
     if not vals:
-        return {"mean": float("nan"), "min": float("nan"), "max": float("nan")}
+        return {"mean": None, "min": None, "max": None}
     return {"mean": float(np.mean(vals)), "min": float(min(vals)), "max": float(max(vals))}
 
 
@@ -367,7 +361,7 @@ def worst_claims(records: dict[str, Any]) -> list[Claim]:
             f"On every trained 1x1 softmax model the certified upper bound of the non-trigger "
             f"supremum is within a factor {FACTOR:g} of the attack's lower bound",
             max(ratios), FACTOR, f"largest certified / attacked over {len(ratios)} models"))
-        under = [nontrigger(f["attacked"]) / max(_finite(f["sampled"]["bos"]
+        under = [nontrigger(f["attacked"]) / max(finite(f["sampled"]["bos"]
                                                          + f["sampled"]["pre"]
                                                          + f["sampled"]["post"]))
                  for f in soft]

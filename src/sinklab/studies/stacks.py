@@ -31,6 +31,7 @@ from sinklab.config import ConfigError, RunConfig, build_run_config
 from sinklab.metrics import SINK_HEAD_THRESHOLD
 from sinklab.model import AttentionStack
 from sinklab.results import read_log
+from sinklab.studies import bounds
 from sinklab.studies.base import Cell, Context, Execution, FigureSpec
 from sinklab.studies.reproduction import EXPERIMENTS
 from sinklab.task import Batch
@@ -212,10 +213,6 @@ def heads_text(pairs: list[list[int]]) -> str:
     return ", ".join(f"L{layer}H{head}" for layer, head in pairs) or "-"
 
 
-def _finite(values: list[Any]) -> list[float]:
-    return [float(v) for v in values if v is not None and math.isfinite(v)]
-
-
 def _by_config(runs: list[dict[str, Any]]) -> list[tuple[str, str, list[dict[str, Any]]]]:
     """(experiment, rule, its runs) for every configuration that has runs, in order."""
     out = []
@@ -238,8 +235,8 @@ def plain_groups(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "experiment": e, "rule": rule, "n": len(sel),
             **{stop: sum(r["status"] == stop for r in sel) for stop in STOPS},
             "steps_min": min(steps), "steps_max": max(steps),
-            "best_train_linf": _finite([r["best_train_linf"] for r in sel]),
-            "test_linf": _finite([r["test_linf"] for r in sel]),
+            "best_train_linf": bounds.finite([r["best_train_linf"] for r in sel]),
+            "test_linf": bounds.finite([r["test_linf"] for r in sel]),
             "with_sink": with_sink,
             "with_sink_interval": list(cl.clopper_pearson(with_sink, len(sel))),
             "all_covered": sum(all_covered(r) for r in sel),

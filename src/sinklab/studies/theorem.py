@@ -368,13 +368,6 @@ def head_rows(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
             for hi, h in enumerate(layer["heads"])]
 
 
-def _range(values: list[float]) -> dict[str, float | None]:
-    if not values:
-        return {"mean": None, "min": None, "max": None}
-    return {"mean": float(np.mean(values)), "min": float(min(values)),
-            "max": float(max(values))}
-
-
 def head_layers(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per layer, over seeds, statistics that do not depend on head order (heads are
     interchangeable between seeds): sink heads per seed, the heads' summed squares and their
@@ -393,16 +386,16 @@ def head_layers(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
         out.append({
             "layer": li + 1, "n": len(layers),
             "sink_heads_distribution": {str(k): v for k, v in sorted(Counter(counts).items())},
-            "head_rms": _range([h["rms"] for h in heads]),
-            "sink_const": _range([h["const"] for h in sinks]),
-            "sink_var": _range([h["var"] for h in sinks]),
-            "other_const": _range([h["const"] for h in others]),
-            "other_var": _range([h["var"] for h in others]),
+            "head_rms": bounds.spread([h["rms"] for h in heads]),
+            "sink_const": bounds.spread([h["const"] for h in sinks]),
+            "sink_var": bounds.spread([h["var"] for h in sinks]),
+            "other_const": bounds.spread([h["const"] for h in others]),
+            "other_var": bounds.spread([h["var"] for h in others]),
             "n_sink": len(sinks), "n_other": len(others),
-            "layer_const": _range([layer["layer"]["const"] for layer in layers]),
-            "layer_var": _range([layer["layer"]["var"] for layer in layers]),
-            "cumulative_const": _range([layer["cumulative"]["const"] for layer in layers]),
-            "cumulative_var": _range([layer["cumulative"]["var"] for layer in layers]),
+            "layer_const": bounds.spread([layer["layer"]["const"] for layer in layers]),
+            "layer_var": bounds.spread([layer["layer"]["var"] for layer in layers]),
+            "cumulative_const": bounds.spread([layer["cumulative"]["const"] for layer in layers]),
+            "cumulative_var": bounds.spread([layer["cumulative"]["var"] for layer in layers]),
         })
     return out
 
@@ -474,7 +467,7 @@ def worst_records(ctx: Context) -> dict[str, Any]:
                          "sampled": bounds.SAMPLED, "factor": bounds.FACTOR,
                          "understates": bounds.UNDERSTATES, "stronger": bounds.STRONGER,
                          "rounding": bounds.ROUNDING,
-                         "rtol": 0.05, "margin": certify.MARGIN}}
+                         "rtol": certify.RTOL, "margin": certify.MARGIN}}
 
 
 def collect(ctx: Context) -> dict[str, Any]:
