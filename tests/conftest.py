@@ -1,12 +1,25 @@
-"""Shared test helpers: small configs and a plainly written reference model."""
+"""Shared test helpers: small configs and a plainly written reference model.
+
+The test plugins (``tests/plugin_rules``, a package, and the user-facing example
+``examples/plugins/softmax_t.py``, a file) are loaded here, before any test module is collected,
+so every test parametrised over the registry (``sinklab.attention.RULES``) runs on rules
+registered from outside sinklab too.
+"""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
 
 from sinklab.attention import causal_mask
 from sinklab.config import RunConfig, build_run_config
+from sinklab.plugins import load_plugins
+
+EXAMPLE_PLUGIN = Path(__file__).resolve().parents[1] / "examples" / "plugins" / "softmax_t.py"
+TEST_PLUGINS = ("plugin_rules", str(EXAMPLE_PLUGIN))
+PLUGIN_RULES = tuple(load_plugins(TEST_PLUGINS))  # relu_power, learned_temperature, softmax_t
 
 
 @pytest.fixture(autouse=True)

@@ -187,6 +187,39 @@ CASES: dict[str, Case] = {
     "zoo rule": Case("unknown rule", lambda tmp: ["zoo", "--rules", "softmax,nope", "--out",
                                                   str(tmp / "o")],
                      "--rules: 'nope' is not a known attention rule"),
+    "spec rule": Case("unknown rule", spec_file(TINY_SPEC.replace('"relu"', '"relu_pow"')),
+                      "spec.toml: grid key 'model.attention' (line 4): 'relu_pow' is not a "
+                      "registered attention rule: choose one of "),
+    # plugins (sinklab.plugins)
+    "plugin module missing": Case("missing plugin", lambda tmp: [
+        "rules", "--plugin", "mylab.no_such_rules"],
+        "--plugin mylab.no_such_rules: no module named 'mylab' can be imported; give the path of "
+        "a .py file, or install the module"),
+    "plugin file missing": Case("missing plugin", lambda tmp: [
+        "train", "--plugin", str(tmp / "rules.py"), "--out", str(tmp / "o")],
+        "--plugin {tmp}/rules.py: {tmp}/rules.py does not exist; give the path of a .py file or "
+        "an importable module name"),
+    "plugin not a name": Case("missing plugin", lambda tmp: ["rules", "--plugin", "my-rules"],
+                              "--plugin 'my-rules' is neither a .py file nor a module name"),
+    "plugin raises": Case("plugin that fails", lambda tmp: [
+        "sweep", str(write(tmp, "s.toml", TINY_SPEC)), "--out", str(tmp / "o"), "--plugin",
+        str(write(tmp, "rules.py", "raise RuntimeError('needs a GPU\\nsee the docs')\n"))],
+        "--plugin {tmp}/rules.py could not be loaded: RuntimeError: needs a GPU."),
+    "plugin syntax": Case("plugin that fails", lambda tmp: [
+        "rules", "--plugin", str(write(tmp, "rules.py", "def rule(:\n"))],
+        "--plugin {tmp}/rules.py could not be loaded: SyntaxError: "),
+    "plugin takes a name": Case("plugin that fails", lambda tmp: [
+        "rules", "--plugin", str(write(tmp, "rules.py", (
+            "from sinklab.attention import register\n"
+            "@register('relu', row_kind='free')\n"
+            "def mine(scores, mask):\n    return scores\n")))],
+        "--plugin {tmp}/rules.py could not be loaded: ValueError: attention rule 'relu' is "
+        "already registered (by sinklab); register the one in {tmp}/rules.py under another "
+        "name."),
+    "plugin in the environment": Case("missing plugin", lambda tmp: ["rules"],
+                                      "nowhere_rules (in SINKLAB_PLUGINS): no module named "
+                                      "'nowhere_rules' can be imported",
+                                      env={"SINKLAB_PLUGINS": "nowhere_rules"}),
     "results status": Case("flag value out of range",
                            lambda tmp: ["results", str(tiny_sweep(tmp)), "--status", "sleeping"],
                            "--status 'sleeping' is not allowed"),

@@ -37,9 +37,12 @@ def test_precedence_defaults_file_overrides(tmp_path):
 
 
 @pytest.mark.parametrize("override, message", [
+    # every registered rule, the test plugins' too (tests/conftest.py)
     ("model.attention=bogus", "model.attention='bogus' is not a known attention rule: choose "
-                              "one of gated, relu, relu_len, relu_raw, sigmoid, sink_logit, "
-                              "softmax, softmax1, softpick, uniform."),
+                              "one of gated, learned_temperature, relu, relu_len, relu_power, "
+                              "relu_raw, sigmoid, sink_logit, softmax, softmax1, softmax_t, "
+                              "softpick, uniform (a rule of your own needs its plugin loaded: "
+                              "--plugin MODULE)."),
     ("task.seq_len=3", "task.seq_len=3 is not allowed: it must be an integer >= 4."),
     ("model.bos=hidden", "model.bos='hidden' is not allowed: choose one of visible, removed, "
                          "capped, ablated."),

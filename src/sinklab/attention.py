@@ -27,12 +27,18 @@ attention layer builds once::
 The config passes them as ``model.attention_args``; ``sinklab rules`` lists every rule with its
 row kind and keyword arguments. The tests parametrise over ``RULES``, so a new rule is checked
 for causality automatically.
+
+A rule of your own is registered the same way from a module outside sinklab, a plugin
+(``sinklab.plugins``: ``--plugin MODULE`` on the command line, or an entry point of the group
+``sinklab.rules``); ``RuleInfo.module`` records where each rule comes from (``"sinklab"`` for
+these). A name can be registered once: a second registration is a ValueError naming the first.
 """
 
 from __future__ import annotations
 
 import inspect
 import math
+import sys
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -160,6 +166,9 @@ class RuleInfo:
     description: str  # the docstring's first paragraph, on one line
     parameters: bool  # whether it learns parameters of its own
     kwargs: dict[str, KwargSpec] = field(default_factory=dict)
+    # where it comes from: "sinklab", or the plugin that registered it (a module's dotted name,
+    # or the path of a plugin file, ``sinklab.plugins``)
+    module: str = "sinklab"
 
     def check_kwargs(self, kwargs: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         """``kwargs`` checked against the declaration (ints given for floats made floats); an
@@ -184,6 +193,19 @@ class RuleInfo:
 
 
 RULES: dict[str, RuleInfo] = {}
+
+# Said wherever a rule name is unknown: a rule of one's own is registered by its module.
+PLUGIN_HINT = "a rule of your own needs its plugin loaded: --plugin MODULE"
+PLUGIN_ATTR = "__sinklab_plugin__"  # set by sinklab.plugins on a module it loads from a file
+
+
+def _origin(rule: RuleSpec) -> str:
+    """Where a rule is defined: "sinklab" for sinklab's own modules, else the plugin file a
+    module was loaded from (``PLUGIN_ATTR``) or the module's dotted name."""
+    name = getattr(rule, "__module__", None) or "?"
+    if name == "sinklab" or name.startswith("sinklab."):
+        return "sinklab"
+    return getattr(sys.modules.get(name), PLUGIN_ATTR, name)
 
 
 def _declared_kwargs(name: str, rule: RuleSpec, docs: Mapping[str, Arg]) -> dict[str, KwargSpec]:
@@ -229,17 +251,24 @@ def register(name: str, *, row_kind: str,
              kwargs: Mapping[str, Arg] | None = None) -> Callable[[RuleSpec], RuleSpec]:
     """Add a rule (a function, or a ``ParamRule`` class) to the registry under ``name``, with
     what its rows can sum to (one of ``ROW_KINDS``) and a description of each keyword
-    argument it takes (see the module docstring)."""
+    argument it takes (see the module docstring). ``name`` must be a Python identifier (it is
+    written in ``model.attention=NAME`` and in sweep cell names) that no rule has yet."""
 
     def add(rule: RuleSpec) -> RuleSpec:
+        origin = _origin(rule)
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ValueError(f"attention rule name {name!r} (in {origin}) is not allowed: use "
+                             "letters, digits and underscores, not starting with a digit")
         if name in RULES:
-            raise ValueError(f"attention rule {name!r} is registered twice")
+            first = RULES[name].module
+            raise ValueError(f"attention rule {name!r} is already registered (by {first}); "
+                             f"register the one in {origin} under another name")
         if row_kind not in ROW_KINDS:
             raise ValueError(f"attention rule {name!r}: row_kind={row_kind!r} is not one of "
                              f"{', '.join(ROW_KINDS)}")
         learned = isinstance(rule, type) and issubclass(rule, ParamRule)
         RULES[name] = RuleInfo(name, rule, row_kind, _first_paragraph(rule.__doc__), learned,
-                               _declared_kwargs(name, rule, kwargs or {}))
+                               _declared_kwargs(name, rule, kwargs or {}), origin)
         return rule
 
     return add
@@ -251,7 +280,7 @@ def rule_info(name: str) -> RuleInfo:
         return RULES[name]
     except KeyError:
         raise ValueError(f"unknown attention rule {name!r}: choose one of "
-                         f"{', '.join(sorted(RULES))}") from None
+                         f"{', '.join(sorted(RULES))} ({PLUGIN_HINT})") from None
 
 
 def get_rule(name: str) -> RuleSpec:

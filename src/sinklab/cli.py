@@ -5,6 +5,12 @@
     sinklab reproduce --out results/reproduce
     sinklab sweep examples/tiny.toml --out results/sweep-tiny
     sinklab rules
+    sinklab train --plugin examples/plugins/softmax_t.py model.attention=softmax_t \
+        model.attention_args.t=2 --out runs/t2
+
+``--plugin MODULE`` (any subcommand, repeatable), ``SINKLAB_PLUGINS`` and the installed entry
+points of the group ``sinklab.rules`` load attention rules of one's own before the command runs
+(``sinklab.plugins``).
 
 ``main(argv)`` returns the exit status, so tests call it in-process. Every error that reaches
 it is one sentence on stderr (``sinklab: error: ...``): bad input, a file system error or a
@@ -60,6 +66,11 @@ Exit status: 0 done, 1 a run diverged or a sweep cell failed, 2 bad input or a r
 3 an error inside sinklab, 130 interrupted."""
 
 
+PLUGIN_HELP = ("load attention rules of your own from MODULE first: a .py file or an importable "
+               "module name (repeatable; also SINKLAB_PLUGINS=A,B and the entry points of the "
+               "group sinklab.rules)")
+
+
 def _defaults_text() -> str:
     lines = ["override keys (section.field=value) and their defaults:"]
     for section, cls in SECTIONS.items():
@@ -87,9 +98,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"sinklab {__version__}")
     parser.add_argument("--debug", action="store_true",
                         help=f"show the traceback of an error (also {DEBUG_ENV}=1)")
+    parser.add_argument("--plugin", dest="plugins_first", action="append", default=[],
+                        type=given, metavar="MODULE", help=PLUGIN_HELP)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                         help=f"show the traceback of an error (also {DEBUG_ENV}=1)")
+    common.add_argument("--plugin", dest="plugins", action="append", default=[], type=given,
+                        metavar="MODULE", help=PLUGIN_HELP)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     train = sub.add_parser(
@@ -189,9 +204,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("rules", parents=[common], help="list the attention rules",
                    description="List the registered attention rules: what a row of weights can "
-                               "sum to, whether the rule learns parameters, its description and "
-                               "its keyword arguments (model.attention_args.NAME=VALUE) with "
-                               "their types and defaults.")
+                               "sum to, whether the rule learns parameters, the plugin it comes "
+                               "from (for a rule of your own, loaded with --plugin MODULE), its "
+                               "description and its keyword arguments "
+                               "(model.attention_args.NAME=VALUE) with their types and defaults.")
     return parser
 
 
@@ -366,6 +382,7 @@ def cmd_report(args: argparse.Namespace, argv: list[str]) -> int:
 def cmd_worst(args: argparse.Namespace) -> int:
     from sinklab import certify
     from sinklab.config import ConfigError, check_count
+    from sinklab.plugins import check_run
     from sinklab.studies import bounds
     from sinklab.train import load_model
 
@@ -375,9 +392,15 @@ def cmd_worst(args: argparse.Namespace) -> int:
         raise ConfigError(f"--certify-seconds={args.certify_seconds!r} is not allowed: it must "
                           "be a number of seconds in (0, 3600].")
     for run in args.runs:
+        check_run(Path(run))  # a plugin's rule, not loaded now: one sentence naming --plugin
         cfg, model = load_model(Path(run))
+        try:  # only 1x1 softmax and ReLU models with default arguments (a plugin's: never)
+            certify.folded(model, cfg)
+            certifiable = True
+        except certify.NotCertifiable:
+            certifiable = False
         rec = bounds.worst_case(model, cfg, steps=args.attack_steps, restarts=args.restarts,
-                                seconds=args.certify_seconds)
+                                seconds=args.certify_seconds, certified=certifiable)
         cert = rec.get("certified")
         print(f"{run}: {cfg.model.n_layers}x{cfg.model.n_heads} {cfg.model.attention}, "
               f"||W_Q W_K^T|| {rec['norm']:.3g}")
@@ -409,12 +432,21 @@ def cmd_worst(args: argparse.Namespace) -> int:
     return 0
 
 
+def _shown(module: str) -> str:
+    """A plugin as ``sinklab rules`` shows it: a file below the current folder relative to it."""
+    if not os.path.isabs(module):
+        return module
+    relative = os.path.relpath(module)
+    return module if relative.startswith("..") else relative
+
+
 def cmd_rules() -> int:
     from sinklab.attention import RULES
 
     for name, info in sorted(RULES.items()):
         learned = "learned parameters" if info.parameters else "no parameters"
-        print(f"{name:10s} rows: {info.row_kind}; {learned}. {info.description}")
+        origin = "" if info.module == "sinklab" else f"; plugin {_shown(info.module)}"
+        print(f"{name:10s} rows: {info.row_kind}; {learned}{origin}. {info.description}")
         for arg, spec in info.kwargs.items():
             default = "none" if spec.default is None else spec.default
             print(f"{'':10s}   model.attention_args.{arg}: {spec.type_text()} = {default} -- "
@@ -480,6 +512,9 @@ def main(argv: list[str] | None = None) -> int:
     debug = args.debug or os.environ.get(DEBUG_ENV, "").strip().lower() not in (
         "", "0", "false", "no", "off")
     try:
+        from sinklab.plugins import load_all
+
+        load_all(args.plugins_first + getattr(args, "plugins", []))
         if args.command == "train":
             return cmd_train(args)
         if args.command == "plot":

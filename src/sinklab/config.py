@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sinklab.attention import RULES, rule_info
+from sinklab.attention import PLUGIN_HINT, RULES, rule_info
 
 
 class SinklabError(Exception):
@@ -170,7 +170,7 @@ class ModelConfig:
         _check_finite(self, "model")
         _check(self.attention in RULES,
                f"model.attention={self.attention!r} is not a known attention rule: choose one of "
-               f"{', '.join(sorted(RULES))}.")
+               f"{', '.join(sorted(RULES))} ({PLUGIN_HINT}).")
         _check(isinstance(self.attention_args, dict),
                f"model.attention_args={self.attention_args!r} is not allowed: it must be a table "
                "of the rule's keyword arguments, e.g. [model.attention_args] temperature = 2.0.")

@@ -14,6 +14,11 @@ rerunning the same command resumes.
   ``--ray-address`` or on a local Ray instance started for the sweep; Ray runs a task again when
   its worker dies (three times at most).
 
+Every job carries the driver's plugins (``sinklab.plugins.loaded()``): a worker loads them
+before it builds a config, so a rule of one's own trains on spawned processes and Ray workers
+alike; the store records them (meta ``plugins``), and resuming without them is refused in one
+sentence that names them.
+
 The sweep folder is locked while a driver writes it (``sinklab.folders``), and every ensemble is
 checked against the memory limit (``sinklab.limits``) before anything runs.
 """
@@ -30,7 +35,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import ExitStack, contextmanager, nullcontext
@@ -42,7 +47,9 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from sinklab import folders, limits
+from sinklab import plugins as plugins_mod
 from sinklab.config import ConfigError, RunConfig, build_run_config
+from sinklab.plugins import Plugin, PluginError
 from sinklab.sweeps import spec as spec_mod
 from sinklab.sweeps.store import DB, Store, metric_names
 from sinklab.train import _shared, resolve_device, train_runs, versions
@@ -82,20 +89,26 @@ def check_executor(executor: str, ray_address: str | None) -> None:
         ray_module()
 
 
-def runner(executor: str, jobs: list[Job], workers: int,
-           ray_address: str | None) -> Iterator[tuple[Job, list[dict[str, Any]]]]:
-    """The jobs' results as they finish, from the chosen executor."""
+def runner(executor: str, jobs: list[Job], workers: int, ray_address: str | None,
+           plugins: Sequence[Plugin] = ()) -> Iterator[tuple[Job, list[dict[str, Any]]]]:
+    """The jobs' results as they finish, from the chosen executor; every worker loads
+    ``plugins`` first."""
     if executor == "ray":
-        return run_ray(jobs, workers, ray_address)
-    return run_local(jobs, workers)
+        return run_ray(jobs, workers, ray_address, plugins)
+    return run_local(jobs, workers, plugins)
 
 
 # ------------------------------------------------------------------------------ compute
 
 
-def compute(job: Job) -> list[dict[str, Any]]:
+def compute(job: Job, plugins: Sequence[Plugin] = ()) -> list[dict[str, Any]]:
     """Train one ensemble (cells that differ only in seed and learning rate) in a temporary
-    folder; return each cell's summary and files, or the error that stopped the job."""
+    folder, after loading the driver's ``plugins`` (``sinklab.plugins``); return each cell's
+    summary and files, or the error that stopped the job."""
+    try:
+        plugins_mod.load_on_worker(plugins)
+    except PluginError as exc:  # every cell of the job fails with the reason
+        return _lost(job, str(exc))
     tmp = Path(tempfile.mkdtemp(prefix="sinklab-sweep-"))
     _SCRATCH.add(tmp)
     try:
@@ -224,15 +237,17 @@ def _lost(job: Job, reason: str) -> list[dict[str, Any]]:
     return [{"name": name, "error": reason} for name, _ in job]
 
 
-def run_local(jobs: list[Job], workers: int) -> Iterator[tuple[Job, list[dict[str, Any]]]]:
-    """Each job's results as it finishes: in this process (one worker) or in a process pool.
+def run_local(jobs: list[Job], workers: int, plugins: Sequence[Plugin] = ()
+              ) -> Iterator[tuple[Job, list[dict[str, Any]]]]:
+    """Each job's results as it finishes: in this process (one worker) or in a process pool
+    of spawned processes, each of which loads ``plugins`` with its first job.
 
     When a worker process dies (killed, out of memory) the pool breaks and every job still in
     it is lost; those jobs run again in a fresh pool, up to ``POOL_RETRIES`` times each, then
     come back as failed."""
     if workers <= 1 or len(jobs) <= 1:
         for job in jobs:
-            yield job, compute(job)
+            yield job, compute(job, plugins)
         return
     ctx = get_context("spawn")
     tries = {id(job): 0 for job in jobs}
@@ -243,7 +258,7 @@ def run_local(jobs: list[Job], workers: int) -> Iterator[tuple[Job, list[dict[st
         lost: list[Job] = []
         finished = False
         try:
-            futures = {pool.submit(compute, job): job for job in queue}
+            futures = {pool.submit(compute, job, plugins): job for job in queue}
             for future in as_completed(futures):
                 job = futures[future]
                 try:
@@ -276,15 +291,16 @@ def ray_module() -> Any:
                           "pip install 'sinklab[ray]'.") from None
 
 
-def run_ray(jobs: list[Job], workers: int,
-            address: str | None) -> Iterator[tuple[Job, list[dict[str, Any]]]]:
+def run_ray(jobs: list[Job], workers: int, address: str | None,
+            plugins: Sequence[Plugin] = ()) -> Iterator[tuple[Job, list[dict[str, Any]]]]:
     """Each job as a Ray task (one CPU) on the cluster at ``address``, or on a local Ray
-    instance with ``workers`` CPUs started here and stopped afterwards (``ray_session``).
-    Connects at once (a refused connection is a ConfigError before any job is marked
-    running); the results come from the returned iterator."""
+    instance with ``workers`` CPUs started here and stopped afterwards (``ray_session``); each
+    task loads ``plugins`` first (a file plugin travels as its text, a module must be
+    importable on the worker). Connects at once (a refused connection is a ConfigError before
+    any job is marked running); the results come from the returned iterator."""
     session = ExitStack()
     session.enter_context(ray_session(address, workers))
-    return _ray_results(session, jobs)
+    return _ray_results(session, jobs, plugins)
 
 
 @contextmanager
@@ -310,14 +326,15 @@ def ray_session(address: str | None, workers: int) -> Iterator[None]:
         ray.shutdown()
 
 
-def _ray_results(session: ExitStack,
-                 jobs: list[Job]) -> Iterator[tuple[Job, list[dict[str, Any]]]]:
+def _ray_results(session: ExitStack, jobs: list[Job], plugins: Sequence[Plugin]
+                 ) -> Iterator[tuple[Job, list[dict[str, Any]]]]:
     ray = ray_module()
     with session:  # ends the Ray session run_ray started, if it started one
         # A task whose worker process dies is run again by Ray; an error raised inside
         # compute is not (compute returns it as the job's failure).
         task = ray.remote(num_cpus=1, max_retries=RAY_RETRIES, retry_exceptions=False)(compute)
-        pending = {task.remote(job): job for job in jobs}
+        shipped = ray.put(list(plugins))  # once, not with every task
+        pending = {task.remote(job, shipped): job for job in jobs}
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1)
             for ref in ready:
@@ -377,11 +394,15 @@ def execute(store: Store, jobs: list[Job], executor: str, workers: int,
             ray_address: str | None, version: str
             ) -> Iterator[tuple[Job, list[dict[str, Any]], tuple[int, int]]]:
     """Run ``jobs`` and record each one's results in ``store`` as it finishes; yields the job,
-    its results and (cells done, cells failed). ``results.csv`` is rewritten at the end."""
+    its results and (cells done, cells failed). ``results.csv`` is rewritten at the end. The
+    workers load this process's plugins; the store records those whose rules the jobs use."""
     if not jobs:
         store.export_csv()
         return
-    results_of = runner(executor, jobs, workers, ray_address)  # Ray connects here, or refuses
+    plugins = plugins_mod.loaded()
+    store.record_plugins(plugins_mod.sources(config["model"]["attention"]
+                                             for job in jobs for _, config in job))
+    results_of = runner(executor, jobs, workers, ray_address, plugins)  # Ray connects here
     for job in jobs:
         store.mark_running([name for name, _ in job])
     for job, results in results_of:
@@ -440,6 +461,20 @@ class Progress:
         self.bar.close()
 
 
+def _recorded_plugins(out: Path) -> list[str]:
+    """The plugins a sweep folder's store records (none for a folder without one)."""
+    if not (out / DB).is_file():
+        return []
+    try:
+        store = Store.read(out)
+    except Exception:  # a damaged store is reported where the sweep opens it
+        return []
+    try:
+        return store.plugins()
+    finally:
+        store.close()
+
+
 def _adopt_legacy(out: Path) -> None:
     """Mark a sweep folder written before folders had markers (it has a sinklab sweep
     database of its own, and nothing says otherwise)."""
@@ -460,7 +495,14 @@ def run_sweep(spec_path: str | Path, out: str | Path, opts: SweepOptions, *,
     cell fits in memory. The folder is then claimed and locked for as long as this runs.
     """
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
-    spec = spec_mod.load_spec(spec_path)
+    try:
+        spec = spec_mod.load_spec(spec_path)
+    except spec_mod.UnknownRule as exc:  # name the plugins the sweep ran with, if it did
+        recorded = _recorded_plugins(Path(out))
+        if not recorded:
+            raise
+        raise spec_mod.UnknownRule(f"{str(exc).rstrip('.')}; {out} ran with --plugin "
+                                   f"{' --plugin '.join(recorded)}.") from None
     cells = spec_mod.cells(spec)
     for device in {c.config.train.device for c in cells}:
         resolve_device(device)

@@ -12,7 +12,9 @@
     "model.attention_args.temperature" = [1.0, 2.0]   # a keyword argument of the rule
 
 ``load_spec`` validates everything before anything runs: an unknown key, an empty grid, a value
-of the wrong type or out of range is a ``SpecError`` naming the key and its line in the file.
+of the wrong type or out of range is a ``SpecError`` naming the key and its line in the file; an
+attention rule that is not registered (``UnknownRule``) also says that a rule of one's own
+needs its plugin (``--plugin MODULE``, ``sinklab.plugins``).
 ``cells`` expands a spec into cells with deterministic names, in grid order then seed order.
 """
 
@@ -28,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from sinklab import limits
+from sinklab.attention import PLUGIN_HINT, RULES
 from sinklab.config import (
     SECTIONS,
     ConfigError,
@@ -47,6 +50,16 @@ TOP_KEYS = ("description", "seeds", "base", "grid")
 
 class SpecError(ConfigError):
     """A sweep spec that cannot be run; the message names the key and its line."""
+
+
+class UnknownRule(SpecError):
+    """A spec naming an attention rule that is not registered (a plugin's, not loaded)."""
+
+
+def _check_rule(value: Any, where: str) -> None:
+    if isinstance(value, str) and value not in RULES:
+        raise UnknownRule(f"{where}: {value!r} is not a registered attention rule: choose one of "
+                          f"{', '.join(sorted(RULES))}; {PLUGIN_HINT}.")
 
 
 @dataclass(frozen=True)
@@ -146,6 +159,9 @@ def load_spec(path: str | Path) -> Spec:
                 raise SpecError(f"{where}: unknown key 'base.{section}.{name}'"
                                 f"{_at(text, 'base', f'{section}.{name}')}: allowed keys are "
                                 f"{', '.join(allowed_keys())}.")
+    if isinstance(base.get("model"), dict) and "attention" in base["model"]:
+        _check_rule(base["model"]["attention"],
+                    f"{where}: base.model.attention{_at(text, 'base', 'model.attention')}")
     try:
         build_run_config(base)
     except ConfigError as exc:
@@ -195,6 +211,9 @@ def load_spec(path: str | Path) -> Spec:
                 raise SpecError(f"{where}: grid key {key!r}{at}: {exc}") from None
         if len(set(map(repr, coerced))) != len(coerced):
             raise SpecError(f"{where}: grid key {key!r}{at} lists a value twice.")
+        if key == "model.attention":
+            for value in coerced:
+                _check_rule(value, f"{where}: grid key {key!r}{at}")
         grid[key] = coerced
     total = math.prod(len(v) for v in grid.values()) * len(seeds)
     limits.check_cells(total, f"{where}: the grid")

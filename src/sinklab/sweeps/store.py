@@ -2,9 +2,10 @@
 
 One row per cell: its status (pending, running, done, failed with a reason), run folder, config,
 grid values, summary metrics (every metric of ``sinklab.metrics.METRICS`` that is one number per
-run, ``metric_names``), timings, attempts and the code version that ran it. Every change is
-one transaction, so a killed sweep leaves the database as it was after the last finished cell.
-Only the process that drives the sweep writes it; workers only compute.
+run, ``metric_names``), timings, attempts and the code version that ran it; the meta table also
+records the plugins whose rules the runs used (``plugins``). Every change is one transaction, so
+a killed sweep leaves the database as it was after the last finished cell. Only the process that
+drives the sweep writes it; workers only compute.
 
 Run folders are written beside it atomically: into ``.partial-NAME`` next to the final folder
 first, then renamed into place. A cell is done when its row says so; at the start of a sweep, rows
@@ -175,6 +176,15 @@ class Store:
     def meta(self) -> dict[str, str]:
         return dict(self.conn.execute("SELECT key, value FROM meta").fetchall())
 
+    def plugins(self) -> list[str]:
+        """The plugins (``sinklab.plugins``) whose rules the folder's runs used: a file's path
+        or a module's name each; an unreadable record counts as none."""
+        try:
+            value = json.loads(self.meta().get("plugins", "[]"))
+        except ValueError:
+            return []
+        return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
+
     def rows(self, status: str | None = None) -> list[dict[str, Any]]:
         """Every cell as a dict, in sweep order (JSON columns decoded)."""
         query = "SELECT * FROM cells" + (" WHERE status = ?" if status else "") + \
@@ -193,6 +203,15 @@ class Store:
         return {s: found.get(s, 0) for s in STATUSES}
 
     # --------------------------------------------------------------- writing
+
+    def record_plugins(self, specs: list[str]) -> None:
+        """Add ``specs`` to the plugins the folder records (earlier ones are kept)."""
+        recorded = self.plugins()
+        merged = recorded + [s for s in specs if s not in recorded]
+        if merged != recorded:
+            with _transaction(self.conn):
+                self.conn.execute("INSERT OR REPLACE INTO meta VALUES ('plugins', ?)",
+                                  (json.dumps(merged),))
 
     def recover(self, retry_failed: bool = False) -> int:
         """Rows left "running" by a killed sweep (and failed ones, on request) back to pending;
