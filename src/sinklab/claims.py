@@ -605,42 +605,48 @@ def _mean_claim(
 
 
 def _one_side(
-    key: str, sentence: str, values: Iterable[float], threshold: float, up: bool
+    key: str, sentence: str, values: Iterable[float], threshold: float, up: bool,
+    unit: tuple[str, str] = SEEDS, what: str = "",
 ) -> Claim:
-    """The mean over seeds is at least (up) or at most (not up) the threshold."""
+    """The mean over seeds (or ``unit``) is at least (up) or at most (not up) the threshold."""
     _check_finite(threshold, "threshold")
     arr = _as_values(values)
     side = ">=" if up else "<="
     test = (
-        f"{CONFIDENCE} bootstrap interval of the mean over seeds wholly {side} {threshold:.4g} "
-        f"(supported) or wholly on the other side (contradicted)"
+        f"{CONFIDENCE} bootstrap interval of the mean over {unit[1]} wholly {side} "
+        f"{threshold:.4g} (supported) or wholly on the other side (contradicted)"
     )
 
     # a one-sided claim is a band with an infinite edge: the same decision and margin
     low, high = (threshold, math.inf) if up else (-math.inf, threshold)
     return _band_claim(key, sentence, arr, low, high, "mean_at_least" if up else "mean_at_most",
-                       test, edge_words=f"the threshold {threshold:.4g}")
+                       test, unit, what, edge_words=f"the threshold {threshold:.4g}")
 
 
-def mean_at_least(key: str, sentence: str, values: Iterable[float], threshold: float) -> Claim:
-    """'The mean over seeds is at least threshold' (rule 'mean_at_least').
+def mean_at_least(key: str, sentence: str, values: Iterable[float], threshold: float,
+                  unit: tuple[str, str] = SEEDS, what: str = "") -> Claim:
+    """'The mean over seeds is at least threshold' (rule 'mean_at_least'); ``unit`` names other
+    independent units (a real model's probes) and ``what`` says what each value is.
 
     Supported when the whole 95% bootstrap interval is >= threshold, contradicted when it is
     wholly below, otherwise undetermined with needed = ceil(n * (half_width / margin)**2).
     """
-    return _one_side(key, sentence, values, threshold, up=True)
+    return _one_side(key, sentence, values, threshold, up=True, unit=unit, what=what)
 
 
-def mean_at_most(key: str, sentence: str, values: Iterable[float], threshold: float) -> Claim:
+def mean_at_most(key: str, sentence: str, values: Iterable[float], threshold: float,
+                 unit: tuple[str, str] = SEEDS, what: str = "") -> Claim:
     """'The mean over seeds is at most threshold' (rule 'mean_at_most'), mirroring
     `mean_at_least`."""
-    return _one_side(key, sentence, values, threshold, up=False)
+    return _one_side(key, sentence, values, threshold, up=False, unit=unit, what=what)
 
 
 def mean_within(
-    key: str, sentence: str, values: Iterable[float], reference: float, tolerance: float
+    key: str, sentence: str, values: Iterable[float], reference: float, tolerance: float,
+    unit: tuple[str, str] = SEEDS, what: str = "",
 ) -> Claim:
-    """'The mean over seeds matches the reference within tolerance' (rule 'mean_within').
+    """'The mean over seeds (or ``unit``) matches the reference within tolerance' (rule
+    'mean_within').
 
     Supported when the 95% bootstrap interval lies inside [reference - tolerance,
     reference + tolerance], contradicted when it lies wholly outside it, otherwise undetermined
@@ -653,12 +659,12 @@ def mean_within(
     arr = _as_values(values)
     low_edge, high_edge = reference - tolerance, reference + tolerance
     test = (
-        f"{CONFIDENCE} bootstrap interval of the mean over seeds inside [{low_edge:.4g}, "
+        f"{CONFIDENCE} bootstrap interval of the mean over {unit[1]} inside [{low_edge:.4g}, "
         f"{high_edge:.4g}] = {reference:.4g} +/- {tolerance:.4g} (supported) or wholly outside "
         f"it (contradicted)"
     )
 
-    return _band_claim(key, sentence, arr, low_edge, high_edge, "mean_within", test)
+    return _band_claim(key, sentence, arr, low_edge, high_edge, "mean_within", test, unit, what)
 
 
 def mean_in_range(

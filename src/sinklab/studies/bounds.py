@@ -96,7 +96,11 @@ def worst_case(model: AttentionStack, cfg: RunConfig, *, steps: int, restarts: i
     full attack, the input attaining each row type's maximum (``witness``: trigger position,
     coordinate, sign and the (L, d - 3) contents)."""
     rule = cfg.model.attention
-    single = cfg.model.n_layers == 1 and cfg.model.n_heads == 1 and cfg.model.bos == "visible"
+    try:  # what certify covers: 1 x 1, softmax or relu with default arguments, BOS visible
+        certify.folded(model, cfg)
+        single = True
+    except certify.NotCertifiable:
+        single = False
     worst = attack.attack(model, cfg, steps=steps, restarts=restarts, triggers=triggers,
                           per_coordinate=False)
     out: dict[str, Any] = {"attacked": worst.to_dict("none")["error"],
