@@ -227,3 +227,69 @@ def test_bad_arrays_raise_one_sentence():
         scan(arrays, tokens, positions[:-1], probes)
     with pytest.raises(TriggerScanError, match="is_trigger must be a bool array"):
         targeted_effect(np.zeros((2, 3)), np.zeros((2, 3)))
+
+
+# ------------------------------------------- a tiny model with a trigger head planted by a hook
+
+PLANTED = (1, 2)  # (layer, head) of the tiny Llama whose pattern the hook rewrites
+TRIGGERS = (7, 9)  # the token ids at which the planted head leaves the first key
+
+
+def _planted_pattern(ids, triggered: bool):
+    import torch
+
+    """A pattern hook: head PLANTED[1] puts 0.95 on the first key and spreads the rest evenly,
+    except (when ``triggered``) at queries holding a trigger token, where it averages the keys
+    before it, as the paper's trigger head does."""
+    def hook(pattern, name):
+        seq = pattern.shape[-1]
+        causal = torch.ones(seq, seq).tril()
+        spread = causal.clone()
+        spread[:, 0] = 0
+        spread = spread / spread.sum(-1, keepdim=True).clamp(min=1)
+        dormant = 0.05 * spread
+        dormant[:, 0] += 0.95 - 0.05 * (spread.sum(-1) == 0)  # query 0 sees only key 0
+        dormant[0, 0] = 1.0
+        rows = dormant.expand(pattern.shape[0], seq, seq).clone()
+        if triggered:
+            hit = torch.isin(ids, torch.tensor(TRIGGERS))  # (B, T) queries at a trigger
+            mean = causal / causal.sum(-1, keepdim=True)
+            rows = torch.where(hit[..., None], mean.expand_as(rows), rows)
+        edited = pattern.clone()
+        edited[:, PLANTED[1]] = rows
+        return edited
+    return hook
+
+
+@pytest.mark.parametrize("triggered", [True, False], ids=["planted", "unplanted"])
+def test_the_finder_on_a_tiny_model_with_a_planted_trigger_head(triggered):
+    import torch
+
+    import tiny_models
+    from sinklab import lm_hooks
+    from sinklab.hooks import Hooks
+
+    model = tiny_models.model("llama")
+    gen = torch.Generator().manual_seed(0)
+    n_probes, seq = 40, 32
+    ids = torch.randint(3, 120, (n_probes, seq), generator=gen)
+    ids[:, 0] = 1  # BOS
+    plant = torch.rand(n_probes, seq, generator=gen) < 0.08
+    ids[plant & (torch.arange(seq) > 0)] = torch.tensor(TRIGGERS)[torch.randint(
+        2, (int((plant & (torch.arange(seq) > 0)).sum()),), generator=gen)]
+    name = f"blocks.{PLANTED[0]}.attn.pattern"
+    hooks = Hooks({name: _planted_pattern(ids, triggered)}, keep=[
+        f"blocks.{layer}.attn.pattern" for layer in range(2)])
+    lm_hooks.run(model, ids, hooks=hooks)
+    weights = torch.stack([hooks.cache[f"blocks.{layer}.attn.pattern"] for layer in range(2)])
+    arrays = {k: v.numpy() for k, v in lm.query_features(weights).items()}
+    tokens = ids[:, 1:].reshape(-1).numpy()
+    positions = np.tile(np.arange(1, seq), n_probes)
+    probes = np.repeat(np.arange(n_probes), seq - 1)
+    found = trigger_heads.scan(arrays, tokens, positions, probes, seed=0)
+    assert found.n_tested == 1  # only the planted head is mostly dormant
+    if triggered:
+        assert [(h["layer"], h["head"]) for h in found.heads] == [PLANTED]
+        assert {t["id"] for t in found.heads[0]["tokens"]} == set(TRIGGERS)
+    else:
+        assert found.heads == []
