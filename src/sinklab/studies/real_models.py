@@ -1,15 +1,19 @@
 """``sinklab lm``: the toy task's sink metrics on real pretrained models, and the candidate
 trigger-conditional heads in them.
 
-For each model (``--model``, repeatable: smollm2, minilm or a path) it runs two probe sets, the
-project's natural English passages and random-token sequences, each with and without the
-tokenizer's BOS (or [CLS] ... [SEP]) added, through the model loaded from local files
-(``sinklab.lm``). Each model's analysis is kept in ``cache/{model}.json`` with the settings it
-depends on, so a rerun with the same ``--out`` keeps every model already analysed. The records
-hold every (layer, head) value and every probe's rates; the claims compare a decoder's Gu sink
-rate on random tokens with the range Gu et al. report for open LMs, with the probe as the unit::
+For each model (``--model``, repeatable: smollm2, minilm, a path, or a Hugging Face id already in
+the local cache) it runs two probe sets, natural text and random-token sequences, each with and
+without the tokenizer's BOS (or [CLS] ... [SEP]) added, through the model loaded from local
+files (``sinklab.lm``). The natural text is the project's English passages, or the user's own
+texts (``--probes FILE``, ``--text``), each keeping its own length up to ``--tokens``. Each
+model's analysis is kept in ``cache/{model}.json`` with the settings it depends on (the texts'
+digest among them), so a rerun with the same ``--out`` keeps every model already analysed. The
+records hold every (layer, head) value and every probe's rates; the claims compare a decoder's
+Gu sink rate on random tokens with the range Gu et al. report for open LMs, with the probe as
+the unit::
 
     sinklab lm --model smollm2 --model minilm --out results/lm
+    sinklab lm --model HuggingFaceTB/SmolLM2-135M --probes my_texts.jsonl --out results/mine
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from sinklab import claims as cl
 from sinklab import limits, lm
@@ -38,8 +43,7 @@ MAIN_EPS, MAIN_CUTOFF = f"{GU_EPS:g}", f"{GUO_CUTOFF:g}"  # keys of the sweeps t
 HALF = 0.5  # "a head puts at least half its weight on the first token"
 MIN_TOKENS = 8
 DEFAULT_BATCH = 16
-FORMAT = 2  # layout of a model's cached analysis: a change here recomputes every model
-PROBE_FILE = "src/sinklab/data/probes_en.txt"
+FORMAT = 3  # layout of a model's cached analysis: a change here recomputes every model
 
 assert MAIN_EPS in {f"{e:g}" for e in lm.EPS_SWEEP}
 assert MAIN_CUTOFF in {f"{c:g}" for c in lm.CUTOFF_SWEEP}
@@ -52,24 +56,40 @@ def _packaged_help() -> str:
 
 @dataclass
 class LMOptions:
-    """What ``sinklab lm`` analyses; every value is checked on creation."""
+    """What ``sinklab lm`` analyses; every value is checked on creation (the probe file's
+    contents by ``check``, before any model is loaded)."""
 
     models: tuple[str, ...] = field(default=("smollm2",), metadata={
-        "help": f"{_packaged_help()}, a Hugging Face model folder or a .gguf file; repeat for "
-                "several (default: smollm2)",
-        "flag": "--model", "append": True, "metavar": "NAME|PATH"})
+        "help": f"{_packaged_help()}, a Hugging Face model folder, a .gguf file, or a Hugging "
+                "Face id (ORG/NAME) already in the local cache (HF_HUB_CACHE or HF_HOME; "
+                "never downloaded); repeat for several (default: smollm2)",
+        "flag": "--model", "append": True, "metavar": "NAME|PATH|ID"})
     n_tokens: int = field(default=lm.PROBE_TOKENS, metadata={
-        "help": f"tokens per probe, special tokens not counted (default: {lm.PROBE_TOKENS})",
+        "help": "content tokens per probe at most, special tokens not counted: each text is "
+                "cut to N (a shorter one keeps its length) and each random-token probe has "
+                f"exactly N (default: {lm.PROBE_TOKENS})",
         "flag": "--tokens", "metavar": "N"})
     n_random: int = field(default=lm.N_RANDOM, metadata={
         "help": f"random-token probes (default: {lm.N_RANDOM})", "flag": "--random",
         "metavar": "N"})
     batch_size: int = field(default=DEFAULT_BATCH, metadata={
         "help": f"probes per forward pass (default: {DEFAULT_BATCH})", "metavar": "N"})
+    probes: Path | None = field(default=None, metadata={
+        "help": "your own texts instead of the project's English passages: a text file with "
+                "one text per line (blank lines skipped) or a .jsonl file with one JSON object "
+                "per line (see --probes-field)", "flag": "--probes", "metavar": "FILE"})
+    probes_field: str = field(default="text", metadata={
+        "help": "the field holding the text in a .jsonl --probes file (default: text)",
+        "flag": "--probes-field", "metavar": "NAME"})
+    texts: tuple[str, ...] = field(default=(), metadata={
+        "help": "a text to use as a probe instead of the project's passages; repeat for "
+                "several (after those of --probes, if given)",
+        "flag": "--text", "append": True, "metavar": "TEXT"})
 
     def __post_init__(self) -> None:
         if not self.models:
-            raise ConfigError("--model needs at least one model: smollm2, minilm or a path.")
+            raise ConfigError("--model needs at least one model: smollm2, minilm, a path or a "
+                              "cached Hugging Face id.")
         for spec in self.models:
             if self.models.count(spec) > 1:
                 raise ConfigError(f"--model {spec} is given twice; give each model once.")
@@ -79,6 +99,20 @@ class LMOptions:
                 self.n_tokens < MIN_TOKENS:
             raise ConfigError(f"--tokens={self.n_tokens!r} is not allowed: it must be an "
                               f"integer >= {MIN_TOKENS}.")
+        if not self.probes_field.strip():
+            raise ConfigError("--probes-field needs a field name, e.g. text.")
+        if self.probes_field != "text" and (self.probes is None or
+                                            self.probes.suffix.lower() != ".jsonl"):
+            raise ConfigError(f"--probes-field {self.probes_field} names a field of a .jsonl "
+                              "--probes file, and no .jsonl file is given.")
+        for i, text in enumerate(self.texts):
+            if not text.strip():
+                raise ConfigError(f"--text number {i + 1} is empty; give a text with words in "
+                                  "it.")
+
+    def probe_texts(self) -> lm.ProbeTexts:
+        """The natural probe set these options ask for (LMError for a bad file)."""
+        return lm.probe_texts(self.probes, self.probes_field, self.texts)
 
 
 def folder_name(spec: str) -> str:
@@ -92,7 +126,8 @@ def folder_name(spec: str) -> str:
 
 
 def check(opts: LMOptions, exe: Execution, out: Path) -> None:
-    """Every model must be findable before anything is written."""
+    """Every model must be findable, and the probe file readable, before anything is written."""
+    opts.probe_texts()
     for spec in opts.models:
         lm.locate(spec)
 
@@ -108,11 +143,11 @@ def conditions(loaded: lm.LoadedModel) -> list[tuple[str, bool]]:
     return [(f"with {added}", True), (f"without {added}", False)]
 
 
-def probe_bytes(loaded: lm.LoadedModel, opts: LMOptions, natural: tuple[int, ...]) -> int:
+def probe_bytes(loaded: lm.LoadedModel, opts: LMOptions, natural: lm.Probes) -> int:
     """Memory of the probes and of one batch's attention weights (every layer's, kept by the
-    model and stacked here), beyond the model itself."""
-    n_natural, tokens = natural
-    tokens += 2  # BOS, or [CLS] and [SEP]
+    model and stacked here), beyond the model itself; the longest probe sets the width."""
+    n_natural = len(natural)
+    tokens = max(int(natural.lengths.max()), opts.n_tokens) + 2  # BOS, or [CLS] and [SEP]
     ids = 8 * tokens * (n_natural + 2 * opts.n_random)
     batch = min(opts.batch_size, max(n_natural, opts.n_random))
     weights = 4 * batch * loaded.n_layers * loaded.n_heads * tokens * tokens
@@ -120,55 +155,83 @@ def probe_bytes(loaded: lm.LoadedModel, opts: LMOptions, natural: tuple[int, ...
     return ids + 4 * weights + per_query
 
 
-def _last_query(loaded: lm.LoadedModel, ids: Any) -> dict[str, Any]:
-    """The query Guo's dormant rate reads (``metrics.dormant_rate``: the last row, position
-    T - 1), and the token there when every probe has the same one (an appended [SEP])."""
-    last = ids[:, -1].unique()
-    token = loaded.tokenizer.decode([int(last[0])]) if len(last) == 1 else None
-    return {"position": int(ids.shape[1] - 1), "token": token}
+def _last_query(loaded: lm.LoadedModel, probes: lm.Probes) -> dict[str, Any]:
+    """The query Guo's dormant rate reads (``metrics.dormant_rate``: each probe's last real
+    row): its position when every probe has the same one (else None, with the range), and the
+    token there when every probe has the same one (an appended [SEP])."""
+    last = probes.lengths - 1
+    tokens = probes.ids[torch.arange(len(probes)), last].unique()
+    token = loaded.tokenizer.decode([int(tokens[0])]) if len(tokens) == 1 else None
+    same = bool((last == last[0]).all())
+    return {"position": int(last[0]) if same else None,
+            "positions": [int(last.min()), int(last.max())], "token": token}
+
+
+def _probe_sets(loaded: lm.LoadedModel, opts: LMOptions, texts: lm.ProbeTexts, log: Any
+                ) -> dict[str, lm.Probes]:
+    """The natural probes (``texts``, each cut to ``--tokens``) and the random-token ones."""
+    natural = lm.text_probes(loaded, texts.texts, opts.n_tokens)
+    stats = natural.length_stats()
+    log(f"lm: {loaded.source.name}: {len(natural)} texts ({texts.label}) of {stats['min']} to "
+        f"{stats['max']} tokens (median {stats['median']:g}, cut at {opts.n_tokens})")
+    limits.check_memory(probe_bytes(loaded, opts, natural),
+                        f"--model {loaded.source.name} with --random {opts.n_random} and "
+                        f"--batch-size {opts.batch_size}", loaded.device)
+    return {"natural": natural,
+            "random": lm.random_probes(loaded, opts.n_random, opts.n_tokens)}
+
+
+def _measure(loaded: lm.LoadedModel, probes: lm.Probes, batch_size: int, per_query: bool
+             ) -> lm.Accumulator:
+    """Every metric of one probe set in one condition, batch by batch."""
+    acc = lm.Accumulator(loaded.n_layers, loaded.n_heads, per_query=per_query)
+    for _, weights, valid in lm.attentions(loaded, probes, batch_size):
+        acc.add(weights, valid)
+    return acc
+
+
+def _finder(loaded: lm.LoadedModel, acc: lm.Accumulator, probes: lm.Probes
+            ) -> list[dict[str, Any]]:
+    """The candidate trigger-conditional heads among the real queries ``acc`` kept."""
+    probe, position = acc.query_index()
+    tokens = probes.ids[probe, position].numpy()
+    return lm.find_trigger_heads(acc.query_arrays(), tokens, position, loaded.tokenizer.decode)
 
 
 def analyse_model(spec: str, opts: LMOptions, exe: Execution, log: Any) -> dict[str, Any]:
     """Load one model, run every probe set and condition, and return its results."""
     start = time.perf_counter()
+    texts = opts.probe_texts()
     source = lm.locate(spec)
     device = resolve_device(exe.device)
     loaded = lm.load(source, device)
     load_s = time.perf_counter() - start
     log(f"lm: {spec}: loaded {loaded.n_layers} layers x {loaded.n_heads} heads in "
         f"{load_s:.0f} s")
-    natural = lm.natural_ids(loaded, lm.natural_texts(), opts.n_tokens)
-    if natural.shape[1] < opts.n_tokens:
-        log(f"lm: {spec}: the shortest natural probe has {natural.shape[1]} tokens, so every "
-            f"probe is cut to {natural.shape[1]} (--tokens {opts.n_tokens} asked for more)")
-    limits.check_memory(probe_bytes(loaded, opts, natural.shape),
-                        f"--model {spec} with --random {opts.n_random} and --batch-size "
-                        f"{opts.batch_size}", device)
-    probes = {"natural": natural,
-              "random": lm.random_ids(loaded, opts.n_random, natural.shape[1])}
+    probe_sets = _probe_sets(loaded, opts, texts, log)
+    labels = {"natural": texts.label, "random": "random"}
     first_label = conditions(loaded)[0][0]
     results, finder = [], None
     for probe in PROBE_SETS:
         for label, specials in conditions(loaded):
-            ids = lm.with_specials(loaded, probes[probe], specials)
+            probes = lm.with_specials(loaded, probe_sets[probe], specials)
             # the finder reads the natural probes in the model's first condition (with BOS)
             wanted = probe == "natural" and label == first_label
-            acc = lm.Accumulator(loaded.n_layers, loaded.n_heads, per_query=wanted)
-            for _, weights in lm.attentions(loaded, ids, opts.batch_size):
-                acc.add(weights)
-            results.append({"probes": probe, "condition": label, "specials": specials,
-                            "sequences": int(ids.shape[0]), "tokens": int(ids.shape[1]),
-                            "dormant_query": _last_query(loaded, ids), **acc.summary()})
+            acc = _measure(loaded, probes, opts.batch_size, per_query=wanted)
+            lengths = probes.length_stats()
+            results.append({"probes": probe, "label": labels[probe], "condition": label,
+                            "specials": specials, "sequences": len(probes),
+                            "tokens": lengths["max"], "lengths": lengths,
+                            "dormant_query": _last_query(loaded, probes), **acc.summary()})
             if wanted and acc.causal:
-                positions = np.tile(np.arange(1, ids.shape[1]), ids.shape[0])
-                tokens = ids[:, 1:].reshape(-1).numpy()
-                finder = lm.find_trigger_heads(acc.query_arrays(), tokens, positions,
-                                               loaded.tokenizer.decode)
+                finder = _finder(loaded, acc, probes)
             log(f"lm: {spec}: {probe} probes, {label}: done "
                 f"({time.perf_counter() - start:.0f} s)")
     return {
         "model": spec, "key": folder_name(spec), "folder": str(source.folder),
+        "hub": {"id": source.hub_id, "commit": source.commit} if source.hub_id else None,
         "weights": lm.weights_info(source), "architecture": type(loaded.model).__name__,
+        "causal_lm": loaded.causal_lm,
         "n_layers": loaded.n_layers, "n_heads": loaded.n_heads, "causal": results[0]["causal"],
         "special_tokens": loaded.special_names, "tokenizer_adds_them": loaded.adds_specials,
         "load_s": load_s, "total_s": time.perf_counter() - start, "device": str(device),
@@ -178,9 +241,16 @@ def analyse_model(spec: str, opts: LMOptions, exe: Execution, log: Any) -> dict[
 
 
 def settings(spec: str, opts: LMOptions, exe: Execution) -> dict[str, Any]:
-    """What one model's analysis depends on (a cached analysis with other settings is redone)."""
-    return {"format": FORMAT, "model": spec, "n_tokens": opts.n_tokens,
-            "n_random": opts.n_random, "batch_size": opts.batch_size, "device": exe.device}
+    """What one model's analysis depends on (a cached analysis with other settings is redone):
+    the options, the files the model resolves to (a new snapshot of a Hugging Face id is
+    another model) and the natural texts themselves, by digest."""
+    source = lm.locate(spec)
+    texts = opts.probe_texts()
+    return {"format": FORMAT, "model": spec,
+            "files": str(source.folder / source.gguf if source.gguf else source.folder),
+            "probes": {"label": texts.label, "n": len(texts.texts), "digest": texts.digest()},
+            "n_tokens": opts.n_tokens, "n_random": opts.n_random, "batch_size": opts.batch_size,
+            "device": exe.device}
 
 
 # ------------------------------------------------------------------------------ records
@@ -203,8 +273,10 @@ def _tables(models: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[di
     sets, heads = [], []
     for m in models:
         for r in m["results"]:
-            sets.append({"model": m["model"], "probes": r["probes"], "condition": r["condition"],
-                         "sequences": r["sequences"], "tokens": r["tokens"],
+            sets.append({"model": m["model"], "probes": r["probes"], "label": r["label"],
+                         "condition": r["condition"], "sequences": r["sequences"],
+                         "min_tokens": r["lengths"]["min"],
+                         "median_tokens": r["lengths"]["median"], "tokens": r["tokens"],
                          "first_token_mass_mean": r["first_mean"],
                          "share_heads_first_half": r["share_first_half"],
                          "gu_sink_rate": r["sink_rate"][MAIN_EPS]["overall"],
@@ -212,7 +284,7 @@ def _tables(models: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[di
             for layer in range(m["n_layers"]):
                 for head in range(m["n_heads"]):
                     heads.append({
-                        "model": m["model"], "probes": r["probes"],
+                        "model": m["model"], "probes": r["probes"], "label": r["label"],
                         "condition": r["condition"], "layer": layer + 1, "head": head + 1,
                         "first_token_mass": r["first_token_mass"][layer][head],
                         "last_token_mass": r["last_token_mass"][layer][head],
@@ -223,6 +295,7 @@ def _tables(models: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[di
 
 def collect(ctx: Context) -> dict[str, Any]:
     opts: LMOptions = ctx.opts
+    texts = opts.probe_texts()
     models = []
     for spec in opts.models:
         kept = ctx.cached(folder_name(spec), settings(spec, opts, ctx.exe),
@@ -231,7 +304,10 @@ def collect(ctx: Context) -> dict[str, Any]:
     sets, heads = _tables(models)
     return {
         "models": models, "probe_sets": sets, "heads": heads,
-        "probes": {"file": PROBE_FILE, "n_natural": len(lm.natural_texts()),
+        "probes": {"source": texts.source, "label": texts.label, "file": texts.file,
+                   "n_natural": len(texts.texts),
+                   "n_file": len(texts.texts) - len(opts.texts) if texts.file else 0,
+                   "n_text": len(opts.texts), "max_tokens": opts.n_tokens,
                    "random_seed": lm.RANDOM_SEED},
         "sweeps": {"eps": [f"{e:g}" for e in lm.EPS_SWEEP],
                    "cutoffs": [f"{c:g}" for c in lm.CUTOFF_SWEEP],
@@ -284,7 +360,7 @@ def claims(records: dict[str, Any], opts: LMOptions) -> list[Claim]:
 
 
 def _label(model: dict[str, Any], result: dict[str, Any]) -> str:
-    return f"{model['key']}: {result['probes']}, {result['condition']}"
+    return f"{model['key']}: {result['label']}, {result['condition']}"
 
 
 def _heat_grid(records: dict[str, Any], opts: LMOptions) -> tuple[int, int]:
@@ -317,7 +393,7 @@ def _draw_sweeps(axes: Any, records: dict[str, Any], opts: LMOptions) -> None:
     for row, m in enumerate(records["models"]):
         ax_eps, ax_cut, ax_layer = axes[row]
         for r in m["results"]:
-            label = f"{r['probes']}, {r['condition']}"
+            label = f"{r['label']}, {r['condition']}"
             ax_eps.plot([float(k) for k in r["sink_rate"]],
                         [100 * v["overall"] for v in r["sink_rate"].values()], marker="o",
                         label=label)
@@ -377,12 +453,15 @@ FIGURES = (
 STUDY = register(Study(
     name="lm",
     title="Sinks in real pretrained models",
-    help="measure sinks in real pretrained models (SmolLM2, MiniLM, any local model)",
-    description="Run the project's natural English probes and random-token probes, with and "
-                "without the tokenizer's BOS, through real pretrained models loaded from local "
-                "files, and write per (layer, head) first-token mass, Gu sink rates and Guo "
-                "dormant fractions with their sweeps and per-probe values, heat maps, the "
-                "candidate trigger-conditional heads, records.json, claims.csv and LM.md. "
+    help="measure sinks in real pretrained models (SmolLM2, MiniLM, any local or cached "
+         "model)",
+    description="Run natural text (the project's English passages, or your own with --probes "
+                "FILE or --text) and random-token probes, with and without the tokenizer's BOS, "
+                "through real pretrained models loaded from local files or the Hugging Face "
+                "cache (never downloaded), and write per (layer, head) first-token mass, Gu "
+                "sink rates and Guo dormant fractions with their sweeps and per-probe values, "
+                "heat maps, the candidate trigger-conditional heads, records.json, claims.csv "
+                "and LM.md. "
                 "Needs the extra sinklab[lm]. Rerunning with the same --out keeps the models "
                 "already analysed.",
     options=LMOptions, template="real_models.md.j2", collect=collect, claims=claims,
