@@ -143,8 +143,16 @@ def test_pipeline_on_a_tiny_llama(tmp_path, capsys, tiny_llama):
     # one claim per random-token condition, the probes as the unit
     claims = {c["key"]: c for c in read_json(out / "records.json")["claims"]}
     key = result["key"]
-    assert set(claims) == {f"{key}.random.with_specials.gu_rate_in_gu_range",
-                           f"{key}.random.without_specials.gu_rate_in_gu_range"}
+    gu = {f"{key}.random.with_specials.gu_rate_in_gu_range",
+          f"{key}.random.without_specials.gu_rate_in_gu_range"}
+    story = {f"{key}.{name}" for name in (
+        "hide_first_key_raises_loss", "zero_first_value_harmless", "cap_first_mass_raises_loss",
+        "streaming_first_token_helps", "sink_heads_output_small", "sink_heads_value_drained",
+        "sink_heads_zero_ablation_harmless", "sink_heads_mean_ablation_harmless",
+        "sink_heads_matter_less_than_random", "sink_heads_cap_hurts")}
+    assert set(claims) == gu | story
+    for name in story:  # the interventions' claims are over the intervention probes
+        assert claims[name]["n"] == 32 and "probe" in claims[name]["test"]
     claim = claims[f"{key}.random.with_specials.gu_rate_in_gu_range"]
     assert claim["rule"] == "mean_in_range" and claim["n"] == 12
     assert "over 12 probes" in claim["data"] and "not independent" in claim["data"]
@@ -154,7 +162,14 @@ def test_pipeline_on_a_tiny_llama(tmp_path, capsys, tiny_llama):
     text = (out / "LM.md").read_text()
     assert text.startswith("# Sinks in real pretrained models\n")
     assert "## " + str(tiny_llama) in text and "decoder (causal)" in text
-    assert "### Candidate trigger-conditional heads" in text and "no null yet" in text
+    assert "### Trigger-conditional heads in" in text and "permutation null" in text
+    assert "### Interventions on" in text and "are **not** re-indexed" in text
+    iv = result["interventions"]
+    assert iv["n_probes"] == 32 and len(iv["baseline"]) == 32
+    assert len(iv["flagged"]) == len(iv["control"]) == 4  # half of the 8 heads at most
+    assert not set(map(tuple, iv["flagged"])) & set(map(tuple, iv["control"]))
+    assert [s["k"] for s in iv["streaming"]] == [0, 1, 4]
+    assert (out / "cache" / f"{key}-interventions.json").is_file()
     assert "mean_in_range" in text and "model.safetensors" in text
     assert "Encoders get no claim" not in text
     for name in ("fig_lm_first_token", "fig_lm_sweeps", "fig_lm_gu_random"):
@@ -183,7 +198,8 @@ def test_pipeline_on_a_tiny_bert_encoder(tmp_path, capsys, tiny_bert):
     assert code == 0, err
     options = read_json(out / "records.json")["options"]
     assert options == {"models": [str(tiny_bert)], "n_tokens": 16, "n_random": 8,
-                       "batch_size": 16, "probes": None, "probes_field": "text", "texts": []}
+                       "batch_size": 16, "probes": None, "probes_field": "text", "texts": [],
+                       "n_intervene": 32, "ablate_heads": 12, "cap_eps": 0.5, "window": 16}
     result = _model_record(out, "tiny-bert")
     assert not result["causal"] and result["special_tokens"] == ["[CLS]", "[SEP]"]
     assert not result["causal_lm"] and result["architecture"] == "BertModel"
@@ -198,6 +214,16 @@ def test_pipeline_on_a_tiny_bert_encoder(tmp_path, capsys, tiny_bert):
     assert "encoder (bidirectional)" in text and "Where an encoder's weight goes" in text
     assert "Encoders get no claim" in text and "No claims" in text
     assert "position 17, `[SEP]` in every probe" in text
+    # an encoder's edits are measured by the change of its final hidden states, not a loss
+    iv = result["interventions"]
+    assert [g["key"] for g in iv["global"]] == ["hide_first_key", "zero_first_value",
+                                                 "cap_first_mass"]
+    change = {g["key"]: g["summary"]["mean"] for g in iv["global"]}
+    assert "baseline" not in iv and change["hide_first_key"] > 0 and \
+        change["zero_first_value"] > 0
+    # no head of the random model puts half its weight on [CLS], so the cap changes nothing
+    assert change["cap_first_mass"] == 0
+    assert "Loss-based interventions need a causal LM" in text
     assert not (out / "figures" / "fig_lm_gu_random.png").exists()
 
 

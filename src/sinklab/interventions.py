@@ -89,7 +89,7 @@ def streaming_positions(seq_len: int, k_sink: int, window: int) -> Tensor:
     window (earlier queries see no more keys than the cache holds). A position's next-token
     loss can change only there; compare losses at these positions."""
     _check_streaming(k_sink, window)
-    return torch.arange(k_sink + window, seq_len)
+    return torch.arange(min(k_sink + window, seq_len), seq_len)  # empty if none drops
 
 
 # ----------------------------------------------------------------------------- builders

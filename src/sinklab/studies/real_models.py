@@ -29,10 +29,11 @@ import numpy as np
 import torch
 
 from sinklab import claims as cl
-from sinklab import limits, lm
+from sinklab import limits, lm, trigger_heads
 from sinklab.claims import Claim
 from sinklab.config import ConfigError, check_count
 from sinklab.metrics import GU_EPS, GUO_CUTOFF
+from sinklab.studies import lm_interventions as liv
 from sinklab.studies import register
 from sinklab.studies.base import Context, Execution, FigureSpec, Study
 from sinklab.studies.reference import GU
@@ -43,7 +44,12 @@ MAIN_EPS, MAIN_CUTOFF = f"{GU_EPS:g}", f"{GUO_CUTOFF:g}"  # keys of the sweeps t
 HALF = 0.5  # "a head puts at least half its weight on the first token"
 MIN_TOKENS = 8
 DEFAULT_BATCH = 16
-FORMAT = 3  # layout of a model's cached analysis: a change here recomputes every model
+FORMAT = 4  # layout of a model's cached analysis: a change here recomputes every model
+INTERVENE_PROBES = 32  # natural probes the interventions run on (the benchmark sizes this)
+ABLATE_HEADS = 12
+CAP_EPS = 0.5
+WINDOW = 16
+MAX_COUNT = 100_000  # the largest --intervene, --ablate-heads or --window taken
 
 assert MAIN_EPS in {f"{e:g}" for e in lm.EPS_SWEEP}
 assert MAIN_CUTOFF in {f"{c:g}" for c in lm.CUTOFF_SWEEP}
@@ -85,6 +91,20 @@ class LMOptions:
         "help": "a text to use as a probe instead of the project's passages; repeat for "
                 "several (after those of --probes, if given)",
         "flag": "--text", "append": True, "metavar": "TEXT"})
+    n_intervene: int = field(default=INTERVENE_PROBES, metadata={
+        "help": "natural probes (the first N) the interventions run on; 0: no interventions "
+                f"(default: {INTERVENE_PROBES})", "flag": "--intervene", "metavar": "N"})
+    ablate_heads: int = field(default=ABLATE_HEADS, metadata={
+        "help": "heads with the most first-token mass ablated one at a time, and as many random "
+                f"control heads (default: {ABLATE_HEADS})", "flag": "--ablate-heads",
+        "metavar": "K"})
+    cap_eps: float = field(default=CAP_EPS, metadata={
+        "help": "the caps leave at most 1 - EPS of a row on the first token, 0 < EPS < 1 "
+                f"(default: {CAP_EPS:g})", "flag": "--cap-eps", "metavar": "EPS"})
+    window: int = field(default=WINDOW, metadata={
+        "help": f"StreamingLLM's window of recent tokens (default: {WINDOW}); it is compared "
+                f"with the first {max(liv.SINK_TOKENS)} tokens kept or not",
+        "flag": "--window", "metavar": "W"})
 
     def __post_init__(self) -> None:
         if not self.models:
@@ -109,6 +129,17 @@ class LMOptions:
             if not text.strip():
                 raise ConfigError(f"--text number {i + 1} is empty; give a text with words in "
                                   "it.")
+        for flag, value, low in (("--intervene", self.n_intervene, 0),
+                                 ("--ablate-heads", self.ablate_heads, 1),
+                                 ("--window", self.window, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or not \
+                    low <= value <= MAX_COUNT:
+                raise ConfigError(f"{flag}={value!r} is not allowed: it must be an integer from "
+                                  f"{low} to {MAX_COUNT:,}.")
+        if isinstance(self.cap_eps, bool) or not isinstance(self.cap_eps, (int, float)) or \
+                not 0 < self.cap_eps < 1:
+            raise ConfigError(f"--cap-eps={self.cap_eps!r} is not allowed: it must be a number "
+                              "between 0 and 1.")
 
     def probe_texts(self) -> lm.ProbeTexts:
         """The natural probe set these options ask for (LMError for a bad file)."""
@@ -191,23 +222,45 @@ def _measure(loaded: lm.LoadedModel, probes: lm.Probes, batch_size: int, per_que
 
 
 def _finder(loaded: lm.LoadedModel, acc: lm.Accumulator, probes: lm.Probes
-            ) -> list[dict[str, Any]]:
-    """The candidate trigger-conditional heads among the real queries ``acc`` kept."""
+            ) -> dict[str, Any]:
+    """The trigger-conditional heads among the real queries ``acc`` kept, tested against the
+    permutation null (``sinklab.trigger_heads``)."""
     probe, position = acc.query_index()
     tokens = probes.ids[probe, position].numpy()
-    return lm.find_trigger_heads(acc.query_arrays(), tokens, position, loaded.tokenizer.decode)
+    found = trigger_heads.scan(acc.query_arrays(), tokens, position, probe,
+                               decode=loaded.tokenizer.decode)
+    return found.to_dict()
 
 
-def analyse_model(spec: str, opts: LMOptions, exe: Execution, log: Any) -> dict[str, Any]:
+class Loader:
+    """One model, loaded the first time it is needed (a rerun whose analyses are all cached
+    never loads it) and then kept for the other analyses."""
+
+    def __init__(self, spec: str, exe: Execution, log: Any) -> None:
+        self.spec, self.exe, self.log = spec, exe, log
+        self.loaded: lm.LoadedModel | None = None
+        self.load_s = 0.0
+
+    def __call__(self) -> lm.LoadedModel:
+        if self.loaded is None:
+            start = time.perf_counter()
+            self.loaded = lm.load(lm.locate(self.spec), resolve_device(self.exe.device))
+            self.load_s = time.perf_counter() - start
+            self.log(f"lm: {self.spec}: loaded {self.loaded.n_layers} layers x "
+                     f"{self.loaded.n_heads} heads in {self.load_s:.0f} s")
+        return self.loaded
+
+
+def analyse_model(spec: str, opts: LMOptions, exe: Execution, log: Any,
+                  loader: Loader | None = None) -> dict[str, Any]:
     """Load one model, run every probe set and condition, and return its results."""
     start = time.perf_counter()
     texts = opts.probe_texts()
     source = lm.locate(spec)
-    device = resolve_device(exe.device)
-    loaded = lm.load(source, device)
-    load_s = time.perf_counter() - start
-    log(f"lm: {spec}: loaded {loaded.n_layers} layers x {loaded.n_heads} heads in "
-        f"{load_s:.0f} s")
+    loader = loader or Loader(spec, exe, log)
+    loaded = loader()
+    load_s = loader.load_s
+    device = loaded.device
     probe_sets = _probe_sets(loaded, opts, texts, log)
     labels = {"natural": texts.label, "random": "random"}
     first_label = conditions(loaded)[0][0]
@@ -236,8 +289,48 @@ def analyse_model(spec: str, opts: LMOptions, exe: Execution, log: Any) -> dict[
         "special_tokens": loaded.special_names, "tokenizer_adds_them": loaded.adds_specials,
         "load_s": load_s, "total_s": time.perf_counter() - start, "device": str(device),
         "results": results, "finder_condition": first_label if finder is not None else None,
-        "trigger_heads": finder,
+        "trigger_scan": finder,
+        "trigger_heads": finder["heads"] if finder is not None else None,
     }
+
+
+def intervention_settings(spec: str, opts: LMOptions, exe: Execution) -> dict[str, Any]:
+    """What one model's interventions depend on: the analysis's settings (whose finder heads
+    get the targeted ablation) and the intervention options."""
+    return {**settings(spec, opts, exe), "n_intervene": opts.n_intervene,
+            "ablate_heads": opts.ablate_heads, "cap_eps": opts.cap_eps, "window": opts.window,
+            "sink_tokens": list(liv.SINK_TOKENS), "harmless": liv.HARMLESS,
+            "control_seed": liv.CONTROL_SEED}
+
+
+def intervene(analysis: dict[str, Any], opts: LMOptions, loader: Loader, log: Any
+              ) -> dict[str, Any]:
+    """The interventions on one model (``sinklab.studies.lm_interventions``), on the first
+    ``--intervene`` natural probes in the model's first condition (with its BOS, if any)."""
+    loaded = loader()
+    refused = liv.supported(loaded)
+    if refused is not None:
+        return {"refused": refused}
+    texts = opts.probe_texts()
+    label, specials = conditions(loaded)[0]
+    probes = lm.with_specials(loaded, lm.text_probes(loaded, texts.texts, opts.n_tokens),
+                              specials)
+    n = min(opts.n_intervene, len(probes))
+    ids, valid = probes.ids[:n], probes.valid[:n]
+    ids = ids[:, :int(probes.lengths[:n].max())]  # drop columns only other probes fill
+    valid = valid[:, :ids.shape[1]]
+    chosen = liv.Settings(n_probes=n, n_heads=opts.ablate_heads, cap_eps=opts.cap_eps,
+                          window=opts.window, batch_size=opts.batch_size)
+    if loaded.causal_lm:
+        out = liv.run_causal(loaded, ids, valid.long(), chosen,
+                             analysis.get("trigger_heads") or [], log)
+    else:
+        out = liv.run_encoder(loaded, ids, valid.long(), chosen)
+    lengths = probes.lengths[:n]
+    return {**out, "n_probes": n, "condition": label, "tokens_min": int(lengths.min()),
+            "tokens_max": int(lengths.max()), "cap_eps": opts.cap_eps, "window": opts.window,
+            "harmless": liv.HARMLESS, "control_seed": liv.CONTROL_SEED,
+            "sink_tokens": list(liv.SINK_TOKENS)}
 
 
 def settings(spec: str, opts: LMOptions, exe: Execution) -> dict[str, Any]:
@@ -298,9 +391,18 @@ def collect(ctx: Context) -> dict[str, Any]:
     texts = opts.probe_texts()
     models = []
     for spec in opts.models:
+        loader = Loader(spec, ctx.exe, ctx.log)
         kept = ctx.cached(folder_name(spec), settings(spec, opts, ctx.exe),
-                          lambda spec=spec: analyse_model(spec, opts, ctx.exe, ctx.log))
-        models.append({**kept, "results": [_described(r) for r in kept["results"]]})
+                          lambda spec=spec, loader=loader: analyse_model(spec, opts, ctx.exe,
+                                                                         ctx.log, loader))
+        model = {**kept, "results": [_described(r) for r in kept["results"]]}
+        if opts.n_intervene:
+            done = ctx.cached(f"{folder_name(spec)}-interventions",
+                              intervention_settings(spec, opts, ctx.exe),
+                              lambda kept=kept, loader=loader: intervene(kept, opts, loader,
+                                                                         ctx.log))
+            model["interventions"] = liv.described(done, model)
+        models.append(model)
     sets, heads = _tables(models)
     return {
         "models": models, "probe_sets": sets, "heads": heads,
@@ -313,9 +415,8 @@ def collect(ctx: Context) -> dict[str, Any]:
                    "cutoffs": [f"{c:g}" for c in lm.CUTOFF_SWEEP],
                    "main_eps": MAIN_EPS, "main_cutoff": MAIN_CUTOFF},
         "finder": {"dormant_level": lm.DORMANT_LEVEL, "dormant_share": lm.DORMANT_SHARE,
-                   "triggered_level": lm.TRIGGERED_LEVEL, "min_count": lm.MIN_COUNT,
-                   "min_position": lm.MIN_POSITION, "follow": lm.FOLLOW,
-                   "spread_entropy": lm.SPREAD_ENTROPY},
+                   "min_count": lm.MIN_COUNT, "min_position": lm.MIN_POSITION,
+                   "follow": lm.FOLLOW, "spread_entropy": lm.SPREAD_ENTROPY},
         "half": HALF,
     }
 
@@ -353,6 +454,11 @@ def claims(records: dict[str, Any], opts: LMOptions) -> list[Claim]:
                      f"importance exceeds {eps:g}, over {r['sequences']} random-token probes "
                      f"of T = {r['tokens']} tokens (the probe is the unit: the pairs of one "
                      f"probe are not independent); Gu et al.: {GU.what}"))
+    for m in records["models"]:
+        iv_rec = m.get("interventions")
+        if iv_rec and m["causal"] and "baseline" in iv_rec:
+            out.extend(liv.claims({**m, "cap_eps": iv_rec["cap_eps"],
+                                   "window": iv_rec["window"]}, cl))
     return out
 
 

@@ -1,0 +1,449 @@
+"""The interventions of ``sinklab lm``: the paper's story tested in a real model by editing it.
+
+The paper's story is that a sink is how softmax attention does nothing: a head that must output
+zero parks its weight on a token whose value is (near) zero. For a causal LM this module reads,
+per (layer, head), the first token's attention mass, the norm of the first token's value vector
+against the other tokens' (Guo et al.'s value-state drain) and the norm of the head's output
+at each query, all from one hooked pass (``sinklab.lm_hooks``), and it measures by the
+next-token loss what happens when the model is edited (``sinklab.interventions``):
+
+- every layer at once: the first key hidden from every query, the first value zeroed, the first
+  key's mass capped at 1 - eps, and StreamingLLM's cache (the first k tokens plus a window);
+- one head at a time, for the heads with the most first-token mass and a random control set of
+  the same size: zero ablation, mean ablation and capping its first-token mass;
+- the trigger-conditional heads the finder keeps: zero ablation, the loss change at their trigger
+  tokens against elsewhere.
+
+Every number is per probe, so that intervals resample probes. A head ablation reruns only the
+layers from the head's own one on, from the residual stream cached in the baseline pass. An
+encoder has no next-token loss: for it the global edits are measured by the relative change of
+the final hidden states.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from sinklab import interventions as iv
+from sinklab import lm, lm_hooks, trigger_heads
+from sinklab.hooks import Hooks
+
+SINK_TOKENS = (0, 1, 4)  # StreamingLLM's k: the first k tokens kept beside the window
+HARMLESS = 0.01  # nats per token: a change of the mean loss smaller than this is "harmless"
+CONTROL_SEED = 0  # the random control heads' draw
+TARGETED_HEADS = 6  # at most this many of the finder's heads get the targeted ablation
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the interventions depend on (the study's options, as numbers)."""
+
+    n_probes: int  # natural probes the interventions run on (the first ones)
+    n_heads: int  # heads ablated one at a time, and as many random control heads
+    cap_eps: float  # caps leave each row at most 1 - cap_eps on the first key
+    window: int  # StreamingLLM's recent-token window
+    batch_size: int
+
+
+def batches(ids: Tensor, mask: Tensor, size: int) -> Iterator[tuple[Tensor, Tensor]]:
+    for start in range(0, ids.shape[0], size):
+        yield ids[start:start + size], mask[start:start + size]
+
+
+def per_probe(values: Tensor, where: Tensor) -> list[float]:
+    """Each probe's mean of ``values`` (B, P) over the positions ``where`` (B, P) selects (nan
+    where a probe has none)."""
+    total = torch.where(where, values, 0.0).sum(-1)
+    count = where.sum(-1)
+    return (total / count).where(count > 0, torch.nan).tolist()
+
+
+# ------------------------------------------------------------------ per-head statistics
+
+
+class HeadStats:
+    """Running per-probe sums, per (layer, head), filled by hooks during one forward pass:
+    first-token mass over the queries that see another key, the first value's norm over the
+    mean norm of the others, and the mean norm of the head's output over real queries."""
+
+    def __init__(self, n_layers: int) -> None:
+        self.n_layers = n_layers
+        self.first: list[list[Tensor]] = [[] for _ in range(n_layers)]
+        self.value: list[list[Tensor]] = [[] for _ in range(n_layers)]
+        self.output: list[list[Tensor]] = [[] for _ in range(n_layers)]
+        self.mean_sum: dict[int, Tensor] = {}  # layer -> (H, d_model) summed result
+        self.mean_count = 0
+        self.valid: Tensor | None = None  # (B, T) of the batch running
+
+    def hooks(self, causal: bool) -> dict[str, Any]:
+        edits: dict[str, Any] = {}
+        for layer in range(self.n_layers):
+            edits[f"blocks.{layer}.attn.pattern"] = self._pattern(layer, causal)
+            edits[f"blocks.{layer}.attn.v"] = self._value(layer)
+            edits[f"blocks.{layer}.attn.result"] = self._result(layer)
+        return edits
+
+    def _queries(self) -> Tensor:
+        """Real queries that see another key than the first: (B, T)."""
+        assert self.valid is not None
+        q = self.valid.clone()
+        q[:, 0] = False
+        return q
+
+    def _pattern(self, layer: int, causal: bool) -> Callable[[Tensor, str], None]:
+        def hook(pattern: Tensor, name: str) -> None:  # (B, H, Q, K)
+            q = self._queries() if causal else self.valid
+            first = pattern[..., 0].float()  # (B, H, Q)
+            w = q[:, None, :].to(first.dtype)
+            self.first[layer].append(((first * w).sum(-1) / w.sum(-1).clamp(min=1)).cpu())
+        return hook
+
+    def _value(self, layer: int) -> Callable[[Tensor, str], None]:
+        def hook(v: Tensor, name: str) -> None:  # (B, K, H, d_head)
+            norms = v.float().norm(dim=-1)  # (B, K, H)
+            keys = self.valid.clone()
+            keys[:, 0] = False
+            w = keys[..., None].to(norms.dtype)
+            others = (norms * w).sum(1) / w.sum(1).clamp(min=1)  # (B, H)
+            self.value[layer].append((norms[:, 0] / others.clamp(min=1e-12)).cpu())
+        return hook
+
+    def _result(self, layer: int) -> Callable[[Tensor, str], None]:
+        def hook(result: Tensor, name: str) -> None:  # (B, Q, H, d_model)
+            w = self.valid[..., None].to(result.dtype)  # (B, Q, 1)
+            norms = result.float().norm(dim=-1)  # (B, Q, H)
+            self.output[layer].append(((norms * w).sum(1) / w.sum(1).clamp(min=1)).cpu())
+            summed = (result * w[..., None]).sum(dim=(0, 1))  # (H, d_model)
+            self.mean_sum[layer] = self.mean_sum.get(layer, 0) + summed
+            if layer == 0:
+                self.mean_count += int(self.valid.sum())
+        return hook
+
+    def means(self) -> dict[int, Tensor]:
+        """Each layer's mean head result over every real position: (H, d_model)."""
+        return {layer: s / max(self.mean_count, 1) for layer, s in self.mean_sum.items()}
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """(probes, layers, heads) each."""
+        def stack(parts: list[list[Tensor]]) -> np.ndarray:
+            return torch.stack([torch.cat(p) for p in parts], dim=1).numpy()
+        return {"first": stack(self.first), "value_ratio": stack(self.value),
+                "output_norm": stack(self.output)}
+
+
+# ---------------------------------------------------------------------------- the runs
+
+
+def _global_edits(cap_eps: float, n_layers: int) -> list[tuple[str, str, Hooks]]:
+    """The edits made at every layer and head at once: (key, label, hooks)."""
+    return [
+        ("hide_first_key", "the first key hidden from every query (softmax renormalised)",
+         iv.hide_first_key(n_layers)),
+        ("zero_first_value", "the first token's value zeroed in every head",
+         iv.zero_first_value(n_layers)),
+        ("cap_first_mass", f"the first key's mass capped at 1 - {cap_eps:g} in every head",
+         iv.cap_first_mass(cap_eps, n_layers)),
+    ]
+
+
+def choose_heads(first: np.ndarray, n: int, seed: int = CONTROL_SEED
+                 ) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """The ``n`` heads with the most first-token mass (``first`` (layers, heads), mean over
+    probes), and ``n`` others drawn at random (seeded) as the control set."""
+    layers, heads = first.shape
+    order = np.argsort(-first, axis=None, kind="stable")
+    n = min(n, first.size // 2)
+    flagged = [divmod(int(i), heads) for i in order[:n]]
+    rest = order[n:]
+    rng = np.random.default_rng(seed)
+    control = [divmod(int(i), heads) for i in np.sort(rng.choice(rest, size=n, replace=False))]
+    return flagged, control
+
+
+def run_causal(loaded: lm.LoadedModel, ids: Tensor, mask: Tensor, settings: Settings,
+               triggers: list[dict[str, Any]], log: Callable[[str], None]) -> dict[str, Any]:
+    """Every intervention on a causal LM; ``ids``/``mask`` (probes, T) padded on the right,
+    ``triggers`` the finder's heads (layer, head, token ids)."""
+    start = time.perf_counter()
+    model = loaded.model
+    n_layers = loaded.n_layers
+    size = settings.batch_size
+    stats = HeadStats(n_layers)
+    keep = [f"blocks.{layer}.resid_pre" for layer in range(n_layers)]
+    base, resid = [], []  # per batch: losses (B, T-1), {layer: resid_pre}
+    for b_ids, b_mask in batches(ids, mask, size):
+        stats.valid = b_mask.bool().to(loaded.device)
+        hooks = Hooks(stats.hooks(causal=True), keep=keep)
+        base.append(iv.token_losses(model, b_ids, b_mask, hooks=hooks))
+        resid.append({int(n.split(".")[1]): t for n, t in hooks.cache.items()})
+    baseline = torch.cat(base)
+    scored = ~baseline.isnan()
+    log(f"lm: {loaded.source.name}: interventions: baseline and head statistics "
+        f"({time.perf_counter() - start:.0f} s)")
+    heads = stats.arrays()
+    means = stats.means()
+
+    def change(hooks: Hooks, layer: int | None = None) -> Tensor:
+        """Loss change per position (probes, T-1), rerunning from ``layer`` when given."""
+        parts = []
+        for i, (b_ids, b_mask) in enumerate(batches(ids, mask, size)):
+            if layer is None:
+                parts.append(iv.token_losses(model, b_ids, b_mask, hooks=hooks))
+            else:
+                parts.append(iv.losses_from_layer(model, resid[i][layer], layer, b_ids, b_mask,
+                                                  hooks=hooks))
+        return torch.cat(parts) - baseline
+
+    out: dict[str, Any] = {"baseline": per_probe(baseline, scored), "global": [],
+                           "streaming": [], "heads": [], "targeted": []}
+    for key, label, hooks in _global_edits(settings.cap_eps, n_layers):
+        delta = change(hooks)
+        out["global"].append({"key": key, "label": label, "per_probe": per_probe(delta, scored),
+                              "per_position": _position_means(delta, scored)})
+    seq = ids.shape[1]
+    # the queries (loss index t is query t) where even the largest k's cache has dropped keys
+    dropped = iv.streaming_positions(seq, max(SINK_TOKENS), settings.window)
+    compared = int(dropped[0]) if len(dropped) else seq
+    where = scored.clone()
+    where[:, :compared] = False
+    for k in SINK_TOKENS if compared < seq - 1 else ():  # some loss position is compared
+        delta = change(iv.streaming(k, settings.window, n_layers))
+        out["streaming"].append({"k": k, "per_probe": per_probe(delta, where),
+                                 "per_position": _position_means(delta, scored)})
+    log(f"lm: {loaded.source.name}: interventions: global edits and streaming "
+        f"({time.perf_counter() - start:.0f} s)")
+    flagged, control = choose_heads(heads["first"].mean(0), settings.n_heads)
+    for group, chosen in (("flagged", flagged), ("control", control)):
+        for layer, head in chosen:
+            row = {"layer": layer, "head": head, "group": group}
+            for how, hooks in (("zero", iv.ablate_heads([(layer, head)], "zero")),
+                               ("mean", iv.ablate_heads([(layer, head)], "mean",
+                                                        {(layer, head): means[layer][head]})),
+                               ("cap", iv.cap_first_mass(settings.cap_eps, n_layers,
+                                                         layers=[layer], heads=[head]))):
+                row[how] = per_probe(change(hooks, layer), scored)
+            out["heads"].append(row)
+    log(f"lm: {loaded.source.name}: interventions: {len(out['heads'])} heads ablated "
+        f"({time.perf_counter() - start:.0f} s)")
+    for found in triggers[:TARGETED_HEADS]:
+        layer, head = found["layer"], found["head"]
+        delta = change(iv.ablate_heads([(layer, head)], "zero"), layer)
+        tokens = torch.tensor([t["id"] for t in found["tokens"]])
+        is_trigger = torch.isin(ids[:, :-1], tokens) & scored
+        effect = trigger_heads.targeted_effect(delta.nan_to_num().numpy(),
+                                               is_trigger.numpy(), scored.numpy())
+        out["targeted"].append({"layer": layer, "head": head,
+                                "tokens": [t["token"] for t in found["tokens"]],
+                                "at_trigger": per_probe(delta, is_trigger),
+                                "elsewhere": per_probe(delta, scored & ~is_trigger),
+                                "summary": effect})
+    out.update({"head_stats": {k: v.tolist() for k, v in heads.items()},
+                "flagged": flagged, "control": control, "compared_from": compared,
+                "seconds": time.perf_counter() - start})
+    return out
+
+
+def _position_means(delta: Tensor, where: Tensor) -> list[float]:
+    """The mean change at each position over the probes that have it (nan where none)."""
+    total = torch.where(where, delta, 0.0).sum(0)
+    count = where.sum(0)
+    return (total / count).where(count > 0, torch.nan).tolist()
+
+
+def run_encoder(loaded: lm.LoadedModel, ids: Tensor, mask: Tensor, settings: Settings
+                ) -> dict[str, Any]:
+    """The global edits on an encoder, measured by the relative change of the final hidden
+    states (an encoder has no next-token loss)."""
+    start = time.perf_counter()
+    out: dict[str, Any] = {"global": []}
+    for key, label, hooks in _global_edits(settings.cap_eps, loaded.n_layers):
+        parts, valid = [], []
+        for b_ids, b_mask in batches(ids, mask, settings.batch_size):
+            parts.append(iv.hidden_change(loaded.model, b_ids, b_mask, hooks=hooks))
+            valid.append(b_mask.bool())
+        delta, where = torch.cat(parts), torch.cat(valid)
+        out["global"].append({"key": key, "label": label, "per_probe": per_probe(delta, where)})
+    out["seconds"] = time.perf_counter() - start
+    return out
+
+
+def supported(loaded: lm.LoadedModel) -> str | None:
+    """Why the interventions cannot run on this model, or None when they can."""
+    family = lm_hooks.supported(loaded.model)
+    if family is None:
+        return (f"{type(loaded.model).__name__} is not an architecture sinklab's hooks attach "
+                f"to ({lm_hooks.SUPPORTED_TEXT}), so no intervention was made.")
+    return None
+
+
+# ------------------------------------------------------------------------------- claims
+
+PROBES = ("probe", "probes")
+
+
+def _finite(values: list[float]) -> list[float]:
+    return [v for v in values if v == v]  # drops nan (a probe with no position compared)
+
+
+def _group_mean(rows: list[dict[str, Any]], group: str, how: str) -> list[float]:
+    """Per probe, the mean over a group's heads of one ablation's loss change."""
+    chosen = [r[how] for r in rows if r["group"] == group]
+    return np.nanmean(np.asarray(chosen, dtype=float), axis=0).tolist() if chosen else []
+
+
+def _heads_value(stats: dict[str, list], key: str, heads: list) -> np.ndarray:
+    """(probes, len(heads)) of a per-head statistic."""
+    arr = np.asarray(stats[key], dtype=float)
+    return np.stack([arr[:, layer, head] for layer, head in heads], axis=1)
+
+
+def claims(model: dict[str, Any], cl: Any) -> list[Any]:
+    """The story's claims for one causal model's interventions (``cl``: sinklab.claims)."""
+    iv_rec = model["interventions"]
+    key, name = model["key"], model["model"]
+    n = len(iv_rec["baseline"])
+    what = f"per probe, over {n} natural probes"
+    out = []
+    by_key = {g["key"]: g for g in iv_rec["global"]}
+    out.append(cl.mean_at_least(
+        f"{key}.hide_first_key_raises_loss",
+        f"{name}: hiding the first token's key from every query raises the next-token loss",
+        _finite(by_key["hide_first_key"]["per_probe"]), 0.0, PROBES,
+        f"each probe's mean loss change (nats per token) {what}"))
+    out.append(cl.mean_within(
+        f"{key}.zero_first_value_harmless",
+        f"{name}: zeroing the first token's value in every head changes the loss by less than "
+        f"{HARMLESS:g} nats per token (its value is near zero, so the sink adds nothing)",
+        _finite(by_key["zero_first_value"]["per_probe"]), 0.0, HARMLESS, PROBES,
+        f"each probe's mean loss change {what}"))
+    out.append(cl.mean_at_least(
+        f"{key}.cap_first_mass_raises_loss",
+        f"{name}: capping every head's first-token mass at 1 - {model['cap_eps']:g} raises the "
+        f"loss", _finite(by_key["cap_first_mass"]["per_probe"]), 0.0, PROBES,
+        f"each probe's mean loss change {what}"))
+    streams = {s["k"]: s for s in iv_rec["streaming"]}
+    if streams:
+        gain = np.asarray(streams[0]["per_probe"]) - np.asarray(streams[1]["per_probe"])
+        out.append(cl.mean_at_least(
+            f"{key}.streaming_first_token_helps",
+            f"{name}: with a window of {model['window']} recent tokens, also keeping the first "
+            f"token lowers the loss (StreamingLLM's finding)", _finite(gain.tolist()), 0.0,
+            PROBES, f"each probe's loss with k = 0 minus with k = 1, at positions >= "
+            f"{iv_rec['compared_from']} {what}"))
+    rows = iv_rec["heads"]
+    flagged, control = iv_rec["flagged"], iv_rec["control"]
+    stats = iv_rec["head_stats"]
+    out_f = _heads_value(stats, "output_norm", flagged).mean(1)
+    out_c = _heads_value(stats, "output_norm", control).mean(1)
+    out.append(cl.mean_at_most(
+        f"{key}.sink_heads_output_small",
+        f"{name}: the {len(flagged)} heads with the most first-token mass write outputs at most "
+        f"half as large as {len(control)} random other heads (they do little)",
+        (out_f / out_c).tolist(), 0.5, PROBES,
+        "each probe's mean output norm of the sink heads over that of the control heads"))
+    ratio = _heads_value(stats, "value_ratio", flagged).mean(1)
+    out.append(cl.mean_at_most(
+        f"{key}.sink_heads_value_drained",
+        f"{name}: in the sink heads the first token's value vector is shorter than the other "
+        f"tokens' (Guo et al.'s value-state drain)", ratio.tolist(), 1.0, PROBES,
+        "each probe's mean, over the sink heads, of the first value's norm over the mean norm "
+        "of the other values"))
+    for how, words in (("zero", "zero-ablating"), ("mean", "mean-ablating")):
+        out.append(cl.mean_within(
+            f"{key}.sink_heads_{how}_ablation_harmless",
+            f"{name}: {words} one sink head changes the loss by less than {HARMLESS:g} nats "
+            f"per token (the head does nothing)", _finite(_group_mean(rows, "flagged", how)),
+            0.0, HARMLESS, PROBES,
+            f"each probe's loss change, averaged over the {len(flagged)} sink heads ablated "
+            f"one at a time"))
+    diff = np.asarray(_group_mean(rows, "flagged", "zero")) - \
+        np.asarray(_group_mean(rows, "control", "zero"))
+    out.append(cl.mean_at_most(
+        f"{key}.sink_heads_matter_less_than_random",
+        f"{name}: zero-ablating a sink head raises the loss less than zero-ablating a random "
+        f"head", _finite(diff.tolist()), 0.0, PROBES,
+        "each probe's mean loss change over the sink heads minus that over the control heads"))
+    out.append(cl.mean_at_least(
+        f"{key}.sink_heads_cap_hurts",
+        f"{name}: capping one sink head's first-token mass at 1 - {model['cap_eps']:g} raises "
+        f"the loss", _finite(_group_mean(rows, "flagged", "cap")), 0.0, PROBES,
+        f"each probe's loss change, averaged over the {len(flagged)} sink heads capped one at a "
+        f"time"))
+    return out
+
+
+def head_verdicts(model: dict[str, Any], cl: Any) -> list[dict[str, Any]]:
+    """Per ablated head: the mean loss change of each ablation with its bootstrap interval over
+    probes, and whether the head fits the story (a sink head whose ablation is harmless and
+    whose output is small) or contradicts it."""
+    iv_rec = model["interventions"]
+    stats = iv_rec["head_stats"]
+    out_all = np.asarray(stats["output_norm"], dtype=float).mean(0)  # (layers, heads)
+    control_norm = float(np.mean([out_all[layer, head] for layer, head in iv_rec["control"]]))
+    verdicts = []
+    for row in iv_rec["heads"]:
+        layer, head = row["layer"], row["head"]
+        entry = {"layer": layer, "head": head, "group": row["group"],
+                 "first": float(np.mean(np.asarray(stats["first"])[:, layer, head])),
+                 "value_ratio": float(np.mean(np.asarray(stats["value_ratio"])[:, layer, head])),
+                 "output_ratio": float(out_all[layer, head] / control_norm)}
+        for how in ("zero", "mean", "cap"):
+            values = np.asarray(_finite(row[how]))
+            lo, hi = cl.bootstrap_mean(values)
+            entry[how] = {"mean": float(values.mean()), "interval": [lo, hi]}
+        if row["group"] == "flagged":
+            harmful = any(entry[h]["interval"][0] > HARMLESS or entry[h]["interval"][1]
+                          < -HARMLESS for h in ("zero", "mean"))
+            harmless = all(-HARMLESS <= entry[h]["interval"][0] and entry[h]["interval"][1]
+                           <= HARMLESS for h in ("zero", "mean"))
+            entry["story"] = ("contradicts: ablating it changes the loss" if harmful else
+                              "fits: ablating it is harmless" if harmless else
+                              "undetermined: the interval straddles the threshold")
+        verdicts.append(entry)
+    return verdicts
+
+
+# ------------------------------------------------------------------------------ records
+
+
+def _summary(values: list[float], cl: Any) -> dict[str, Any]:
+    """The mean of per-probe values with its bootstrap interval over probes."""
+    arr = np.asarray(_finite(values), dtype=float)
+    lo, hi = cl.bootstrap_mean(arr) if arr.size else (float("nan"), float("nan"))
+    return {"mean": float(arr.mean()) if arr.size else float("nan"), "interval": [lo, hi],
+            "n": int(arr.size)}
+
+
+def described(done: dict[str, Any], model: dict[str, Any]) -> dict[str, Any]:
+    """One model's interventions with what the report shows computed from them: each edit's
+    mean and interval over probes, each ablated head's verdict, and the rank correlations over
+    every head."""
+    from sinklab import claims as cl
+
+    if done.get("refused"):
+        return done
+    out = {**done, "global": [{**g, "summary": _summary(g["per_probe"], cl)}
+                              for g in done["global"]]}
+    if "baseline" not in done:  # an encoder: hidden-state changes only
+        return out
+    out["baseline_mean"] = float(np.nanmean(done["baseline"]))
+    out["streaming"] = [{**s, "summary": _summary(s["per_probe"], cl)}
+                        for s in done["streaming"]]
+    record = {**model, "interventions": out}
+    out["verdicts"] = head_verdicts(record, cl)
+    out["contradicting"] = [v for v in out["verdicts"]
+                            if v.get("story", "").startswith("contradicts")]
+    stats = {k: np.asarray(v, dtype=float).mean(0).ravel() for k, v in done["head_stats"].items()}
+    from scipy import stats as st
+
+    for key, other in (("spearman", "output_norm"), ("spearman_value", "value_ratio")):
+        rho, p = st.spearmanr(stats["first"], stats[other])
+        out[key] = {"rho": float(rho), "p": float(p)}
+    return out
