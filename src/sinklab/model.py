@@ -12,13 +12,41 @@ runs all members as one batched program. A single model is an ensemble of one. I
 (members, batch, seq, d_model), or (batch, seq, d_model) shared by every member.
 Row-vector convention: q = x @ W_Q, scores = q @ k^T.
 
-Stable names for activations returned by ``forward(..., return_weights=True)``:
-``blocks.{l}.attn.scores`` (pre-rule) and ``blocks.{l}.attn.pattern`` (weights), each of shape
-(members, batch, heads, query, key).
+Activations have the stable names of ``sinklab.hooks``, with the members axis E in front, for
+layer l counted from 0:
+
+- ``blocks.{l}.resid_pre`` (E, B, T, d): the stream entering the block;
+- ``blocks.{l}.attn.scores`` (E, B, H, Q, K): q k^T before the rule (BOS hidden where
+  ``model.bos`` hides it); ``blocks.{l}.attn.pattern`` (E, B, H, Q, K): the rule's weights;
+- ``blocks.{l}.attn.v`` (E, B, K, H, d): head h's values x W_V^h;
+- ``blocks.{l}.attn.result`` (E, B, Q, H, d): head h's output weights @ (x W_V^h) @ W_O^h,
+  whose sum over heads is the attention's output;
+- ``blocks.{l}.resid_post`` (E, B, T, d): the stream leaving the block (after the MLP of a
+  standard block, whose attention reads LN_1 of the stream).
+
+``forward(x, hooks=Hooks(edits, keep))`` passes each of those activations through its hooks
+(a hook's return value replaces the activation for the rest of the pass) and keeps the named
+ones in ``hooks.cache``; ``run_with_cache(model, x)`` keeps every one, and
+``forward(x, return_weights=True)`` still lists each layer's scores and pattern. Hooks cost only
+where they are: a forward pass without them runs the folded products (on the fused kernel where
+it applies); a layer whose scores or pattern are wanted runs the folded products on PyTorch's
+operators, laid out (E * B, Q * H, K) and shown to hooks as (E, B, H, Q, K); a layer whose values
+or per-head results are wanted computes each head's products and sums them. To zero layer
+0's pattern and keep the stream it leaves::
+
+    hooks = Hooks({"blocks.0.attn.pattern": lambda w, name: w * 0}, keep=["blocks.0.resid_post"])
+    model(x, hooks=hooks).out
+    hooks.cache["blocks.0.resid_post"]
+
+``model.bos`` is a hook too. The stack reads the denied queries off its input and adds, before
+the user's hooks, a scores hook on every layer that hides key 0 from them (``removed``,
+``ablated``: ``hide_bos``), or a pattern hook that caps its share (``capped``:
+``cap_bos_hook``); both work in the folded path's own layout and order of operations.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,24 +56,43 @@ from torch import Tensor, nn
 from sinklab import kernels
 from sinklab.attention import build_rule, causal_mask
 from sinklab.config import ModelConfig
+from sinklab.hooks import PER_HEAD, Hook, Hooks
+from sinklab.hooks import names as activation_names
 from sinklab.task import TRIGGER
+
+ATTENTION_PARTS = ("attn.scores", "attn.pattern", *PER_HEAD)  # hooked: no fused kernel
 
 
 @dataclass
 class ModelOutput:
-    """The stack's output (members, batch, seq, d_model) and, on request, per-layer tensors."""
+    """The stack's output (members, batch, seq, d_model) and, on request (``return_weights``),
+    each layer's scores and pattern (members, batch, heads, query, key) as the pass used them."""
 
     out: Tensor
     patterns: list[Tensor] = field(default_factory=list)  # blocks.{l}.attn.pattern
     scores: list[Tensor] = field(default_factory=list)  # blocks.{l}.attn.scores
 
 
+def _hook_rows(hooks: Hooks, name: str, rows: Tensor, n_members: int, n_heads: int) -> Tensor:
+    """Apply ``name``'s hooks to scores or weights laid out (E * B, Q * H, K), rows (query,
+    head), which the hooks see as (E, B, H, Q, K); the result comes back in the rows layout."""
+    if not hooks.wants(name):
+        return rows
+    batch, seq = rows.shape[0] // n_members, rows.shape[1] // n_heads
+    if n_heads == 1:  # rows (query, head) are (head, query): one view each way, not two
+        return hooks(name, rows.view(n_members, batch, 1, seq, -1)).contiguous().view(rows.shape)
+    seen = hooks(name, rows.view(n_members, batch, seq, n_heads, -1).transpose(2, 3))
+    return seen.transpose(2, 3).contiguous().view(rows.shape)  # a view unless a hook made a copy
+
+
 class Attention(nn.Module):
-    """Multi-head attention with full-width heads, batched over ensemble members."""
+    """Multi-head attention with full-width heads, batched over ensemble members.
+
+    ``layer`` names its activations (``blocks.{layer}.attn.*``, see the module docstring).
+    """
 
     def __init__(self, n_members: int, d_model: int, n_heads: int, rule: str,
-                 bos: str = "visible", bos_cap_eps: float = 0.1,
-                 rule_args: dict[str, Any] | None = None) -> None:
+                 rule_args: dict[str, Any] | None = None, *, layer: int = 0) -> None:
         super().__init__()
         shape = (n_members, n_heads, d_model, d_model)
         self.w_q = nn.Parameter(torch.zeros(shape))
@@ -55,13 +102,12 @@ class Attention(nn.Module):
         rule_args = dict(rule_args or {})  # the rule's keyword arguments (model.attention_args)
         self.rule = build_rule(rule, n_members, n_heads, d_model, **rule_args)  # .attn.rule.*
         self.rule_name, self.rule_args = rule, rule_args
-        self.bos, self.bos_cap_eps = bos, bos_cap_eps
+        self.layer = layer
+        self.names = {part: f"blocks.{layer}.{part}" for part in ATTENTION_PARTS}
 
     def forward(self, x: Tensor, mask: Tensor,
-                denied: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+                hooks: Hooks | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """x (E, B, T, d) -> output (E, B, T, d), scores and weights (E, B, H, T, T).
-
-        ``denied`` (E, B, T), True at the rows whose BOS key is hidden or capped (``bos``).
 
         The products are regrouped, not changed: head h's scores (x W_Q^h)(x W_K^h)^T equal
         (x A_h) x^T with A_h = W_Q^h W_K^h^T, and its output weights @ (x W_V^h) @ W_O^h equals
@@ -72,51 +118,104 @@ class Attention(nn.Module):
         gain against the plain per-head products, and the tests compare both with the paper's
         per-head equations.
 
-        On a CPU, softmax and ReLU layers with every BOS key visible and the rule's default
-        keyword arguments run the same folded products on ``sinklab.kernels``' fused kernel
-        when it is available (``engine``).
+        ``hooks`` may edit or keep this layer's scores and pattern (the folded products, seen
+        as (E, B, H, Q, K)) and its values and per-head results (then computed per head, as the
+        equations above are written, and summed). On a CPU, softmax and ReLU layers with the
+        rule's default keyword arguments and no hooks on their attention run the folded
+        products on ``sinklab.kernels``' fused kernel when it is available (``engine``).
         """
         n_members, batch, seq, d = x.shape
         n_heads = self.w_q.shape[1]
+        hooked = hooks is not None and any(map(hooks.wants, self.names.values()))
         a = self.w_q @ self.w_k.transpose(-1, -2)  # (E, H, d, d)
-        m = self.w_v @ self.w_o
-        if self.engine(seq, d, x.device, x.dtype) == "kernel":  # BOS visible: denied is None
-            return kernels.FusedAttention.apply(x, a, m, self.rule_name)
+        if not hooked and self.engine(seq, d, x.device, x.dtype) == "kernel":
+            return kernels.FusedAttention.apply(x, a, self.w_v @ self.w_o, self.rule_name)
         # (E, d, H*d): column block h is A_h (M_h), so one product serves every head.
         a_cat = a.transpose(1, 2).reshape(n_members, d, n_heads * d)
-        m_cat = m.transpose(1, 2).reshape(n_members, d, n_heads * d)
         flat = x.reshape(n_members, batch * seq, d)
         q = (flat @ a_cat).view(n_members * batch, seq * n_heads, d)  # rows (query, head)
         keys = x.reshape(n_members * batch, seq, d)
         # (E*B, T*H, T), rows (query, head); no 1/sqrt(d), as in the paper. The rule sees this
         # 3-d layout with a (T*H, T) mask: a 2-d mask broadcasts far faster than a (T, 1, T) one.
         scores = q @ keys.transpose(1, 2)
-        rows = None
-        if denied is not None:  # (E*B, T*H) rows whose sink is denied
-            rows = denied.reshape(n_members * batch, seq).repeat_interleave(n_heads, dim=1)
-            if self.bos in ("removed", "ablated"):
-                hide = torch.zeros_like(scores)
-                hide[..., 0] = torch.where(rows, float("-inf"), 0.0)
-                scores = scores + hide
+        if hooked:
+            scores = _hook_rows(hooks, self.names["attn.scores"], scores, n_members, n_heads)
         row_mask = mask.repeat_interleave(n_heads, dim=0)  # (T*H, T)
         weights = self.rule(scores, row_mask, x)
-        if rows is not None and self.bos == "capped":
-            weights = cap_bos(weights, rows, row_mask, self.bos_cap_eps)
-        v = (flat @ m_cat).view(n_members, batch, seq, n_heads, d)
-        if n_heads > 1:  # rows (head, key) to match the weights' (head, key) columns
-            v = v.transpose(2, 3)
-        v = v.reshape(n_members * batch, n_heads * seq, d)
-        out = weights.view(n_members * batch, seq, n_heads * seq) @ v  # summed over heads
-        per_head = (n_members, batch, seq, n_heads, seq)
-        return (out.view(n_members, batch, seq, d), scores.view(per_head).transpose(2, 3),
-                weights.view(per_head).transpose(2, 3))
+        if hooked:
+            weights = _hook_rows(hooks, self.names["attn.pattern"], weights, n_members, n_heads)
+        split = (n_members, batch, seq, n_heads, seq)  # (E, B, Q, H, K)
+        pattern = weights.view(split).transpose(2, 3)  # (E, B, H, Q, K)
+        if hooked and any(hooks.wants(self.names[part]) for part in PER_HEAD):
+            out = self.per_head(x, pattern, hooks)
+        else:
+            m = self.w_v @ self.w_o
+            m_cat = m.transpose(1, 2).reshape(n_members, d, n_heads * d)
+            v = (flat @ m_cat).view(n_members, batch, seq, n_heads, d)
+            if n_heads > 1:  # rows (head, key) to match the weights' (head, key) columns
+                v = v.transpose(2, 3)
+            v = v.reshape(n_members * batch, n_heads * seq, d)
+            out = weights.view(n_members * batch, seq, n_heads * seq) @ v  # summed over heads
+            out = out.view(n_members, batch, seq, d)
+        return out, scores.view(split).transpose(2, 3), pattern
+
+    def per_head(self, x: Tensor, pattern: Tensor, hooks: Hooks) -> Tensor:
+        """x (E, B, T, d) and weights (E, B, H, Q, K) -> output (E, B, T, d), computed head by
+        head: values x W_V^h (``attn.v``, (E, B, K, H, d)), then weights @ values @ W_O^h
+        (``attn.result``, (E, B, Q, H, d)), both through ``hooks``, summed over heads."""
+        v = hooks(self.names["attn.v"], torch.einsum("ebkd,ehdf->ebkhf", x, self.w_v))
+        mixed = torch.einsum("ebhqk,ebkhf->ebqhf", pattern, v)  # (E, B, Q, H, d)
+        result = hooks(self.names["attn.result"],
+                       torch.einsum("ebqhf,ehfg->ebqhg", mixed, self.w_o))
+        return result.sum(dim=3)
 
     def engine(self, seq_len: int, d_model: int, device: torch.device,
                dtype: torch.dtype = torch.float32) -> str:
-        """``"kernel"`` or ``"pytorch"``: what computes this layer (``sinklab.kernels``)."""
-        if self.bos != "visible":
-            return "pytorch"
+        """``"kernel"`` or ``"pytorch"``: what computes this layer without hooks on its
+        attention (``sinklab.kernels``)."""
         return kernels.engine(self.rule_name, seq_len, d_model, device, dtype, self.rule_args)
+
+
+def hide_bos(denied: Tensor, dtype: torch.dtype = torch.float32) -> Hook:
+    """A scores hook that hides the BOS key from the ``denied`` rows: -inf is added to their
+    score at key 0, so every rule gives it weight 0.
+
+    ``denied`` (E, B, Q), True at the queries whose BOS key is hidden; the scores it edits are
+    (E, B, H, Q, K) of ``dtype``, every head alike. Adding a 0 / -inf tensor (rather than filling
+    the scores) leaves the backward pass nothing to do for it; it is built once, for every layer.
+    """
+    n_members, batch, seq = denied.shape
+    hide = torch.zeros(n_members, batch, 1, seq, seq, dtype=dtype, device=denied.device)
+    hide[..., 0].masked_fill_(denied[:, :, None], float("-inf"))
+
+    def hook(scores: Tensor, name: str) -> Tensor:
+        return scores + hide
+
+    return hook
+
+
+def cap_bos_hook(denied: Tensor, mask: Tensor, eps: float) -> Hook:
+    """A pattern hook that limits the BOS share of the ``denied`` rows to 1 - eps (``cap_bos``).
+
+    ``denied`` (E, B, Q) as in ``hide_bos``; ``mask`` the (Q, K) causal mask the rule was given;
+    the weights it edits are (E, B, H, Q, K). They are capped as the 3-d rows (E * B, Q * H, K)
+    the model lays them out in, which is both the fastest form of ``cap_bos`` and the one whose
+    sums over keys are taken exactly as in the folded products.
+    """
+    n_members, batch, seq = denied.shape
+    flags = denied.reshape(n_members * batch, seq)
+
+    def hook(pattern: Tensor, name: str) -> Tensor:
+        n_heads = pattern.shape[2]
+        if n_heads == 1:  # one head: (head, query) is the (query, head) order
+            rows = pattern.reshape(n_members * batch, seq, -1)
+            return cap_bos(rows, flags, mask, eps).view(pattern.shape)
+        rows = pattern.transpose(2, 3).reshape(n_members * batch, seq * n_heads, -1)
+        capped = cap_bos(rows, flags.repeat_interleave(n_heads, dim=1),
+                         mask.repeat_interleave(n_heads, dim=0), eps)
+        return capped.view(n_members, batch, seq, n_heads, -1).transpose(2, 3)
+
+    return hook
 
 
 def cap_bos(weights: Tensor, rows: Tensor, mask: Tensor, eps: float) -> Tensor:
@@ -181,18 +280,21 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """One layer of the stack.
+    """One layer of the stack, layer ``layer`` (``blocks.{layer}.*``).
 
     ``model.block="attention"`` (the paper): x <- x + MHA(x) with a residual stream, else
     x <- MHA(x). ``"standard"`` (pre-LayerNorm, always residual): x <- x + MHA(LN_1(x)), then
     x <- x + MLP(LN_2(x)). The gated rule's gate reads the attention's input, LN_1(x) here.
     """
 
-    def __init__(self, cfg: ModelConfig, n_members: int, d_model: int, residual: bool) -> None:
+    def __init__(self, cfg: ModelConfig, n_members: int, d_model: int, residual: bool,
+                 layer: int = 0) -> None:
         super().__init__()
         self.residual = residual
-        self.attn = Attention(n_members, d_model, cfg.n_heads, cfg.attention, cfg.bos,
-                              cfg.bos_cap_eps, cfg.attention_args)
+        self.resid_pre = f"blocks.{layer}.resid_pre"  # the names of the stream around it
+        self.resid_post = f"blocks.{layer}.resid_post"
+        self.attn = Attention(n_members, d_model, cfg.n_heads, cfg.attention,
+                              cfg.attention_args, layer=layer)
         self.standard = cfg.block == "standard"
         if self.standard:
             self.norm1 = LayerNorm(n_members, d_model)
@@ -200,12 +302,16 @@ class Block(nn.Module):
             self.mlp = MLP(n_members, d_model)
 
     def forward(self, h: Tensor, mask: Tensor,
-                denied: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+                hooks: Hooks | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """h (E, B, T, d) -> the new stream, and the attention's scores and weights."""
-        y, scores, weights = self.attn(self.norm1(h) if self.standard else h, mask, denied)
+        if hooks is not None:
+            h = hooks(self.resid_pre, h)
+        y, scores, weights = self.attn(self.norm1(h) if self.standard else h, mask, hooks)
         h = h + y if self.residual else y
         if self.standard:
             h = h + self.mlp(self.norm2(h))
+        if hooks is not None:
+            h = hooks(self.resid_post, h)
         return h, scores, weights
 
 
@@ -218,8 +324,8 @@ class AttentionStack(nn.Module):
         self.d_model = d_model
         self.residual = residual
         self.n_members = n_members
-        self.blocks = nn.ModuleList(Block(cfg, n_members, d_model, residual)
-                                    for _ in range(cfg.n_layers))
+        self.blocks = nn.ModuleList(Block(cfg, n_members, d_model, residual, layer)
+                                    for layer in range(cfg.n_layers))
 
     @torch.no_grad()
     def init_member(self, member: int, generator: torch.Generator) -> None:
@@ -248,28 +354,71 @@ class AttentionStack(nn.Module):
 
     def engine(self, seq_len: int) -> str:
         """``"kernel"`` when every layer's attention runs on ``sinklab.kernels``' fused kernel
-        for sequences of ``seq_len`` tokens (on this model's device), else ``"pytorch"``."""
+        for sequences of ``seq_len`` tokens (on this model's device) in a forward pass without
+        hooks, else ``"pytorch"``. A hidden or capped BOS key is a hook on every layer's scores
+        or pattern, which the kernel does not expose."""
+        if self.cfg.bos != "visible":
+            return "pytorch"
         weight = next(self.parameters())
         engines = {b.attn.engine(seq_len, self.d_model, weight.device, weight.dtype)
                    for b in self.blocks}
         return "kernel" if engines == {"kernel"} else "pytorch"
 
-    def forward(self, x: Tensor, *, return_weights: bool = False) -> ModelOutput:
-        """x (E, B, T, d) or (B, T, d) shared by all members -> ModelOutput, out (E, B, T, d)."""
+    def bos_hooks(self, x: Tensor, mask: Tensor) -> Hooks | None:
+        """The hooks that carry out ``model.bos`` on the input x (E, B, T, d), or None where the
+        BOS key is visible.
+
+        The denied queries are every one but BOS itself and, unless ``ablated``, the trigger's,
+        flagged in the input. ``removed`` and ``ablated`` hide BOS from them in every layer's
+        scores (``hide_bos``); ``capped`` caps its share of every layer's pattern
+        (``cap_bos_hook``).
+        """
+        if self.cfg.bos == "visible":
+            return None
+        denied = (x[..., TRIGGER] == 0) | (self.cfg.bos == "ablated")  # (E, B, T)
+        denied[..., 0] = False
+        if self.cfg.bos == "capped":
+            part, hook = "attn.pattern", cap_bos_hook(denied, mask, self.cfg.bos_cap_eps)
+        else:
+            part, hook = "attn.scores", hide_bos(denied, x.dtype)
+        return Hooks({f"blocks.{layer}.{part}": hook for layer in range(len(self.blocks))})
+
+    def forward(self, x: Tensor, *, return_weights: bool = False,
+                hooks: Hooks | None = None) -> ModelOutput:
+        """x (E, B, T, d) or (B, T, d) shared by all members -> ModelOutput, out (E, B, T, d).
+
+        ``hooks`` edit and keep activations by name (the module docstring); their names must be
+        this model's (a ValueError of one sentence if not), and what they keep is in
+        ``hooks.cache`` afterwards. ``model.bos``'s hooks (``bos_hooks``) run before them.
+        """
         if x.dim() == 3:
             x = x.expand(self.n_members, *x.shape)
         mask = causal_mask(x.shape[-2], x.device)
-        denied = None
-        if self.cfg.bos != "visible":
-            # every query but BOS itself and (unless ablated) the trigger, flagged in the input
-            denied = (x[..., TRIGGER] == 0) | (self.cfg.bos == "ablated")
-            denied[..., 0] = False
+        if hooks is not None:
+            hooks.check(len(self.blocks))
+            if not hooks.edits and not hooks.keep:
+                hooks = None  # nothing to do: the plain forward pass
+        run = self.bos_hooks(x, mask)
+        if hooks is not None:
+            run = hooks if run is None else run.merged(hooks)
         result = ModelOutput(out=x)
         h = x
         for block in self.blocks:
-            h, scores, weights = block(h, mask, denied)
+            h, scores, weights = block(h, mask, run)
             if return_weights:
                 result.scores.append(scores)
                 result.patterns.append(weights)
+        if hooks is not None and run is not hooks:
+            hooks.cache.update(run.cache)
         result.out = h
         return result
+
+
+def run_with_cache(model: AttentionStack, x: Tensor,
+                   names: Iterable[str] | None = None) -> tuple[ModelOutput, dict[str, Tensor]]:
+    """The model's forward pass on x, and the activations ``names`` (default: every one) as it
+    computed them, detached, by name. A name the model does not have is a ValueError."""
+    keep = activation_names(len(model.blocks)) if names is None else list(names)
+    hooks = Hooks(keep=keep)
+    out = model(x, hooks=hooks)
+    return out, hooks.cache
