@@ -172,7 +172,8 @@ def test_pipeline_on_a_tiny_llama(tmp_path, capsys, tiny_llama):
     assert (out / "cache" / f"{key}-interventions.json").is_file()
     assert "mean_in_range" in text and "model.safetensors" in text
     assert "Encoders get no claim" not in text
-    for name in ("fig_lm_first_token", "fig_lm_sweeps", "fig_lm_gu_random"):
+    for name in ("fig_lm_first_token", "fig_lm_sweeps", "fig_lm_gu_random",
+                 "fig_lm_interventions"):
         assert (out / "figures" / f"{name}.png").is_file()
         assert (tmp_path / "docs" / "real" / f"{name}.png").is_file()
     assert (tmp_path / "docs" / "real.md").read_text().startswith("# Sinks in real")

@@ -418,6 +418,7 @@ def collect(ctx: Context) -> dict[str, Any]:
                    "min_count": lm.MIN_COUNT, "min_position": lm.MIN_POSITION,
                    "follow": lm.FOLLOW, "spread_entropy": lm.SPREAD_ENTROPY},
         "half": HALF,
+        "intervened": [m["key"] for m in _intervened({"models": models})],
     }
 
 
@@ -545,6 +546,48 @@ def _draw_gu(ax: Any, records: dict[str, Any], opts: LMOptions) -> None:
     ax.legend(fontsize=7)
 
 
+def _intervened(records: dict[str, Any]) -> list[dict[str, Any]]:
+    """The models whose interventions were measured by the loss."""
+    return [m for m in records["models"]
+            if m.get("interventions") and "baseline" in m["interventions"]]
+
+
+def _draw_interventions(axes: Any, records: dict[str, Any], opts: LMOptions) -> None:
+    """Per causal model: the mean loss change at each position under each global edit and
+    StreamingLLM cache, and each ablated head's zero-ablation loss change (with its interval
+    over probes) against its first-token mass, sink heads and random control heads apart."""
+    axes = np.atleast_2d(axes)
+    for row, m in enumerate(_intervened(records)):
+        iv = m["interventions"]
+        ax_pos, ax_heads = axes[row]
+        for g in iv["global"]:
+            ax_pos.plot(g["per_position"], label=g["key"].replace("_", " "))
+        for s in iv["streaming"]:
+            ax_pos.plot(s["per_position"], linestyle="--",
+                        label=f"StreamingLLM k = {s['k']}, window {iv['window']}")
+        ax_pos.axhline(0, color="grey", linewidth=0.5)
+        ax_pos.set_xlabel("query position")
+        ax_pos.set_ylabel("mean loss change (nats per token)")
+        ax_pos.set_title(f"{m['key']}: edits at every layer", fontsize=9)
+        ax_pos.legend(fontsize=6)
+        for group, color in (("flagged", "tab:red"), ("control", "tab:blue")):
+            chosen = [v for v in iv["verdicts"] if v["group"] == group]
+            if not chosen:
+                continue
+            x = [v["first"] for v in chosen]
+            y = np.asarray([v["zero"]["mean"] for v in chosen])
+            err = np.abs(np.asarray([v["zero"]["interval"] for v in chosen]).T - y)
+            ax_heads.errorbar(x, y, yerr=err, fmt="o", color=color, markersize=4,
+                              label="most first-token mass" if group == "flagged"
+                              else "random control")
+        ax_heads.axhspan(-iv["harmless"], iv["harmless"], color="grey", alpha=0.2,
+                         label=f"harmless (+-{iv['harmless']:g})")
+        ax_heads.set_xlabel("first-token mass")
+        ax_heads.set_ylabel("loss change, zero ablation")
+        ax_heads.set_title(f"{m['key']}: one head ablated at a time", fontsize=9)
+        ax_heads.legend(fontsize=6)
+
+
 FIGURES = (
     FigureSpec("fig_lm_first_token", _draw_heat, grid=_heat_grid, size=(4.2, 3.6),
                title="First-token mass per (layer, head)"),
@@ -553,6 +596,10 @@ FIGURES = (
     FigureSpec("fig_lm_gu_random", _draw_gu, size=(7.0, 4.0),
                title="Gu sink rate of each random-token probe",
                when=lambda records, opts: bool(_random_sets(records))),
+    FigureSpec("fig_lm_interventions", _draw_interventions,
+               grid=lambda records, opts: (len(_intervened(records)), 2), size=(5.0, 3.8),
+               title="Interventions measured by the next-token loss",
+               when=lambda records, opts: bool(_intervened(records))),
 )
 
 
