@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+import tiny_models
 from sinklab import lm
 from sinklab.results import read_json
 from test_cli import run_cli
@@ -18,46 +19,11 @@ from test_cli import run_cli
 transformers = pytest.importorskip("transformers")
 
 
-def _tokenizer(path: Path, encoder: bool):
-    """A word-level tokenizer over the probe passages' words, saved in ``path``."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors
-
-    words = sorted({w for line in lm.natural_texts() for w in line.lower().split()})[:400]
-    specials = ["[UNK]", "[CLS]", "[SEP]", "[PAD]"] if encoder else ["<unk>", "<s>", "</s>"]
-    vocab = {w: i for i, w in enumerate(specials + words)}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token=specials[0]))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    if encoder:
-        tok.post_processor = processors.TemplateProcessing(
-            single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 1), ("[SEP]", 2)])
-        fast = transformers.PreTrainedTokenizerFast(
-            tokenizer_object=tok, unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]",
-            pad_token="[PAD]")
-    else:
-        fast = transformers.PreTrainedTokenizerFast(
-            tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
-    fast.save_pretrained(path)
-    return len(vocab)
-
-
 def _tiny_model(folder: Path, kind: str) -> Path:
     """A randomly initialised 2-layer, 4-head Llama or GPT-2 (decoders, saved with their LM
-    head) or BERT (encoder) saved with a word-level tokenizer in ``folder``: a Hugging Face
-    model folder built without a download."""
-    vocab = _tokenizer(folder, encoder=kind == "bert")
-    torch.manual_seed(0)
-    sizes = dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                 num_attention_heads=4, max_position_embeddings=256)
-    if kind == "bert":
-        transformers.BertModel(transformers.BertConfig(**sizes)).save_pretrained(folder)
-    elif kind == "llama":
-        config = transformers.LlamaConfig(num_key_value_heads=2, **sizes)
-        transformers.LlamaForCausalLM(config).save_pretrained(folder)
-    else:
-        config = transformers.GPT2Config(vocab_size=vocab, n_embd=32, n_layer=2, n_head=4,
-                                         n_positions=256, bos_token_id=1, eos_token_id=2)
-        transformers.GPT2LMHeadModel(config).save_pretrained(folder)
-    return folder
+    head) or BERT (encoder) saved with a word-level tokenizer in ``folder``
+    (``tiny_models.folder``): a Hugging Face model folder built without a download."""
+    return tiny_models.folder(kind, folder)
 
 
 @pytest.fixture
