@@ -236,7 +236,8 @@ def load(source: Source, device: torch.device) -> LoadedModel:
         raise LMError(f"loading a GGUF file needs the gguf package: {EXTRA}.")
     kwargs: dict[str, Any] = {"gguf_file": source.gguf} if source.gguf else {}
     kwargs["local_files_only"] = True  # never reach the network, whatever the files name
-    tf.logging.set_verbosity_error()  # conversion progress and advice, not results
+    tf.logging.set_verbosity_error()  # conversion advice, not results
+    tf.utils.logging.disable_progress_bar()  # and no progress bars of the conversion
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

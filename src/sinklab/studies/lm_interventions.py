@@ -309,7 +309,7 @@ def claims(model: dict[str, Any], cl: Any) -> list[Any]:
     iv_rec = model["interventions"]
     key, name = model["key"], model["model"]
     n = len(iv_rec["baseline"])
-    what = f"per probe, over {n} natural probes"
+    what = f"over {n} natural probes"
     out = []
     by_key = {g["key"]: g for g in iv_rec["global"]}
     out.append(cl.mean_at_least(
@@ -385,27 +385,29 @@ def head_verdicts(model: dict[str, Any], cl: Any) -> list[dict[str, Any]]:
     whose output is small) or contradicts it."""
     iv_rec = model["interventions"]
     stats = iv_rec["head_stats"]
-    out_all = np.asarray(stats["output_norm"], dtype=float).mean(0)  # (layers, heads)
-    control_norm = float(np.mean([out_all[layer, head] for layer, head in iv_rec["control"]]))
+    norms = np.asarray(stats["output_norm"], dtype=float)  # (probes, layers, heads)
+    control = _heads_value(stats, "output_norm", iv_rec["control"]).mean(1)  # (probes,)
     verdicts = []
     for row in iv_rec["heads"]:
         layer, head = row["layer"], row["head"]
         entry = {"layer": layer, "head": head, "group": row["group"],
                  "first": float(np.mean(np.asarray(stats["first"])[:, layer, head])),
                  "value_ratio": float(np.mean(np.asarray(stats["value_ratio"])[:, layer, head])),
-                 "output_ratio": float(out_all[layer, head] / control_norm)}
+                 "output": _summary((norms[:, layer, head] / control).tolist(), cl)}
         for how in ("zero", "mean", "cap"):
-            values = np.asarray(_finite(row[how]))
-            lo, hi = cl.bootstrap_mean(values)
-            entry[how] = {"mean": float(values.mean()), "interval": [lo, hi]}
+            entry[how] = _summary(row[how], cl)
         if row["group"] == "flagged":
-            harmful = any(entry[h]["interval"][0] > HARMLESS or entry[h]["interval"][1]
-                          < -HARMLESS for h in ("zero", "mean"))
+            lo, hi = entry["output"]["interval"]
+            harmful = [h for h in ("zero", "mean") if entry[h]["interval"][0] > HARMLESS
+                       or entry[h]["interval"][1] < -HARMLESS]
             harmless = all(-HARMLESS <= entry[h]["interval"][0] and entry[h]["interval"][1]
                            <= HARMLESS for h in ("zero", "mean"))
-            entry["story"] = ("contradicts: ablating it changes the loss" if harmful else
-                              "fits: ablating it is harmless" if harmless else
-                              "undetermined: the interval straddles the threshold")
+            reasons = [f"{h} ablation changes the loss" for h in harmful] + \
+                (["it writes more than a random head"] if lo > 1 else [])
+            entry["story"] = ("contradicts: " + "; ".join(reasons) if reasons else
+                              "fits: ablating it is harmless and it writes less than a random "
+                              "head" if harmless and hi < 1 else
+                              "undetermined: an interval straddles its line")
         verdicts.append(entry)
     return verdicts
 
