@@ -1,5 +1,5 @@
 """Real pretrained models (sinklab lm): the pipeline on tiny random models built here (no files,
-no download), the trigger-head finder on hand-made numbers, the CLI's error sentences, and the
+no download), the CLI's error sentences, and the
 real SmolLM2 where its package is installed (CI installs it)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import tiny_models
-from sinklab import lm
+from sinklab import lm, trigger_heads
 from sinklab.results import read_json
 from test_cli import run_cli
 
@@ -250,41 +250,6 @@ def test_per_probe_rates_keep_probes_apart():
         assert np.asarray(rates["per_head"]) == pytest.approx(np.full((2, 2), 1 / 3))
 
 
-def _finder_arrays(n_queries=400, seed=0):
-    rng = np.random.default_rng(seed)
-    tokens = rng.integers(10, 30, n_queries)
-    tokens[10::20] = 7  # token 7: 20 times, at position 11
-    tokens[5] = 8  # token 8: once only
-    positions = np.tile(np.arange(1, 21), n_queries // 20)
-    shape = (1, 3, n_queries)
-    arrays = {k: np.zeros(shape) for k in ("first", "prev", "self", "top", "offset", "entropy")}
-    arrays["first"][:] = 0.95
-    arrays["first"][0, 0] = rng.uniform(0, 1, n_queries)  # head 0 is not mostly dormant
-    for head in (1, 2):
-        arrays["first"][0, head, tokens == 7] = 0.05
-        arrays["first"][0, head, tokens == 8] = 0.0
-    arrays["prev"][0, 1, tokens == 7] = 0.9  # head 1 then reads the previous token
-    arrays["top"][0, 1, tokens == 7] = 0.9
-    arrays["offset"][0, 1, tokens == 7] = 1
-    arrays["entropy"][0, 2, tokens == 7] = 0.95  # head 2 spreads evenly
-    arrays["top"][0, 2, tokens == 7] = 0.1
-    return arrays, tokens, positions
-
-
-def test_trigger_head_finder_finds_what_was_planted():
-    arrays, tokens, positions = _finder_arrays()
-    heads = lm.find_trigger_heads(arrays, tokens, positions, decode=lambda i: f"tok{i}")
-    assert sorted((h["layer"], h["head"]) for h in heads) == [(0, 1), (0, 2)]
-    by_head = {h["head"]: h for h in heads}
-    for h in heads:  # token 8 occurs once: below MIN_COUNT, never a trigger
-        assert [t["id"] for t in h["tokens"]] == [7] and h["tokens"][0]["token"] == "tok7"
-        kept = (positions >= lm.MIN_POSITION) & (tokens == 7)
-        assert h["n_triggered"] == kept.sum() and h["tokens"][0]["count"] == kept.sum()
-    assert by_head[1]["when_triggered"]["kind"] == "previous token"
-    assert by_head[2]["when_triggered"]["kind"].startswith("spread")
-    assert by_head[1]["when_triggered"]["offset_mode"] == 1
-
-
 def test_weights_info_reads_the_quantisation_from_the_gguf_file(tmp_path):
     gguf = pytest.importorskip("gguf")
     path = tmp_path / "named-F16.gguf"  # the name says F16: the metadata must win
@@ -466,11 +431,11 @@ def test_real_smollm2_sinks_and_a_trigger_head():
     assert mass[:2].max() < 0.1
     assert 0.60 < summary["sink_rate"]["0.3"]["overall"] < 0.75
     probe, positions = acc.query_index()
-    heads = lm.find_trigger_heads(acc.query_arrays(), probes.ids[probe, positions].numpy(),
-                                  positions, loaded.tokenizer.decode)
+    scan = trigger_heads.scan(acc.query_arrays(), probes.ids[probe, positions].numpy(),
+                              positions, probe, decode=loaded.tokenizer.decode)
     found = {(h["layer"] + 1, h["head"] + 1): [t["token"].strip() for t in h["tokens"]]
-             for h in heads}
-    assert "and" in found.get((21, 9), [])  # dormant until "and" arrives
+             for h in scan.heads}
+    assert "and" in found.get((21, 9), [])  # dormant until "and" arrives, against the null
 
 
 def test_markdown_tables_escape_pipes_in_special_tokens():

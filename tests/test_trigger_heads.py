@@ -231,16 +231,16 @@ def test_bad_arrays_raise_one_sentence():
 
 # ------------------------------------------- a tiny model with a trigger head planted by a hook
 
-PLANTED = (1, 2)  # (layer, head) of the tiny Llama whose pattern the hook rewrites
-TRIGGERS = (7, 9)  # the token ids at which the planted head leaves the first key
+PLANTED_HEAD = (1, 2)  # (layer, head) of the tiny Llama whose pattern the hook rewrites
+TRIGGER_IDS = (7, 9)  # the token ids at which the planted head leaves the first key
 
 
 def _planted_pattern(ids, triggered: bool):
+    """A pattern hook: head PLANTED_HEAD[1] puts 0.95 on the first key and spreads the rest
+    evenly, except (when ``triggered``) at queries holding a trigger token, where it averages
+    the keys before it, as the paper's trigger head does."""
     import torch
 
-    """A pattern hook: head PLANTED[1] puts 0.95 on the first key and spreads the rest evenly,
-    except (when ``triggered``) at queries holding a trigger token, where it averages the keys
-    before it, as the paper's trigger head does."""
     def hook(pattern, name):
         seq = pattern.shape[-1]
         causal = torch.ones(seq, seq).tril()
@@ -252,11 +252,11 @@ def _planted_pattern(ids, triggered: bool):
         dormant[0, 0] = 1.0
         rows = dormant.expand(pattern.shape[0], seq, seq).clone()
         if triggered:
-            hit = torch.isin(ids, torch.tensor(TRIGGERS))  # (B, T) queries at a trigger
+            hit = torch.isin(ids, torch.tensor(TRIGGER_IDS))  # (B, T) queries at a trigger
             mean = causal / causal.sum(-1, keepdim=True)
             rows = torch.where(hit[..., None], mean.expand_as(rows), rows)
         edited = pattern.clone()
-        edited[:, PLANTED[1]] = rows
+        edited[:, PLANTED_HEAD[1]] = rows
         return edited
     return hook
 
@@ -275,9 +275,9 @@ def test_the_finder_on_a_tiny_model_with_a_planted_trigger_head(triggered):
     ids = torch.randint(3, 120, (n_probes, seq), generator=gen)
     ids[:, 0] = 1  # BOS
     plant = torch.rand(n_probes, seq, generator=gen) < 0.08
-    ids[plant & (torch.arange(seq) > 0)] = torch.tensor(TRIGGERS)[torch.randint(
+    ids[plant & (torch.arange(seq) > 0)] = torch.tensor(TRIGGER_IDS)[torch.randint(
         2, (int((plant & (torch.arange(seq) > 0)).sum()),), generator=gen)]
-    name = f"blocks.{PLANTED[0]}.attn.pattern"
+    name = f"blocks.{PLANTED_HEAD[0]}.attn.pattern"
     hooks = Hooks({name: _planted_pattern(ids, triggered)}, keep=[
         f"blocks.{layer}.attn.pattern" for layer in range(2)])
     lm_hooks.run(model, ids, hooks=hooks)
@@ -289,7 +289,7 @@ def test_the_finder_on_a_tiny_model_with_a_planted_trigger_head(triggered):
     found = trigger_heads.scan(arrays, tokens, positions, probes, seed=0)
     assert found.n_tested == 1  # only the planted head is mostly dormant
     if triggered:
-        assert [(h["layer"], h["head"]) for h in found.heads] == [PLANTED]
-        assert {t["id"] for t in found.heads[0]["tokens"]} == set(TRIGGERS)
+        assert [(h["layer"], h["head"]) for h in found.heads] == [PLANTED_HEAD]
+        assert {t["id"] for t in found.heads[0]["tokens"]} == set(TRIGGER_IDS)
     else:
         assert found.heads == []

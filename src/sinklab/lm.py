@@ -645,56 +645,10 @@ def query_features(weights: Tensor) -> dict[str, Tensor]:
 
 DORMANT_LEVEL = 0.8  # a query is "dormant" when its first-key weight is at least this
 DORMANT_SHARE = 0.7  # a head is mostly dormant when this share of its queries are
-TRIGGERED_LEVEL = 0.3  # a token triggers a head when its mean first-key weight is at most this
-MIN_COUNT = 3  # ... over at least this many occurrences
+MIN_COUNT = 3  # a token is tested when it occurs at least this many times
 MIN_POSITION = 4  # queries this early see few keys; they are left out of the finder
 FOLLOW = 0.5  # "attends to X" when at least this share of the row goes there
 SPREAD_ENTROPY = 0.8  # "spread over the previous tokens" from this normalised entropy on
-
-
-def find_trigger_heads(arrays: dict[str, np.ndarray], tokens: np.ndarray, positions: np.ndarray,
-                       decode: Any, top_heads: int = 12, top_tokens: int = 6
-                       ) -> list[dict[str, Any]]:
-    """Heads that are mostly dormant but drop their first-key weight for specific tokens.
-
-    ``arrays`` from ``Accumulator.query_arrays`` (layers, heads, queries); ``tokens`` and
-    ``positions`` (queries,) the query tokens and positions. For each head: its queries at
-    positions >= ``MIN_POSITION``; mostly dormant when at least ``DORMANT_SHARE`` of them put
-    >= ``DORMANT_LEVEL`` on the first key; a trigger token occurs >= ``MIN_COUNT`` times with a
-    mean first-key weight <= ``TRIGGERED_LEVEL``. Heads are ranked by how many such tokens they
-    have, then by how many triggered queries; for each, what the triggered queries attend to.
-    """
-    first = arrays["first"]
-    keep = positions >= MIN_POSITION
-    tok = tokens[keep]
-    uniq, inverse, counts = np.unique(tok, return_inverse=True, return_counts=True)
-    frequent = counts >= MIN_COUNT
-    heads = []
-    n_layers, n_heads, _ = first.shape
-    for layer in range(n_layers):
-        for head in range(n_heads):
-            f = first[layer, head, keep]
-            dormant_share = float((f >= DORMANT_LEVEL).mean())
-            if dormant_share < DORMANT_SHARE:
-                continue
-            mean_by_token = np.bincount(inverse, weights=f, minlength=len(uniq)) / counts
-            trig = np.flatnonzero(frequent & (mean_by_token <= TRIGGERED_LEVEL))
-            if len(trig) == 0:
-                continue
-            hit = np.isin(inverse, trig)  # the triggered queries
-            feats = {k: v[layer, head, keep][hit] for k, v in arrays.items()}
-            order = trig[np.argsort(-counts[trig])][:top_tokens]
-            heads.append({
-                "layer": layer, "head": head, "dormant_share": dormant_share,
-                "median_first": float(np.median(f)),
-                "n_trigger_tokens": int(len(trig)), "n_triggered": int(hit.sum()),
-                "tokens": [{"token": decode(int(uniq[t])), "id": int(uniq[t]),
-                            "count": int(counts[t]), "mean_first": float(mean_by_token[t])}
-                           for t in order],
-                "when_triggered": describe_targets(feats),
-            })
-    heads.sort(key=lambda h: (h["n_trigger_tokens"], h["n_triggered"]), reverse=True)
-    return heads[:top_heads]
 
 
 def describe_targets(feats: dict[str, np.ndarray]) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 A head is a *trigger-conditional candidate* when its first-key weight is high in general (it is
 mostly dormant: it parks its attention on the first key) but drops for particular query tokens.
-``lm.find_trigger_heads`` lists such heads from fixed thresholds; this module tests them:
+This module tests every mostly dormant head for such drops:
 
 1. **Statistic.** For head h and token t (a token with at least ``min_count`` occurrences
    among the queries at positions >= ``min_position``), the sum of the head's first-key
