@@ -86,6 +86,12 @@ class Hooks:
         for name in [*self.edits, *self.keep]:
             split(name)
 
+    @property
+    def empty(self) -> bool:
+        """Whether these hooks neither edit nor keep anything (a forward pass with them is the
+        plain one)."""
+        return not self.edits and not self.keep
+
     def check(self, n_layers: int) -> None:
         """Every name must be one of a model of ``n_layers`` layers."""
         check_names([*self.edits, *self.keep], n_layers)

@@ -278,17 +278,13 @@ def attached(model: nn.Module, hooks: Hooks) -> Iterator[Anatomy]:
                 _ACTIVE[module] = outer
 
 
-def _empty(hooks: Hooks | None) -> bool:
-    return hooks is None or (not hooks.edits and not hooks.keep)
-
-
 def run(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None = None,
         hooks: Hooks | None = None, **forward_kwargs: Any) -> Any:
     """The model's output on ``input_ids`` (B, T) with ``hooks`` applied; ``hooks.cache`` holds
     what they kept. A model with a head returns its output (a causal LM's ``logits``), a base
     model ``last_hidden_state``. ``forward_kwargs`` go to the model's forward (e.g.
     ``output_attentions=True``). With no hooks this is exactly the model's own forward."""
-    if _empty(hooks):
+    if hooks is None or hooks.empty:
         anatomy(model)  # the same error for an unsupported model, hooks or not
         return model(input_ids=input_ids, attention_mask=attention_mask, **forward_kwargs)
     with attached(model, hooks):

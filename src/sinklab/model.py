@@ -396,7 +396,7 @@ class AttentionStack(nn.Module):
         mask = causal_mask(x.shape[-2], x.device)
         if hooks is not None:
             hooks.check(len(self.blocks))
-            if not hooks.edits and not hooks.keep:
+            if hooks.empty:
                 hooks = None  # nothing to do: the plain forward pass
         run = self.bos_hooks(x, mask)
         if hooks is not None:
