@@ -39,7 +39,7 @@ import os
 import re
 import socket
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -174,21 +174,28 @@ def load_plugins(modules: Iterable[str | Plugin], origin: str = "--plugin",
         plugin = _resolve(spec, origin)
         if plugin.spec in _LOADED:
             continue
-        before = set(attention.RULES)
-        try:
-            if plugin.is_file:
-                _exec_file(plugin)
-            else:
-                _import(plugin)
-        except (Exception, SystemExit) as exc:
-            for name in set(attention.RULES) - before:  # leave the registry as it was
-                del attention.RULES[name]
-            raise PluginError(_failure(plugin, origin, where, exc)) from None
+        added += _registering(
+            lambda plugin=plugin: _exec_file(plugin) if plugin.is_file else _import(plugin),
+            lambda exc, plugin=plugin: _failure(plugin, origin, where, exc))
         if not plugin.is_file and plugin.root is None:
             plugin = Plugin(plugin.spec, plugin.module, root=_root(plugin.module))
         _LOADED[plugin.spec] = plugin
-        added += [name for name in attention.RULES if name not in before]
     return added
+
+
+def _registering(load: Callable[[], object], failure: Callable[[BaseException], str]
+                 ) -> list[str]:
+    """Run ``load`` (an import that registers rules) and return the names of the rules it
+    registered; if it raises, the registry is left as it was and the error is a PluginError
+    with the sentence ``failure(exc)``."""
+    before = set(attention.RULES)
+    try:
+        load()
+    except (Exception, SystemExit) as exc:
+        for name in set(attention.RULES) - before:
+            del attention.RULES[name]
+        raise PluginError(failure(exc)) from None
+    return [name for name in attention.RULES if name not in before]
 
 
 def _failure(plugin: Plugin, origin: str, where: str, exc: BaseException) -> str:
@@ -212,15 +219,9 @@ def load_entry_points() -> list[str]:
             continue
         package = ep.dist.name if ep.dist is not None else "an unknown package"
         origin = f"entry point {ep.name} = {ep.value} (group {GROUP}, package {package})"
-        before = set(attention.RULES)
-        try:
-            ep.load()
-        except (Exception, SystemExit) as exc:
-            for name in set(attention.RULES) - before:
-                del attention.RULES[name]
-            raise PluginError(f"{origin} could not be loaded: {_first_line(exc)}.") from None
+        added += _registering(ep.load, lambda exc, origin=origin:
+                              f"{origin} could not be loaded: {_first_line(exc)}.")
         _LOADED[ep.module] = Plugin(ep.module, ep.module, root=_root(ep.module))
-        added += [name for name in attention.RULES if name not in before]
     return added
 
 
