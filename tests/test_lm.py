@@ -79,7 +79,7 @@ def test_pipeline_on_a_tiny_llama(tmp_path, capsys, tiny_llama):
         last = r["tokens"] - 1
         assert r["dormant_query"] == {"position": last, "positions": [last, last], "token": None}
         assert r["lengths"] == {"min": r["tokens"], "median": r["tokens"], "max": r["tokens"]}
-    assert isinstance(result["trigger_heads"], list)
+    assert isinstance(result["trigger_scan"]["heads"], list)
 
     # the numbers, recomputed here by a plain loop over the model's own attention output
     loaded = lm.load(lm.locate(str(tiny_llama)), torch.device("cpu"))
@@ -170,7 +170,7 @@ def test_pipeline_on_a_tiny_bert_encoder(tmp_path, capsys, tiny_bert):
     result = _model_record(out, "tiny-bert")
     assert not result["causal"] and result["special_tokens"] == ["[CLS]", "[SEP]"]
     assert not result["causal_lm"] and result["architecture"] == "BertModel"
-    assert result["trigger_heads"] is None  # the finder reads decoders only
+    assert result["trigger_scan"] is None  # the finder reads decoders only
     with_specials = next(r for r in result["results"] if r["specials"])
     assert with_specials["tokens"] == 18  # [CLS] + 16 + [SEP]
     # the dormant rate's query: the last row, here [SEP] in every probe
@@ -203,7 +203,7 @@ def test_pipeline_on_a_tiny_gpt2(tmp_path, capsys, tiny_gpt2):
     # loaded with its LM head, measured through its body
     assert result["architecture"] == "GPT2LMHeadModel" and result["causal_lm"]
     assert result["causal"] and (result["n_layers"], result["n_heads"]) == (2, 4)
-    assert result["special_tokens"] == ["<s>"] and isinstance(result["trigger_heads"], list)
+    assert result["special_tokens"] == ["<s>"] and isinstance(result["trigger_scan"]["heads"], list)
     runs = {(r["probes"], r["specials"]): r for r in result["results"]}
     assert runs["random", True]["tokens"] == 17 and runs["natural", False]["tokens"] == 16
     for r in result["results"]:

@@ -31,8 +31,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from sinklab import claims as cl
 from sinklab import interventions as iv
-from sinklab import lm, lm_hooks, trigger_heads
+from sinklab import lm, lm_hooks, metrics, trigger_heads
 from sinklab.hooks import Hooks
 
 SINK_TOKENS = (0, 1, 4)  # StreamingLLM's k: the first k tokens kept beside the window
@@ -57,12 +58,22 @@ def batches(ids: Tensor, mask: Tensor, size: int) -> Iterator[tuple[Tensor, Tens
         yield ids[start:start + size], mask[start:start + size]
 
 
-def per_probe(values: Tensor, where: Tensor) -> list[float]:
-    """Each probe's mean of ``values`` (B, P) over the positions ``where`` (B, P) selects (nan
-    where a probe has none)."""
-    total = torch.where(where, values, 0.0).sum(-1)
-    count = where.sum(-1)
+def masked_mean(values: Tensor, where: Tensor, dim: int) -> list[float]:
+    """The mean of ``values`` (B, P) over the entries ``where`` (B, P) selects, along ``dim``
+    (nan where a row or column has none)."""
+    total = torch.where(where, values, 0.0).sum(dim)
+    count = where.sum(dim)
     return (total / count).where(count > 0, torch.nan).tolist()
+
+
+def per_probe(values: Tensor, where: Tensor) -> list[float]:
+    """Each probe's mean of ``values`` (B, P) over its positions that ``where`` selects."""
+    return masked_mean(values, where, -1)
+
+
+def per_position(values: Tensor, where: Tensor) -> list[float]:
+    """Each position's mean of ``values`` (B, P) over the probes that ``where`` selects."""
+    return masked_mean(values, where, 0)
 
 
 # ------------------------------------------------------------------ per-head statistics
@@ -90,25 +101,18 @@ class HeadStats:
             edits[f"blocks.{layer}.attn.result"] = self._result(layer)
         return edits
 
-    def _queries(self) -> Tensor:
-        """Real queries that see another key than the first: (B, T)."""
-        assert self.valid is not None
-        q = self.valid.clone()
-        q[:, 0] = False
-        return q
-
     def _pattern(self, layer: int, causal: bool) -> Callable[[Tensor, str], None]:
         def hook(pattern: Tensor, name: str) -> None:  # (B, H, Q, K)
-            q = self._queries() if causal else self.valid
-            first = pattern[..., 0].float()  # (B, H, Q)
-            w = q[:, None, :].to(first.dtype)
-            self.first[layer].append(((first * w).sum(-1) / w.sum(-1).clamp(min=1)).cpu())
+            # each probe as a batch of one, so that the metric keeps the probes apart
+            mass = metrics.first_token_mass(pattern[:, None].float(), causal,
+                                            valid=self.valid[:, None])  # (B, H)
+            self.first[layer].append(mass.cpu())
         return hook
 
     def _value(self, layer: int) -> Callable[[Tensor, str], None]:
         def hook(v: Tensor, name: str) -> None:  # (B, K, H, d_head)
             norms = v.float().norm(dim=-1)  # (B, K, H)
-            keys = self.valid.clone()
+            keys = self.valid.clone()  # the real keys after the first
             keys[:, 0] = False
             w = keys[..., None].to(norms.dtype)
             others = (norms * w).sum(1) / w.sum(1).clamp(min=1)  # (B, H)
@@ -157,7 +161,7 @@ def choose_heads(first: np.ndarray, n: int, seed: int = CONTROL_SEED
                  ) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
     """The ``n`` heads with the most first-token mass (``first`` (layers, heads), mean over
     probes), and ``n`` others drawn at random (seeded) as the control set."""
-    layers, heads = first.shape
+    heads = first.shape[1]
     order = np.argsort(-first, axis=None, kind="stable")
     n = min(n, first.size // 2)
     flagged = [divmod(int(i), heads) for i in order[:n]]
@@ -206,7 +210,7 @@ def run_causal(loaded: lm.LoadedModel, ids: Tensor, mask: Tensor, settings: Sett
     for key, label, hooks in _global_edits(settings.cap_eps, n_layers):
         delta = change(hooks)
         out["global"].append({"key": key, "label": label, "per_probe": per_probe(delta, scored),
-                              "per_position": _position_means(delta, scored)})
+                              "per_position": per_position(delta, scored)})
     seq = ids.shape[1]
     # the queries (loss index t is query t) where even the largest k's cache has dropped keys
     dropped = iv.streaming_positions(seq, max(SINK_TOKENS), settings.window)
@@ -216,7 +220,7 @@ def run_causal(loaded: lm.LoadedModel, ids: Tensor, mask: Tensor, settings: Sett
     for k in SINK_TOKENS if compared < seq - 1 else ():  # some loss position is compared
         delta = change(iv.streaming(k, settings.window, n_layers))
         out["streaming"].append({"k": k, "per_probe": per_probe(delta, where),
-                                 "per_position": _position_means(delta, scored)})
+                                 "per_position": per_position(delta, scored)})
     log(f"lm: {loaded.source.name}: interventions: global edits and streaming "
         f"({time.perf_counter() - start:.0f} s)")
     flagged, control = choose_heads(heads["first"].mean(0), settings.n_heads)
@@ -241,20 +245,12 @@ def run_causal(loaded: lm.LoadedModel, ids: Tensor, mask: Tensor, settings: Sett
                                                is_trigger.numpy(), scored.numpy())
         out["targeted"].append({"layer": layer, "head": head,
                                 "tokens": [t["token"] for t in found["tokens"]],
-                                "at_trigger": per_probe(delta, is_trigger),
-                                "elsewhere": per_probe(delta, scored & ~is_trigger),
                                 "summary": effect})
     out.update({"head_stats": {k: v.tolist() for k, v in heads.items()},
                 "flagged": flagged, "control": control, "compared_from": compared,
                 "seconds": time.perf_counter() - start})
     return out
 
-
-def _position_means(delta: Tensor, where: Tensor) -> list[float]:
-    """The mean change at each position over the probes that have it (nan where none)."""
-    total = torch.where(where, delta, 0.0).sum(0)
-    count = where.sum(0)
-    return (total / count).where(count > 0, torch.nan).tolist()
 
 
 def run_encoder(loaded: lm.LoadedModel, ids: Tensor, mask: Tensor, settings: Settings
@@ -304,8 +300,8 @@ def _heads_value(stats: dict[str, list], key: str, heads: list) -> np.ndarray:
     return np.stack([arr[:, layer, head] for layer, head in heads], axis=1)
 
 
-def claims(model: dict[str, Any], cl: Any) -> list[Any]:
-    """The story's claims for one causal model's interventions (``cl``: sinklab.claims)."""
+def claims(model: dict[str, Any]) -> list[cl.Claim]:
+    """The story's claims for one causal model's interventions (``model["interventions"]``)."""
     iv_rec = model["interventions"]
     key, name = model["key"], model["model"]
     n = len(iv_rec["baseline"])
@@ -325,7 +321,7 @@ def claims(model: dict[str, Any], cl: Any) -> list[Any]:
         f"each probe's mean loss change {what}"))
     out.append(cl.mean_at_least(
         f"{key}.cap_first_mass_raises_loss",
-        f"{name}: capping every head's first-token mass at 1 - {model['cap_eps']:g} raises the "
+        f"{name}: capping every head's first-token mass at 1 - {iv_rec['cap_eps']:g} raises the "
         f"loss", _finite(by_key["cap_first_mass"]["per_probe"]), 0.0, PROBES,
         f"each probe's mean loss change {what}"))
     streams = {s["k"]: s for s in iv_rec["streaming"]}
@@ -333,7 +329,7 @@ def claims(model: dict[str, Any], cl: Any) -> list[Any]:
         gain = np.asarray(streams[0]["per_probe"]) - np.asarray(streams[1]["per_probe"])
         out.append(cl.mean_at_least(
             f"{key}.streaming_first_token_helps",
-            f"{name}: with a window of {model['window']} recent tokens, also keeping the first "
+            f"{name}: with a window of {iv_rec['window']} recent tokens, also keeping the first "
             f"token lowers the loss (StreamingLLM's finding)", _finite(gain.tolist()), 0.0,
             PROBES, f"each probe's loss with k = 0 minus with k = 1, at positions >= "
             f"{iv_rec['compared_from']} {what}"))
@@ -372,18 +368,17 @@ def claims(model: dict[str, Any], cl: Any) -> list[Any]:
         "each probe's mean loss change over the sink heads minus that over the control heads"))
     out.append(cl.mean_at_least(
         f"{key}.sink_heads_cap_hurts",
-        f"{name}: capping one sink head's first-token mass at 1 - {model['cap_eps']:g} raises "
+        f"{name}: capping one sink head's first-token mass at 1 - {iv_rec['cap_eps']:g} raises "
         f"the loss", _finite(_group_mean(rows, "flagged", "cap")), 0.0, PROBES,
         f"each probe's loss change, averaged over the {len(flagged)} sink heads capped one at a "
         f"time"))
     return out
 
 
-def head_verdicts(model: dict[str, Any], cl: Any) -> list[dict[str, Any]]:
-    """Per ablated head: the mean loss change of each ablation with its bootstrap interval over
-    probes, and whether the head fits the story (a sink head whose ablation is harmless and
-    whose output is small) or contradicts it."""
-    iv_rec = model["interventions"]
+def head_verdicts(iv_rec: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per ablated head of one model's interventions: the mean loss change of each ablation
+    with its bootstrap interval over probes, and whether the head fits the story (a sink head
+    whose ablation is harmless and whose output is small) or contradicts it."""
     stats = iv_rec["head_stats"]
     norms = np.asarray(stats["output_norm"], dtype=float)  # (probes, layers, heads)
     control = _heads_value(stats, "output_norm", iv_rec["control"]).mean(1)  # (probes,)
@@ -393,9 +388,9 @@ def head_verdicts(model: dict[str, Any], cl: Any) -> list[dict[str, Any]]:
         entry = {"layer": layer, "head": head, "group": row["group"],
                  "first": float(np.mean(np.asarray(stats["first"])[:, layer, head])),
                  "value_ratio": float(np.mean(np.asarray(stats["value_ratio"])[:, layer, head])),
-                 "output": _summary((norms[:, layer, head] / control).tolist(), cl)}
+                 "output": _summary((norms[:, layer, head] / control).tolist())}
         for how in ("zero", "mean", "cap"):
-            entry[how] = _summary(row[how], cl)
+            entry[how] = _summary(row[how])
         if row["group"] == "flagged":
             lo, hi = entry["output"]["interval"]
             harmful = [h for h in ("zero", "mean") if entry[h]["interval"][0] > HARMLESS
@@ -415,7 +410,7 @@ def head_verdicts(model: dict[str, Any], cl: Any) -> list[dict[str, Any]]:
 # ------------------------------------------------------------------------------ records
 
 
-def _summary(values: list[float], cl: Any) -> dict[str, Any]:
+def _summary(values: list[float]) -> dict[str, Any]:
     """The mean of per-probe values with its bootstrap interval over probes."""
     arr = np.asarray(_finite(values), dtype=float)
     lo, hi = cl.bootstrap_mean(arr) if arr.size else (float("nan"), float("nan"))
@@ -423,23 +418,20 @@ def _summary(values: list[float], cl: Any) -> dict[str, Any]:
             "n": int(arr.size)}
 
 
-def described(done: dict[str, Any], model: dict[str, Any]) -> dict[str, Any]:
+def described(done: dict[str, Any]) -> dict[str, Any]:
     """One model's interventions with what the report shows computed from them: each edit's
     mean and interval over probes, each ablated head's verdict, and the rank correlations over
     every head."""
-    from sinklab import claims as cl
-
     if done.get("refused"):
         return done
-    out = {**done, "global": [{**g, "summary": _summary(g["per_probe"], cl)}
+    out = {**done, "global": [{**g, "summary": _summary(g["per_probe"])}
                               for g in done["global"]]}
     if "baseline" not in done:  # an encoder: hidden-state changes only
         return out
     out["baseline_mean"] = float(np.nanmean(done["baseline"]))
-    out["streaming"] = [{**s, "summary": _summary(s["per_probe"], cl)}
+    out["streaming"] = [{**s, "summary": _summary(s["per_probe"])}
                         for s in done["streaming"]]
-    record = {**model, "interventions": out}
-    out["verdicts"] = head_verdicts(record, cl)
+    out["verdicts"] = head_verdicts(out)
     out["contradicting"] = [v for v in out["verdicts"]
                             if v.get("story", "").startswith("contradicts")]
     stats = {k: np.asarray(v, dtype=float).mean(0).ravel() for k, v in done["head_stats"].items()}

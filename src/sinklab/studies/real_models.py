@@ -1,5 +1,5 @@
-"""``sinklab lm``: the toy task's sink metrics on real pretrained models, and the candidate
-trigger-conditional heads in them.
+"""``sinklab lm``: the toy task's sink metrics on real pretrained models, the trigger-conditional
+heads in them tested against a permutation null, and interventions on them measured by the loss.
 
 For each model (``--model``, repeatable: smollm2, minilm, a path, or a Hugging Face id already in
 the local cache) it runs two probe sets, natural text and random-token sequences, each with and
@@ -10,7 +10,9 @@ model's analysis is kept in ``cache/{model}.json`` with the settings it depends 
 digest among them), so a rerun with the same ``--out`` keeps every model already analysed. The
 records hold every (layer, head) value and every probe's rates; the claims compare a decoder's
 Gu sink rate on random tokens with the range Gu et al. report for open LMs, with the probe as
-the unit::
+the unit. Then, on the first ``--intervene`` natural probes, the interventions of
+``sinklab.studies.lm_interventions`` (kept in ``cache/{model}-interventions.json``) and the
+claims of the paper's story that they test::
 
     sinklab lm --model smollm2 --model minilm --out results/lm
     sinklab lm --model HuggingFaceTB/SmolLM2-135M --probes my_texts.jsonl --out results/mine
@@ -44,7 +46,7 @@ MAIN_EPS, MAIN_CUTOFF = f"{GU_EPS:g}", f"{GUO_CUTOFF:g}"  # keys of the sweeps t
 HALF = 0.5  # "a head puts at least half its weight on the first token"
 MIN_TOKENS = 8
 DEFAULT_BATCH = 16
-FORMAT = 4  # layout of a model's cached analysis: a change here recomputes every model
+FORMAT = 5  # layout of a model's cached analysis: a change here recomputes every model
 INTERVENE_PROBES = 32  # natural probes the interventions run on (the benchmark sizes this)
 ABLATE_HEADS = 12
 CAP_EPS = 0.5
@@ -290,7 +292,6 @@ def analyse_model(spec: str, opts: LMOptions, exe: Execution, log: Any,
         "load_s": load_s, "total_s": time.perf_counter() - start, "device": str(device),
         "results": results, "finder_condition": first_label if finder is not None else None,
         "trigger_scan": finder,
-        "trigger_heads": finder["heads"] if finder is not None else None,
     }
 
 
@@ -322,8 +323,9 @@ def intervene(analysis: dict[str, Any], opts: LMOptions, loader: Loader, log: An
     chosen = liv.Settings(n_probes=n, n_heads=opts.ablate_heads, cap_eps=opts.cap_eps,
                           window=opts.window, batch_size=opts.batch_size)
     if loaded.causal_lm:
+        scan = analysis["trigger_scan"]
         out = liv.run_causal(loaded, ids, valid.long(), chosen,
-                             analysis.get("trigger_heads") or [], log)
+                             scan["heads"] if scan is not None else [], log)
     else:
         out = liv.run_encoder(loaded, ids, valid.long(), chosen)
     lengths = probes.lengths[:n]
@@ -401,7 +403,7 @@ def collect(ctx: Context) -> dict[str, Any]:
                               intervention_settings(spec, opts, ctx.exe),
                               lambda kept=kept, loader=loader: intervene(kept, opts, loader,
                                                                          ctx.log))
-            model["interventions"] = liv.described(done, model)
+            model["interventions"] = liv.described(done)
         models.append(model)
     sets, heads = _tables(models)
     return {
@@ -458,8 +460,7 @@ def claims(records: dict[str, Any], opts: LMOptions) -> list[Claim]:
     for m in records["models"]:
         iv_rec = m.get("interventions")
         if iv_rec and m["causal"] and "baseline" in iv_rec:
-            out.extend(liv.claims({**m, "cap_eps": iv_rec["cap_eps"],
-                                   "window": iv_rec["window"]}, cl))
+            out.extend(liv.claims(m))
     return out
 
 
@@ -613,8 +614,10 @@ STUDY = register(Study(
                 "through real pretrained models loaded from local files or the Hugging Face "
                 "cache (never downloaded), and write per (layer, head) first-token mass, Gu "
                 "sink rates and Guo dormant fractions with their sweeps and per-probe values, "
-                "heat maps, the candidate trigger-conditional heads, records.json, claims.csv "
-                "and LM.md. "
+                "heat maps, the trigger-conditional heads a permutation test keeps, and the "
+                "loss changes of interventions (the first token's key hidden, its value zeroed, "
+                "its mass capped, StreamingLLM's cache, heads ablated one at a time) with the "
+                "claims they test, records.json, claims.csv and LM.md. "
                 "Needs the extra sinklab[lm]. Rerunning with the same --out keeps the models "
                 "already analysed.",
     options=LMOptions, template="real_models.md.j2", collect=collect, claims=claims,
