@@ -28,6 +28,20 @@ def _threads():
     torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True)
+def _registry():
+    """Each test leaves the registry of rules (and the plugins loaded) as it found it: a test
+    that loads a plugin of its own must not add rules that other tests' messages list."""
+    from sinklab import attention, plugins
+
+    rules, loaded = dict(attention.RULES), dict(plugins._LOADED)
+    yield
+    attention.RULES.clear()
+    attention.RULES.update(rules)
+    plugins._LOADED.clear()
+    plugins._LOADED.update(loaded)
+
+
 @pytest.fixture
 def local_ray(monkeypatch):
     """A local Ray instance with two CPUs for one test, stopped after it. Token authentication

@@ -1,7 +1,9 @@
 """Attention rules: every registered rule is causal and finite, gives each head its own weights in
 the model's (query, head) row layout, and the known traps of each rule are guarded; every
 registration declares its metadata and keyword arguments, whose defaults compute what the rule
-always computed. Parametrised over the registry, so new rules are tested too."""
+always computed, and a float argument must fit float32. Every rule passes the contract check
+that runs where a rule is used (``check_contract``), and each way of breaking the contract is
+one sentence. Parametrised over the registry, so new rules are tested too."""
 
 from __future__ import annotations
 
@@ -9,12 +11,15 @@ import pytest
 import torch
 
 from sinklab.attention import (
+    FLOAT32_MAX,
     ROW_KINDS,
     RULES,
     Arg,
+    ContractError,
     ParamRule,
     build_rule,
     causal_mask,
+    check_contract,
     get_rule,
     has_parameters,
     register,
@@ -244,11 +249,25 @@ def test_keyword_arguments_change_the_rule_as_documented():
     ("sigmoid", {"bias": float("nan")}, "bias=nan is not allowed: sigmoid's bias must be a "
                                         "finite number or none."),
     ("sink_logit", {"init": 10**400}, "init=1000000000"),
+    ("sink_logit", {"init": 1e308}, "init=1e+308 is not allowed: sink_logit's init must be a "
+                                    "finite number with |x| <= 3.4028e38, the range of the "
+                                    "float32 the model computes in (it would overflow to inf)."),
+    ("sink_logit", {"init": -3.5e38}, "init=-3.5e+38 is not allowed"),
+    ("softmax", {"temperature": 1e39}, "temperature=1e+39 is not allowed: softmax's temperature "
+                                       "must be a number > 0 with |x| <= 3.4028e38, the range"),
+    ("sigmoid", {"bias": -1e39}, "bias=-1e+39 is not allowed: sigmoid's bias must be a finite "
+                                 "number with |x| <= 3.4028e38 or none, the range of the float32"),
 ])
 def test_bad_keyword_arguments_are_one_sentence(name, kwargs, message):
     with pytest.raises(ValueError) as info:
         build_rule(name, 1, 1, 8, **kwargs)
     assert str(info.value).startswith(message) and "\n" not in str(info.value)
+
+
+def test_float_arguments_up_to_the_float32_limit_are_allowed():
+    rule = build_rule("sink_logit", 1, 2, 8, init=-FLOAT32_MAX)
+    rule.init_member(0, torch.Generator(), 0.02)
+    assert torch.isfinite(rule.logit).all() and rule.logit[0, 0] == -FLOAT32_MAX
 
 
 def test_a_rule_registered_elsewhere_gets_its_declaration_checked():
@@ -294,3 +313,123 @@ def test_a_rule_registered_elsewhere_gets_its_declaration_checked():
     with pytest.raises(ValueError, match="row_kind='sum' is not one of simplex"):
         register("test_bad", row_kind="sum")(untyped)
     assert "test_bad" not in RULES
+
+
+# ------------------------------------------------------------------------------- the contract
+
+
+@pytest.mark.parametrize("name", ALL_RULES)
+def test_every_registered_rule_keeps_the_contract(name):
+    check_contract(name)  # sinklab's own rules and the test plugins' (tests/conftest.py)
+
+
+def future_softmax(scores, mask):
+    return scores.softmax(-1)  # the mask ignored: weight on future keys
+
+
+def raises(scores, mask):
+    raise RuntimeError("no kernel for this shape\nsecond line")
+
+
+def log_weights(scores, mask):
+    return scores.log() * mask  # nan where a score is negative
+
+
+@pytest.mark.parametrize("rule, says", [
+    (lambda s, m: (s.relu() * m)[..., 0], "returned weights of shape (4, 10) on finite scores "
+                                          "of shape (4, 10, 5) and a causal mask of shape "
+                                          "(10, 5), not of the scores' shape (4, 10, 5)."),
+    (raises, "raised RuntimeError: no kernel for this shape when called on finite scores of "
+             "shape (4, 10, 5) and a causal mask of shape (10, 5)."),
+    (lambda s, m: None, "returned None on finite scores of shape (4, 10, 5) and a causal mask "
+                        "of shape (10, 5), not a tensor of weights of shape (4, 10, 5)."),
+    (lambda s, m: [s], "returned a list on finite scores"),
+    (log_weights, "non-finite weights (nan) on finite scores of shape (4, 10, 5) and a causal "
+                  "mask of shape (10, 5): every weight must be finite."),
+    (future_softmax, "put weight on masked (future) keys on finite scores of shape (4, 10, 5) "
+                     "and a causal mask of shape (10, 5): the largest |weight| at a masked key "
+                     "is 0.998, where it must be exactly 0."),
+    (lambda s, m: (s.relu() * m).double(), "returned float64 weights on finite scores of shape "
+                                           "(4, 10, 5) and a causal mask of shape (10, 5), not "
+                                           "weights of the scores' dtype float32."),
+    (lambda s, m: (s.relu() * m).transpose(0, 1).contiguous().transpose(0, 1),
+     "that the model cannot view in its layout"),
+    (lambda s, m: s.exp().mul_(m), "raised RuntimeError: one of the variables needed for "
+                                   "gradient computation has been modified by an inplace "
+                                   "operation"),
+], ids=["shape", "raises", "none", "not a tensor", "nan", "future keys", "dtype", "layout",
+        "backward"])
+def test_a_rule_that_breaks_the_contract_is_one_sentence(rule, says):
+    try:
+        register("test_broken", row_kind="free")(rule)
+        with pytest.raises(ContractError) as info:
+            check_contract("test_broken")
+    finally:
+        RULES.pop("test_broken", None)
+    text = str(info.value)
+    assert text.startswith("attention rule 'test_broken' (from plugin test_attention) ")
+    assert says in text and "\n" not in text, text
+
+
+def test_relu_rows_that_are_all_zero_keep_the_contract():
+    try:
+        register("test_all_zero", row_kind="free")(lambda s, m: torch.zeros_like(s))
+        check_contract("test_all_zero")  # rows need not sum to 1
+    finally:
+        RULES.pop("test_all_zero", None)
+
+
+class MaskBlindGate(ParamRule):
+    """A gated ReLU whose gate reads x as the model lays it out, and which forgets the mask."""
+
+    def __init__(self, n_members: int, n_heads: int, d_model: int, *, start: float = 0.0):
+        super().__init__(n_members, n_heads, d_model)
+        self.gate_w = torch.nn.Parameter(torch.full((n_members, n_heads, d_model), start).exp())
+
+    def forward(self, scores, mask, x=None):
+        assert x is not None and x.shape[0] == self.n_members and x.shape[-1] == self.d_model
+        gates = torch.einsum("ebtd,ehd->ebth", x, self.gate_w).sigmoid().flatten(2)[..., None]
+        return (self.split(scores).relu() * gates).view_as(scores)
+
+
+def test_a_param_rule_is_built_and_called_with_x_as_the_model_does():
+    try:
+        register("test_gate", row_kind="free", kwargs={
+            "start": Arg("the log of every gate weight at the start")})(MaskBlindGate)
+        with pytest.raises(ContractError, match=r"^attention rule 'test_gate' \(from plugin "
+                                                r"test_attention\) put weight on masked"):
+            check_contract("test_gate")
+        with pytest.raises(ContractError) as info:  # an argument that overflows its parameter
+            check_contract("test_gate", {"start": 100})
+    finally:
+        RULES.pop("test_gate", None)
+    assert str(info.value) == (
+        "attention rule 'test_gate' (from plugin test_attention) with start=100.0 has a "
+        "parameter 'gate_w' that is not finite (inf) when built with n_members=2, n_heads=2, "
+        "d_model=4: every parameter must be finite.")
+
+
+def test_the_contract_is_checked_once_and_leaves_the_global_random_state_alone():
+    calls = []
+
+    def noisy(scores, mask):
+        calls.append(tuple(scores.shape))
+        return torch.relu(scores + torch.randn(scores.shape)) * mask  # the global generator
+
+    try:
+        register("test_noisy", row_kind="free")(noisy)
+        torch.manual_seed(0)
+        want = torch.rand(3)
+        torch.manual_seed(0)
+        check_contract("test_noisy")
+        assert torch.equal(torch.rand(3), want)
+        check_contract("test_noisy")
+    finally:
+        RULES.pop("test_noisy", None)
+    assert calls == [(4, 10, 5), (1, 4, 4)]  # its layers, once
+
+
+def test_sinklab_names_itself_and_the_arguments_of_a_rule_it_refuses():
+    with pytest.raises(ContractError, match=r"^attention rule 'softmax' \(from sinklab\) with "
+                                            r"temperature=1e-40 returned \d+ non-finite"):
+        check_contract("softmax", {"temperature": 1e-40})  # every score / 0 in float32

@@ -1,7 +1,8 @@
 """Attention rules of one's own (sinklab.plugins): found through an installed entry point, a
 dotted module name or a file path; listed by `sinklab rules`; trained from the command line with
 keyword arguments; carried to spawned local workers and to Ray workers; refused in one sentence
-when they cannot be loaded; and a model built with one has the same activation cache and hooks.
+when they cannot be loaded, or when a rule breaks the contract where it is used (before any
+folder is written); and a model built with one has the same activation cache and hooks.
 
 The registry-wide tests (tests/test_attention.py, tests/test_model.py, tests/test_attack.py) run
 on the test plugins too: tests/conftest.py loads them before collection.
@@ -20,7 +21,7 @@ import torch
 from conftest import EXAMPLE_PLUGIN, PLUGIN_RULES
 from sinklab import attention, kernels, plugins
 from sinklab.attention import RULES, rule_info
-from sinklab.config import build_run_config
+from sinklab.config import ConfigError, build_run_config
 from sinklab.hooks import Hooks
 from sinklab.model import AttentionStack, run_with_cache
 from sinklab.sweeps import run as sweep_run
@@ -208,6 +209,53 @@ def test_train_a_plugin_rule_with_keyword_arguments_and_read_the_run(tmp_path, c
     assert code == 2 and err.count("\n") == 1
     assert f"{out} uses the attention rule 'softmax_t', which is not registered here: a rule " \
            "of your own needs its plugin loaded: --plugin MODULE" in err
+
+
+MASK_BLIND_GATE = '''
+import torch
+from sinklab.attention import ParamRule, register
+
+
+@register("blind_gate", row_kind="free")
+class BlindGate(ParamRule):
+    """ReLU attention times a learned per-head gate, and the mask forgotten."""
+
+    def __init__(self, n_members, n_heads, d_model):
+        super().__init__(n_members, n_heads, d_model)
+        self.gate = torch.nn.Parameter(torch.ones(n_members, n_heads))
+
+    def forward(self, scores, mask, x=None):
+        gate = self.per_row(self.gate.sigmoid(), scores.shape[-2])[..., None]
+        return (self.split(scores).relu() * gate).view_as(scores)
+'''
+
+
+def test_a_plugin_rule_that_breaks_the_contract_is_refused_before_its_folder(tmp_path, capsys,
+                                                                            registry):
+    path = tmp_path / "gate.py"
+    path.write_text(MASK_BLIND_GATE)
+    code, out, err = run_cli(capsys, "train", "--plugin", str(path), "model.attention=blind_gate",
+                             "--out", str(tmp_path / "o"))
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert err.startswith(f"sinklab: error: attention rule 'blind_gate' (from plugin {path}) put "
+                          "weight on masked (future) keys on finite scores of shape (4, 10, 5)")
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_plugin_argument_that_overflows_in_float32_is_refused_by_the_config():
+    # learned_temperature multiplies the scores by e^init: e^100 is inf in float32
+    with pytest.raises(ConfigError) as info:
+        build_run_config({"model": {"attention": "learned_temperature",
+                                    "attention_args": {"init": 100}}})
+    assert str(info.value).startswith(
+        "attention rule 'learned_temperature' (from plugin plugin_rules.temperature) with "
+        "init=100.0 returned ")
+    assert "non-finite weights (nan) on finite scores" in str(info.value)
+    with pytest.raises(ConfigError, match=r"^model.attention_args.init=1e\+39 is not allowed: "
+                                          "learned_temperature's init must be a finite number "
+                                          r"with \|x\| <= 3.4028e38"):
+        build_run_config({"model": {"attention": "learned_temperature",
+                                    "attention_args": {"init": 1e39}}})
 
 
 def test_plugin_rules_never_take_the_fused_kernel():

@@ -25,8 +25,18 @@ attention layer builds once::
     weights = rule(scores, mask, x)        # x: the layer's input (members, batch, seq, d_model)
 
 The config passes them as ``model.attention_args``; ``sinklab rules`` lists every rule with its
-row kind and keyword arguments. The tests parametrise over ``RULES``, so a new rule is checked
-for causality automatically.
+row kind and keyword arguments. A float argument must also fit the float32 the model computes in
+(|x| <= ``FLOAT32_MAX``, 3.4e38): ``sink_logit``'s ``init=1e308`` would overflow to inf.
+
+The contract is checked where a rule is used: every run's config calls its rule once, with its
+arguments, on small random finite scores and a causal mask in the model's layout (a
+``ParamRule`` built for a small layer and given an input x), before any folder is written
+(``check_contract``, once per process for each rule and arguments; it leaves torch's global
+random state alone). A rule that raises, returns None or weights of another shape or dtype,
+gives non-finite weights (or builds non-finite parameters) on finite input, or puts any weight
+on a masked key is a ``ContractError`` of one sentence naming it, where it comes from and what
+it returned against what is expected. The tests parametrise over ``RULES``, so a new rule is
+also checked for causality, large logits and the row layout automatically.
 
 A rule of your own is registered the same way from a module outside sinklab, a plugin
 (``sinklab.plugins``: ``--plugin MODULE`` on the command line, or an entry point of the group
@@ -89,6 +99,10 @@ RuleSpec = AttentionRule | type[ParamRule]
 # "free": anything >= 0.
 ROW_KINDS = ("simplex", "implicit sink", "gated", "free")
 ARG_TYPES = (int, float, bool, str)  # the types a rule's keyword argument may have (or X | None)
+# The largest float argument a rule takes: the model computes in float32, and a float argument
+# (a sink logit's start, a bias, a temperature) that float32 cannot hold would become inf.
+FLOAT32_MAX = torch.finfo(torch.float32).max  # 3.4028e38
+FLOAT32_TEXT = f"{FLOAT32_MAX:.4e}".replace("e+", "e")  # "3.4028e38", for messages
 
 
 @dataclass(frozen=True)
@@ -149,8 +163,13 @@ class KwargSpec:
               else isinstance(value, float) and math.isfinite(value) if base is float
               else isinstance(value, int) and not isinstance(value, bool) if base is int
               else isinstance(value, str))
+        name = setting.rpartition(".")[2]
+        if ok and base is float and abs(value) > FLOAT32_MAX:
+            bounded = f"{self.allowed or 'a finite number'} with |x| <= {FLOAT32_TEXT}"
+            raise ValueError(f"{setting}={given!r} is not allowed: {rule}'s {name} must be "
+                             f"{bounded}{' or none' if self.optional else ''}, the range of "
+                             "the float32 the model computes in (it would overflow to inf).")
         if not ok or (self.check is not None and not self.check(value)):
-            name = setting.rpartition(".")[2]
             raise ValueError(f"{setting}={given!r} is not allowed: {rule}'s {name} must be "
                              f"{self.words()}.")
         return value
@@ -317,7 +336,11 @@ def build_rule(name: str, n_members: int, n_heads: int, d_model: int, /,
     with its keyword arguments ``kwargs`` (checked: ValueError for an unknown name, a wrong type
     or a value out of range)."""
     info = rule_info(name)
-    kwargs = info.check_kwargs(kwargs)
+    return _build(info, n_members, n_heads, d_model, info.check_kwargs(kwargs))
+
+
+def _build(info: RuleInfo, n_members: int, n_heads: int, d_model: int,
+           kwargs: Mapping[str, Any]) -> nn.Module:
     if info.parameters:
         return info.rule(n_members, n_heads, d_model, **kwargs)
     return FunctionRule(info.rule, **kwargs)
@@ -326,6 +349,137 @@ def build_rule(name: str, n_members: int, n_heads: int, d_model: int, /,
 def causal_mask(seq_len: int, device: torch.device | str | None = None) -> Tensor:
     """(seq_len, seq_len) boolean mask, True where key k <= query q."""
     return torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()
+
+
+# ----------------------------------------------------------------------------- the contract
+
+# The layers the contract check builds and calls, as (members, batch, seq, heads) with a d_model
+# of 4 (the smallest task.d_model): two heads, so that a row (query, head) is not its query,
+# then one member, sequence and head at the shortest length. Small enough to be instant.
+CONTRACT_LAYERS = ((2, 2, 5, 2), (1, 1, 4, 1))
+CONTRACT_D_MODEL = 4
+_CONTRACT: dict[tuple[Any, ...], str | None] = {}  # (rule, arguments) -> what is wrong, or None
+
+
+class ContractError(ValueError):
+    """A rule that breaks the contract of the module docstring; the message is one sentence
+    naming the rule, where it comes from, and what it returned against what is expected."""
+
+
+def first_line(exc: BaseException, most: int = 200) -> str:
+    """An exception as a message quotes it: its type and the first line of its text (at most
+    ``most`` characters of it)."""
+    lines = str(exc).strip().splitlines()
+    text = lines[0].strip().rstrip(".") if lines else ""
+    if len(text) > most:
+        text = text[:most - 5].rstrip() + " [...]"
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def check_contract(name: str, kwargs: Mapping[str, Any] | None = None) -> None:
+    """Build the rule ``name`` with its keyword arguments ``kwargs`` and call it once, as a
+    layer does, on small random finite scores with a causal mask (``CONTRACT_LAYERS``): a
+    ContractError of one sentence unless its parameters are finite and it returns finite
+    weights of the scores' shape and dtype, exactly 0 on every masked key, that the model can
+    lay out and differentiate. Rows may sum to anything (a ReLU row may be all zero).
+
+    Checked once per process for each rule and arguments (the config checks every run's rule
+    with it, ``sinklab.config.ModelConfig``). It draws from a generator of its own and leaves
+    torch's global random state as it found it, so it changes no run's numbers.
+    """
+    info = rule_info(name)
+    kwargs = info.check_kwargs(kwargs or {})
+    key = (info.rule, tuple(sorted(kwargs.items())))
+    if key not in _CONTRACT:
+        _CONTRACT[key] = _contract_problem(info, kwargs)
+    if _CONTRACT[key] is not None:
+        args = ", ".join(f"{k}={v!r}" for k, v in info.non_default(kwargs).items())
+        where = "sinklab" if info.module == "sinklab" else f"plugin {info.module}"
+        raise ContractError(f"attention rule {info.name!r} (from {where})"
+                            f"{f' with {args}' if args else ''} {_CONTRACT[key]}")
+
+
+def _shape(t: Tensor) -> str:
+    return str(tuple(t.shape))
+
+
+def _contract_problem(info: RuleInfo, kwargs: Mapping[str, Any]) -> str | None:
+    """What the rule does wrong on the contract's layers (the end of a sentence), or None."""
+    generator = torch.Generator().manual_seed(0)
+    with torch.random.fork_rng(devices=[]), torch.enable_grad():
+        for n_members, batch, seq, n_heads in CONTRACT_LAYERS:
+            d_model = CONTRACT_D_MODEL
+            built = f"built with n_members={n_members}, n_heads={n_heads}, d_model={d_model}"
+            try:
+                rule = _build(info, n_members, n_heads, d_model, kwargs)
+                with torch.no_grad():  # as the model draws its members' weights
+                    for member in range(n_members):
+                        rule.init_member(member, generator, 0.02)
+            except Exception as exc:
+                return f"raised {first_line(exc)} when {built}."
+            for pname, value in rule.state_dict().items():
+                if value.is_floating_point() and not torch.isfinite(value).all():
+                    return (f"has a parameter {pname!r} that is not finite ({_non_finite(value)}) "
+                            f"when {built}: every parameter must be finite.")
+            # the model's layout: scores (members * batch, query * head, key), rows (query,
+            # head), the (query * head, key) mask, and the layer's input x (E, B, T, d)
+            scores = torch.randn(n_members * batch, seq * n_heads, seq, generator=generator,
+                                 dtype=torch.float32).mul_(3).requires_grad_()
+            mask = causal_mask(seq).repeat_interleave(n_heads, dim=0)
+            x = torch.randn(n_members, batch, seq, d_model, generator=generator,
+                            dtype=torch.float32)
+            given = f"on finite scores of shape {_shape(scores)} and a causal mask of shape " \
+                    f"{_shape(mask)}"
+            try:
+                weights = rule(scores, mask, x)
+            except Exception as exc:
+                return f"raised {first_line(exc)} when called {given}."
+            problem = _weights_problem(weights, scores, mask, given)
+            if problem is None and weights.requires_grad:
+                try:
+                    weights.sum().backward()
+                except Exception as exc:
+                    problem = (f"raised {first_line(exc)} in the backward pass of a call "
+                               f"{given}.")
+            if problem is not None:
+                return problem
+    return None
+
+
+def _weights_problem(weights: Any, scores: Tensor, mask: Tensor, given: str) -> str | None:
+    """What is wrong with a rule's return value ``weights`` for ``scores`` and ``mask``."""
+    if not isinstance(weights, Tensor):
+        what = "None" if weights is None else f"a {type(weights).__name__}"
+        return f"returned {what} {given}, not a tensor of weights of shape {_shape(scores)}."
+    if weights.shape != scores.shape:
+        return (f"returned weights of shape {_shape(weights)} {given}, not of the scores' "
+                f"shape {_shape(scores)}.")
+    if weights.dtype != scores.dtype:
+        got, want = (str(t.dtype).removeprefix("torch.") for t in (weights, scores))
+        return f"returned {got} weights {given}, not weights of the scores' dtype {want}."
+    weights = weights.detach()
+    if not torch.isfinite(weights).all():
+        count = int((~torch.isfinite(weights)).sum())
+        return (f"returned {count} non-finite weights ({_non_finite(weights)}) {given}: every "
+                "weight must be finite.")
+    leak = weights.masked_select(~mask).abs()
+    if leak.numel() and leak.max() != 0:
+        return (f"put weight on masked (future) keys {given}: the largest |weight| at a masked "
+                f"key is {leak.max().item():.3g}, where it must be exactly 0.")
+    n_rows, seq = scores.shape[0], scores.shape[-1]
+    try:  # the model's two views of the weights (sinklab.model.Attention.forward)
+        weights.view(n_rows, seq, -1)
+        weights.view(n_rows, seq, -1, seq)
+    except RuntimeError:
+        return (f"returned weights {given} that the model cannot view in its layout (their "
+                "strides do not allow it); return weights.contiguous().")
+    return None
+
+
+def _non_finite(values: Tensor) -> str:
+    """Which non-finite values a tensor holds: "nan", "inf, -inf"."""
+    kinds = [("nan", values.isnan()), ("inf", values.isposinf()), ("-inf", values.isneginf())]
+    return ", ".join(word for word, where in kinds if where.any())
 
 
 def _visible(mask: Tensor, dtype: torch.dtype) -> Tensor:

@@ -7,7 +7,11 @@ naming the field, the value and what is allowed. Unknown keys are errors, never 
 
 The attention rule's keyword arguments are ``model.attention_args``: a ``[model.attention_args]``
 table in the file, ``model.attention_args.NAME=VALUE`` on the command line, each coerced to and
-checked against the type the rule declares (``sinklab.attention``, ``sinklab rules``).
+checked against the type the rule declares (``sinklab.attention``, ``sinklab rules``), a float
+against the float32 range the model computes in. The rule with its arguments is then called
+once on small random scores (``sinklab.attention.check_contract``): every command that trains
+builds its configs before it writes a folder, so a rule that breaks the contract (a plugin's
+rule of the wrong shape, with weight on future keys, ...) is refused in one sentence first.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sinklab.attention import PLUGIN_HINT, RULES, rule_info
+from sinklab.attention import PLUGIN_HINT, RULES, check_contract, rule_info
 
 
 class SinklabError(Exception):
@@ -191,6 +195,13 @@ class ModelConfig:
                f"model.bos_cap_eps={self.bos_cap_eps!r} is not allowed: it must lie in (0, 1).")
         _check(self.block in BLOCKS,
                f"model.block={self.block!r} is not allowed: choose one of {', '.join(BLOCKS)}.")
+        # Last: the rule is called once on small random scores (once per process for each rule
+        # and arguments), so that a plugin's rule that breaks the contract is refused here,
+        # before a run, sweep or study folder is written, not half-way through its training.
+        try:
+            check_contract(self.attention, self.attention_args)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
 
 
 # Training options that are off at 0. A config leaves them out of its dict while they are off,

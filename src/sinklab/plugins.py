@@ -26,6 +26,14 @@ path if it must; on another machine it must be installed.
 A plugin that cannot be found, fails to import, or registers a name that exists is a
 ``PluginError`` of one sentence naming it and the error's first line (exit status 2 on the
 command line), and whatever rules it had registered are removed again.
+
+A plugin's rules are checked where they are used. A run's config calls its rule once on small
+random scores with a causal mask, as a layer does (``sinklab.attention.check_contract``), before
+``sinklab train``, ``sinklab sweep`` (every rule of the spec) or a study writes its folder: a rule
+that raises, returns None or weights of the wrong shape, dtype or layout, gives non-finite
+weights (or builds non-finite parameters) on finite input, or puts weight on a masked key, is a
+``ConfigError`` of one sentence naming the rule, its plugin and what it returned against what is
+expected (exit status 2).
 """
 
 from __future__ import annotations
@@ -76,12 +84,6 @@ _LOADED: dict[str, Plugin] = {}  # by spec, in load order
 def is_path(spec: str) -> bool:
     """Whether a plugin's name is a file path rather than a dotted module name."""
     return spec.endswith(".py") or "/" in spec or os.sep in spec
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    text = lines[0].strip().rstrip(".") if lines else ""
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def _file_module(path: Path) -> str:
@@ -159,7 +161,7 @@ def _resolve(spec: str | Plugin, origin: str) -> Plugin:
         source = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise PluginError(f"{_label(origin, spec)} could not be read "
-                          f"({_first_line(exc)}).") from None
+                          f"({attention.first_line(exc)}).") from None
     return Plugin(str(path), _file_module(path), source=source)
 
 
@@ -206,7 +208,8 @@ def _failure(plugin: Plugin, origin: str, where: str, exc: BaseException) -> str
         return (f"{_label(origin, plugin.spec)}: no module named {exc.name!r} can be "
                 f"imported{where}; give the path of a .py file, or install the module (or add "
                 "its folder to PYTHONPATH).")
-    return f"{_label(origin, plugin.spec)} could not be loaded{where}: {_first_line(exc)}."
+    return (f"{_label(origin, plugin.spec)} could not be loaded{where}: "
+            f"{attention.first_line(exc)}.")
 
 
 def load_entry_points() -> list[str]:
@@ -220,7 +223,7 @@ def load_entry_points() -> list[str]:
         package = ep.dist.name if ep.dist is not None else "an unknown package"
         origin = f"entry point {ep.name} = {ep.value} (group {GROUP}, package {package})"
         added += _registering(ep.load, lambda exc, origin=origin:
-                              f"{origin} could not be loaded: {_first_line(exc)}.")
+                              f"{origin} could not be loaded: {attention.first_line(exc)}.")
         _LOADED[ep.module] = Plugin(ep.module, ep.module, root=_root(ep.module))
     return added
 
