@@ -288,3 +288,132 @@ def test_sinklab_worst_on_any_finished_run(tmp_path, capsys):
     code = main(["worst", str(tmp_path / "nowhere")])
     _, err = capsys.readouterr()
     assert code == 2 and err.count("\n") == 1 and "no finished run" in err
+
+
+# ------------------------------------------------------------ only where the certificate holds
+
+
+def tiny_run_config(**train):
+    """A 1x1 softmax run of the smallest task, trained for a few steps with ``train``."""
+    return build_run_config({"task": {"seq_len": 6, "d_model": 6, "eval_trigger": 5},
+                             "model": {"attention": "softmax"},
+                             "train": {"max_steps": 30, "batch_size": 16, **train},
+                             "eval": {"n_sequences": 16}})
+
+
+def test_weights_beyond_float64s_range_are_refused_before_the_work():
+    """A softmax model whose scores can reach 1e25 (a blown-up run's) is refused by certify in
+    one sentence naming the scale; the models the theory study certifies (the sink family, the
+    ReLU construction, a random model of ordinary size) and a huge ReLU model (its terms are
+    products, which float64 holds) are inside the range."""
+    cfg, model = random_model("softmax", scale=1e12, seed=0)
+    with pytest.raises(certify.OutOfRange) as info:
+        certify.certify(model, cfg, time_limit=1)
+    text = str(info.value)
+    assert "\n" not in text and "outside the certificate's range" in text
+    assert "||W_Q W_K^T|| = " in text and "overflow float64" in text
+    for cfg, model in (theory.softmax_sink(16.0, seq_len=8, d_model=6),
+                       theory.relu_construction(seq_len=8, d_model=6, dtype=F64),
+                       random_model("softmax", scale=0.7, seed=1),
+                       random_model("relu", scale=1e12, seed=0)):
+        certify.check_range(certify.folded(model, cfg))
+
+
+def test_an_overflowing_bisection_keeps_its_upper_end(monkeypatch):
+    """At weights of 1e12 the certificate's terms overflow (inf - inf is NaN); the bisection
+    treats an undecided sign as "the root is above" and so stays an upper bound: with the range
+    check switched off, no certified row is below the attack's or a sample's error there (it
+    was, by 25 %, when NaN counted as below)."""
+    from sinklab import attack
+    from sinklab.studies import bounds
+
+    monkeypatch.setattr(certify, "check_range", lambda f, name="": None)
+    cfg, model = random_model("softmax", scale=1e12, seed=0)
+    cert = certify.certify(model, cfg, time_limit=2)
+    worst = attack.attack(model, cfg, steps=30, restarts=2, per_coordinate=False)
+    certify.check_sound(cert.to_dict(), {"attacked": worst.error,
+                                         "sampled": bounds.sampled_errors(model, cfg, n=500)})
+
+
+def test_a_certificate_below_an_attained_error_is_never_reported(monkeypatch):
+    """The last line of defence, inside worst_case (so the theory study has it too): a model
+    at a huge scale that the range check lets through (switched off here) and whose
+    certificate falls short of its own attack (as the bisection's did before it kept its
+    upper end: "certified <= 3.7e61" below an attack's 6.5e61; halved here) ends in one
+    sentence naming the model, the row and both numbers, never in a certified number."""
+    from sinklab.studies import bounds
+
+    real = certify.certify
+
+    def short(*args, **kwargs):
+        cert = real(*args, **kwargs)
+        for row in cert.rows:
+            row.upper = row.lower / 2
+        return cert
+
+    monkeypatch.setattr(certify, "check_range", lambda f, name="": None)
+    monkeypatch.setattr(certify, "certify", short)
+    cfg, model = random_model("softmax", scale=1e12, seed=0)
+    with pytest.raises(certify.Unsound) as info:
+        bounds.worst_case(model, cfg, steps=5, restarts=1, seconds=1, name="runs/huge")
+    text = str(info.value)
+    assert "\n" not in text and text.startswith("runs/huge: the certificate does not hold at "
+                                                "this model's scale (||W_Q W_K^T|| = ")
+    assert any(f"but {found} error " in text for found in ("the attack found an input with",
+                                                           "a sampled test sequence has"))
+    # a sound certificate passes: the same model at an ordinary scale
+    monkeypatch.setattr(certify, "certify", real)
+    cfg, model = random_model("softmax", scale=0.7, seed=2)
+    rec = bounds.worst_case(model, cfg, steps=5, restarts=1, seconds=1)
+    assert rec["certified"]["upper"] > 0
+
+
+def test_sinklab_worst_refuses_a_run_it_cannot_measure_before_any_work(tmp_path, capsys,
+                                                                       monkeypatch):
+    """A run that diverged, a run whose weights are not finite and a run at a scale beyond the
+    certificate's range are each refused in one sentence naming the folder, exit 2, checked
+    before the first (good) run is measured; and an unsound certificate is one sentence too,
+    with no "certified" number printed."""
+    from sinklab import folders
+    from sinklab.cli import main
+    from sinklab.studies import bounds
+    from sinklab.train import train_runs
+
+    good, div, big, nan = (tmp_path / n for n in ("good", "div", "big", "nan"))
+    [s_good, s_div, s_big] = [train_runs([tiny_run_config(**t)], [d], progress=False)[0]
+                              for t, d in (({}, good), ({"lr": 1e12}, div),
+                                           ({"lr": 1e3}, big))]
+    assert s_good["status"] != "diverged" and s_div["status"] == "diverged"
+    assert s_big["status"] != "diverged"
+    train_runs([tiny_run_config()], [nan], progress=False)
+    state = torch.load(nan / "model.pt", weights_only=True)
+    state["blocks.0.attn.w_v"][0, 0] = math.nan
+    torch.save(state, nan / "model.pt")
+    folders.seal(nan)  # a finished run whose weights are NaN (an older sinklab's, say)
+
+    measured = []
+    real = bounds.worst_case
+    monkeypatch.setattr(bounds, "worst_case", lambda *a, **k: measured.append(1) or real(*a, **k))
+    worst = ["--attack-steps", "3", "--restarts", "1", "--certify-seconds", "1"]
+    says = {div: f"{div} holds a run that diverged (its loss was not finite at step",
+            nan: f"{nan} has weights that are not finite (blocks.0.attn.w_v holds NaN or inf)",
+            big: f"{big} is outside the certificate's range: its attention scores can reach"}
+    for bad, sentence in says.items():
+        code = main(["worst", str(good), str(bad), *worst])
+        out, err = capsys.readouterr()
+        assert code == 2 and out == "" and not measured, (out, err)
+        assert err.startswith("sinklab: error: ") and err.count("\n") == 1, err
+        assert sentence in err, err
+
+    def short(*args, **kwargs):  # a certificate below its own attack, as in test above
+        cert = certify_real(*args, **kwargs)
+        for row in cert.rows:
+            row.upper = row.lower / 2
+        return cert
+
+    certify_real = certify.certify
+    monkeypatch.setattr(certify, "certify", short)
+    code = main(["worst", str(good), *worst])
+    out, err = capsys.readouterr()
+    assert code == 2 and "certified <=" not in out and err.count("\n") == 1, (out, err)
+    assert f"sinklab: error: {good}: the certificate does not hold at this model's scale" in err

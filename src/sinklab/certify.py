@@ -32,7 +32,12 @@ inside it, and stops when the bound is within ``rtol`` of the best input found o
 reporting the gap. At the trigger row the target, the mean of every token, couples the tokens, so
 the decomposition does not apply: trigger rows get the attack's lower bound only.
 
-All arithmetic is float64; bounds are widened by ``MARGIN`` (relative) to cover rounding.
+All arithmetic is float64; bounds are widened by ``MARGIN`` (relative) to cover rounding. That
+holds only while the magnitudes stay in float64's range: ``check_range`` refuses, before any
+work, a model whose weights are so large (a diverged run's, say) that e^score would overflow or
+the rounding of its scores would exceed the margin, and ``check_sound`` refuses, after the work,
+a certificate that came out below the error of an input (the attack's or a sample's), the last
+line of defence: a number below an attained error is never reported as certified.
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from sinklab.config import RunConfig
+from sinklab.config import RunConfig, SinklabError
 from sinklab.model import AttentionStack
 from sinklab.task import BOS, CONTENT_START, TRIGGER
 
@@ -53,10 +58,23 @@ CERTIFIABLE = ("softmax", "relu")  # the rules ``certify`` covers (default keywo
 MARGIN = 1e-9  # relative widening of every certified bound, for float64 rounding
 RTOL = 0.05  # a row's branch and bound stops when its bound is this close to the best input
 BISECTIONS = 52  # bisection steps of Dinkelbach's root: 2^-52 of the value range
+UNIT = 2.0 ** -53  # float64's unit roundoff
+EXP_MAX = math.log(torch.finfo(torch.float64).max)  # 709.78: e^x is inf in float64 beyond it
+SOUND_RTOL = 1e-12  # check_sound: an attained error may exceed a bound by this much, relative
 
 
 class NotCertifiable(ValueError):
     """The model is outside what ``certify`` covers; the message says why in one sentence."""
+
+
+class OutOfRange(SinklabError):
+    """A model whose certificate cannot hold: its weights are at a scale where float64 overflows
+    or rounds beyond ``MARGIN`` (``check_range``, before any work). One sentence."""
+
+
+class Unsound(OutOfRange):
+    """A certified bound below the error of an input (``check_sound``, after the work): the
+    model is beyond the certificate's range even though ``check_range`` let it through."""
 
 
 @dataclass(frozen=True)
@@ -108,6 +126,104 @@ def folded(model: AttentionStack, cfg: RunConfig) -> Folded:
                                                                          "w_o")}
     return Folded(a=w["w_q"] @ w["w_k"].T, m=w["w_v"] @ w["w_o"], rule=mc.attention,
                   seq_len=cfg.task.seq_len)
+
+
+# ------------------------------------------------------------------ float64's range
+
+
+def scale(f: Folded) -> dict[str, float]:
+    """The magnitudes ``certify``'s float64 arithmetic meets at a point of the input set (a
+    query box of radius 0), bounded from the weights alone:
+
+    - ``score``: |x_q A y| for every ordinary query token x_q and every y with entries in
+      [-1, 1] (any key, or a key minus BOS: the score differences softmax takes), at most the
+      sum of |A_rs| over the rows x_q uses (its flag and content coordinates);
+    - ``value``: |(x M)_m| for every token x, at most the largest column sum of |M|;
+    - ``exponent``: the natural logarithm of the largest magnitude computed: score +
+      log(L (2 value + 2)) for softmax (terms e^score (value - lambda) over L keys, lambda
+      within value + 1), log(L score value) for ReLU (products ReLU(score) value);
+    - ``rounding``: the relative error that rounding the scores can put on a softmax weight,
+      (d + 2) u score with u = 2^-53 (a score is a sum of about d products, and e^(s + ds) =
+      e^s (1 + ds)); 0 for ReLU, whose terms are products and round relatively.
+
+    ``check_range`` compares them with what float64 holds."""
+    d, L = f.d, f.seq_len
+    rows = [d - 1, *range(CONTENT_START, d - 1)]
+    score = f.a[rows].abs().sum().item()
+    value = f.m.abs().sum(0).max().item()
+    if f.rule == "softmax":
+        exponent = score + math.log(L * (2 * value + 2))
+        rounding = (d + 2) * UNIT * score
+    else:
+        exponent = math.log(L) + math.log(max(score, 1.0)) + math.log(max(value, 1.0))
+        rounding = 0.0
+    return {"score": score, "value": value, "exponent": exponent, "rounding": rounding}
+
+
+def check_range(f: Folded, name: str = "the model") -> None:
+    """Raise OutOfRange, in one sentence naming ``name``, the scale and the limit, unless the
+    certificate's float64 arithmetic holds for this model (``scale``): no magnitude beyond
+    e^``EXP_MAX`` (float64's largest number) and, for softmax, score rounding within
+    ``MARGIN``. Trained models are far inside it (scores of tens); a diverged run's weights
+    are not."""
+    s = scale(f)
+    norm = torch.linalg.matrix_norm(f.a, ord=2).item()
+    if not all(math.isfinite(v) for v in (*s.values(), norm)):
+        raise OutOfRange(f"{name} is outside the certificate's range: its folded weights W_Q "
+                         "W_K^T and W_V W_O are not finite.")
+    weights = f"||W_Q W_K^T|| = {norm:.3g}, max |value| {s['value']:.3g}"
+    if f.rule == "softmax" and s["exponent"] > EXP_MAX:
+        limit = EXP_MAX - math.log(f.seq_len * (2 * s["value"] + 2))
+        raise OutOfRange(
+            f"{name} is outside the certificate's range: its attention scores can reach "
+            f"{s['score']:.3g} ({weights}), so the certificate's terms e^score (value - lambda) "
+            f"would overflow float64 (beyond e^{EXP_MAX:.1f}); it covers softmax models whose "
+            f"scores stay below {max(limit, 0):.0f} here.")
+    if s["exponent"] > EXP_MAX:
+        raise OutOfRange(
+            f"{name} is outside the certificate's range: its scores and values can reach "
+            f"{s['score']:.3g} and {s['value']:.3g} ({weights}), whose products over "
+            f"{f.seq_len} keys would overflow float64 (beyond e^{EXP_MAX:.1f}).")
+    if s["rounding"] > MARGIN:
+        raise OutOfRange(
+            f"{name} is outside the certificate's range: its attention scores can reach "
+            f"{s['score']:.3g} ({weights}), so float64 rounding of a score (about "
+            f"{s['rounding']:.1g} of a weight, relative) exceeds the certificate's margin "
+            f"{MARGIN:g}.")
+
+
+def check_sound(cert: dict[str, Any], errors: dict[str, dict[str, list[float | None]] | None],
+                name: str = "the model", norm: float | None = None) -> None:
+    """Raise Unsound, in one sentence, where a certified bound (``Certificate.to_dict()``) is
+    below the error of an input at the same row: ``errors`` maps a source ("attacked",
+    "sampled"; None where it was not computed) to its kind -> per-position errors
+    (``attack.WorstCase.error``). An attained error may exceed a bound only by float64
+    rounding, ``SOUND_RTOL`` relative to the bound's size (as tests/test_certify.py compares a
+    chain's maximum with sampled values); the largest excess is named."""
+    rows = [("bos", 0, cert["bos"])] + [(r["kind"], r["i"], r["upper"]) for r in cert["rows"]]
+    worst = None
+    for source, table in errors.items():
+        if table is None:
+            continue
+        for kind, i, upper in rows:
+            values = table.get(kind) or []
+            v = values[i] if i < len(values) else None
+            if v is None or math.isnan(v):
+                continue
+            if v > upper + SOUND_RTOL * (1 + abs(upper)):
+                excess = math.inf if math.isinf(v) else (v - upper) / (1 + abs(upper))
+                if worst is None or excess > worst[0]:
+                    worst = (excess, source, kind, i, upper, v)
+    if worst is None:
+        return
+    _, source, kind, i, upper, v = worst
+    found = "the attack found an input with" if source == "attacked" else \
+        "a sampled test sequence has"
+    weights = f" (||W_Q W_K^T|| = {norm:.3g})" if norm is not None else ""
+    raise Unsound(f"{name}: the certificate does not hold at this model's scale{weights}: it "
+                  f"bounds the {kind} row {i} by {upper:.4g}, but {found} error {v:.4g} there "
+                  f"(float64 arithmetic beyond the certificate's margin {MARGIN:g}), so no "
+                  "certified bound is given.")
 
 
 # ------------------------------------------------------------------ one-token problems
@@ -339,7 +455,10 @@ class _Bounds:
             if n_trig:
                 g_trig = _chain_max(k["t"], k["u"], k["a_trig"], k["b_trig"] - lam)
                 total = total + n_trig * widen(g_trig, k["r_trig"])
-            above = total > 0  # the root is above lam
+            # the root is above lam where F(lam) > 0, and where F(lam) is not a finite
+            # number (a term that overflowed: inf - inf, or an e^S too large to tell): an
+            # undecided sign keeps the upper end, so the bound stays an upper bound
+            above = ~(torch.isfinite(total) & (total <= 0))
             lo = torch.where(above, lam, lo)
             hi = torch.where(above, hi, lam)
         return hi
@@ -358,7 +477,8 @@ class _Bounds:
         if row.n_trigger:
             total = total + row.n_trigger * _chain_max(k["t"], k["u"], k["a_trig"],
                                                        k["b_trig"], k["r_trig"])
-        return total / max(row.i, 1)
+        total = total / max(row.i, 1)
+        return torch.where(torch.isnan(total), math.inf, total)  # inf - inf: no bound
 
     def split_weights(self) -> Tensor:
         """How much each query content coordinate moves the bound per unit radius (n,): the
@@ -553,8 +673,10 @@ def certify(model: AttentionStack, cfg: RunConfig, *, rtol: float = RTOL,
     """Certified upper bounds (and attained lower bounds) of the supremum error at every
     non-trigger row of a single-layer, single-head softmax or ReLU model over the task's whole
     input set. ``time_limit`` (seconds) is shared by the rows; a row that hits it reports its
-    remaining gap (``converged`` False). NotCertifiable for any other model."""
+    remaining gap (``converged`` False). NotCertifiable for any other model, OutOfRange for one
+    whose weights are beyond float64's reach (``check_range``)."""
     f = folded(model, cfg)
+    check_range(f)
     if not (rtol >= 0 and math.isfinite(rtol)):
         raise ValueError(f"rtol={rtol!r} is not allowed: it must be a finite number >= 0.")
     if not (time_limit > 0 and math.isfinite(time_limit)):

@@ -17,12 +17,21 @@ protocol with the weights saved every ``save_every`` steps), this module compute
 
 The heavy parts (attacks, certificates) are kept in the study's ``cache/`` keyed by the settings
 they depend on, so a rerun only renders.
+
+``worst_case`` refuses a model whose weights are not finite, and a certifiable one beyond the
+certificate's float64 range (``certify.check_range``), before any work; after it, every certified
+bound is checked against the attacked and sampled errors of the same rows
+(``certify.check_sound``), so an unsound number never comes out as certified. ``worst_runs``
+is ``sinklab worst``: it checks every run folder first (a diverged run is refused), then
+measures each.
 """
 
 from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,7 +40,7 @@ import torch
 from sinklab import attack, certify, theory
 from sinklab import claims as cl
 from sinklab.claims import Claim
-from sinklab.config import RunConfig, build_run_config
+from sinklab.config import RunConfig, SinklabError, build_run_config
 from sinklab.model import AttentionStack
 from sinklab.studies.base import Cell, Context, Execution
 from sinklab.task import encode
@@ -43,6 +52,11 @@ FACTOR = 2.0  # the certified upper bound within this factor of the attack's low
 STRONGER = 1.1  # the bound made this much stronger must be violated somewhere
 CHECKPOINT_RESTARTS = 2  # random starts per row of the cheap attack at every checkpoint
 ROUNDING = 1e-12  # relative: a bound and an error computed along two float64 paths may differ
+
+
+class Refused(SinklabError):
+    """A model or run that ``worst_case`` will not measure (it diverged, or its weights are not
+    finite); the message says which and why in one sentence."""
 
 
 def frontier_name(rule: str, seed: int) -> str:
@@ -87,20 +101,38 @@ def sampled_errors(model: AttentionStack, cfg: RunConfig, n: int = SAMPLED, seed
     return out
 
 
+def check_finite(model: AttentionStack, name: str = "the model") -> None:
+    """Refused, naming ``name`` and the first weight that holds NaN or inf, unless every weight
+    of the model is finite."""
+    for param, w in model.named_parameters():
+        if not torch.isfinite(w).all():
+            raise Refused(f"{name} has weights that are not finite ({param} holds NaN or inf), "
+                          "so it has no errors to measure; give a run whose weights are "
+                          "finite.")
+
+
 def worst_case(model: AttentionStack, cfg: RunConfig, *, steps: int, restarts: int,
                seconds: float, triggers: list[int] | None = None,
-               certified: bool = True) -> dict[str, Any]:
+               certified: bool = True, name: str = "the model") -> dict[str, Any]:
     """Sampled, attacked and (for certifiable models, when ``certified``) certified errors of
     one model, its ||W_Q W_K^T|| (spectral norm, 1 layer: the largest over heads), the rule's
     own evidence (ReLU's largest non-trigger score, softmax's necessity quantities) and, for a
     full attack, the input attaining each row type's maximum (``witness``: trigger position,
-    coordinate, sign and the (L, d - 3) contents)."""
+    coordinate, sign and the (L, d - 3) contents).
+
+    Refused before any work: weights that are not finite (``check_finite``) and, when
+    certifying, weights beyond the certificate's float64 range (``certify.OutOfRange``).
+    After it, ``certify.Unsound`` where a certified bound is below the attacked or sampled
+    error of its row (``certify.check_sound``). ``name`` names the model in those sentences."""
     rule = cfg.model.attention
+    check_finite(model, name)
     try:  # what certify covers: 1 x 1, softmax or relu with default arguments, BOS visible
-        certify.folded(model, cfg)
+        f = certify.folded(model, cfg)
         single = True
     except certify.NotCertifiable:
         single = False
+    if single and certified:
+        certify.check_range(f, name)
     worst = attack.attack(model, cfg, steps=steps, restarts=restarts, triggers=triggers,
                           per_coordinate=False)
     out: dict[str, Any] = {"attacked": worst.to_dict("none")["error"],
@@ -112,11 +144,78 @@ def worst_case(model: AttentionStack, cfg: RunConfig, *, steps: int, restarts: i
                           else full["witness"][k][full["argmax"][k]] for k in attack.KINDS}
     if single and certified:
         out["certified"] = certify.certify(model, cfg, time_limit=seconds).to_dict()
+        # the last line of defence: a bound below an attained error is never reported
+        certify.check_sound(out["certified"], {"attacked": out["attacked"],
+                                               "sampled": out["sampled"]}, name, out["norm"])
     if single and rule == "relu":
         out["relu_score"] = certify.relu_max_score(model, cfg)
     if single and rule == "softmax":
         out["necessity"] = certify.necessity(model, cfg)
     return out
+
+
+def worst_run(run: Path) -> tuple[RunConfig, AttentionStack]:
+    """The config and model of a finished run folder that ``worst_case`` may measure, checked
+    before any work; one sentence naming the folder for a run whose summary says it diverged,
+    whose weights are not finite, or (1-layer, 1-head softmax or ReLU) whose weights are beyond
+    the certificate's float64 range (``certify.check_range``)."""
+    from sinklab.plugins import check_run
+    from sinklab.results import read_json
+    from sinklab.train import load_model
+
+    check_run(run)  # a plugin's rule, not loaded now: one sentence naming --plugin
+    cfg, model = load_model(run)
+    summary = read_json(run / "summary.json")
+    if summary.get("status") == "diverged":
+        raise Refused(f"{run} holds a run that diverged (its loss was not finite at step "
+                      f"{summary.get('steps')}), so its weights are not a trained model's and "
+                      "no error or certificate of them would mean anything; give finished runs "
+                      "that did not diverge.")
+    check_finite(model, str(run))
+    try:
+        f = certify.folded(model, cfg)
+    except certify.NotCertifiable:  # no certificate to go out of range
+        return cfg, model
+    certify.check_range(f, str(run))
+    return cfg, model
+
+
+def worst_runs(runs: Sequence[Path], *, steps: int, restarts: int, seconds: float
+               ) -> Iterator[str]:
+    """``sinklab worst``: every run folder checked first (``worst_run``), then per run the lines
+    to print: its shape and ||W_Q W_K^T||, per row type the sampled error, the attack's lower
+    bound and the certified upper bound (or why there is none), the certificate's gap and, for
+    ReLU, its largest non-trigger score."""
+    checked = [(Path(run), *worst_run(Path(run))) for run in runs]
+    for run, cfg, model in checked:
+        rec = worst_case(model, cfg, steps=steps, restarts=restarts, seconds=seconds,
+                         name=str(run))
+        cert = rec.get("certified")
+        yield (f"{run}: {cfg.model.n_layers}x{cfg.model.n_heads} {cfg.model.attention}, "
+               f"||W_Q W_K^T|| {rec['norm']:.3g}")
+        for kind in ("bos", "pre", "post", "trigger"):
+            sampled = max((v for v in rec["sampled"][kind] if v is not None), default=None)
+            attacked = max((v for v in rec["attacked"][kind] if v is not None), default=None)
+            if cert is None:
+                certified = "not certified (1-layer, 1-head softmax or relu only)"
+            elif kind == "trigger":
+                certified = "not certified (the mean couples the tokens)"
+            else:
+                up = cert["bos"] if kind == "bos" else \
+                    max(r["upper"] for r in cert["rows"] if r["kind"] == kind)
+                certified = f"certified <= {up:.3e}"
+            yield f"  {kind:8s} sampled {sampled:.3e}   attacked >= {attacked:.3e}   {certified}"
+        if cert is not None:
+            gaps = [r["upper"] / r["lower"] for r in cert["rows"]
+                    if not r["converged"] and r["lower"] > 0]
+            closed = sum(r["converged"] for r in cert["rows"])
+            yield (f"  certificate: {closed} of {len(cert['rows'])} rows closed to "
+                   f"{certify.RTOL:.0%} in {cert['seconds']:.1f} s"
+                   + (f"; largest gap left {max(gaps):.3g}x" if gaps else ""))
+        if "relu_score" in rec:
+            score = rec["relu_score"]["max"]
+            yield (f"  largest non-trigger score {score:.3e}: non-trigger rows "
+                   + ("certified zero for every input" if score <= 0 else "not certified zero"))
 
 
 def qk_norm(model: AttentionStack) -> float:
@@ -183,7 +282,8 @@ def checkpoint_records(ctx: Context, seeds: int, steps: int) -> list[dict[str, A
                 cfg, model = load_checkpoint(folder, step)
                 L = cfg.task.seq_len
                 rec = worst_case(model, cfg, steps=steps, restarts=CHECKPOINT_RESTARTS,
-                                 seconds=0.0, triggers=[L - 1], certified=False)
+                                 seconds=0.0, triggers=[L - 1], certified=False,
+                                 name=f"{folder} at step {step}")
                 entry = {"rule": rule, "seed": seed, "step": step, "norm": rec["norm"],
                          "pre": finite(rec["attacked"]["pre"]),
                          "trigger": rec["attacked"]["trigger"][L - 1],
@@ -209,7 +309,8 @@ def final_records(ctx: Context, seeds: int, steps: int, restarts: int, seconds: 
             name = frontier_name(rule, seed)
             cfg, model = load_model(ctx.out / name)
             summary = ctx.summary(name)
-            rec = worst_case(model, cfg, steps=steps, restarts=restarts, seconds=seconds)
+            rec = worst_case(model, cfg, steps=steps, restarts=restarts, seconds=seconds,
+                             name=str(ctx.out / name))
             out.append({"rule": rule, "seed": seed, "steps": summary["steps"],
                         "converged": summary["converged"], **rec})
     return out
@@ -224,7 +325,8 @@ def family_records(gaps: list[float], seq_len: int, d_model: int, steps: int,
     for c in gaps:
         cfg, model = theory.softmax_sink(c, seq_len, d_model)
         rec = worst_case(model, cfg, steps=steps, restarts=CHECKPOINT_RESTARTS,
-                         seconds=seconds, triggers=[seq_len - 1])
+                         seconds=seconds, triggers=[seq_len - 1],
+                         name=f"the sink family at c = {c:g}")
         cert = rec["certified"]
         out.append({"c": c, "norm": rec["norm"], "certified": cert["upper"],
                     "certified_lower": cert["lower"], "attacked": rec["attacked"],
