@@ -124,6 +124,26 @@ def test_theory_locks_the_reproduce_folder_it_links_into(tmp_path, capsys):
 
 
 @pytest.mark.slow
+def test_a_folder_caught_while_another_writer_claims_it_is_not_someone_elses(tmp_path):
+    """The first writer's holder file and marker are written through temporary files: a second
+    writer that looks in that moment sees a folder being claimed (and then waits on its lock),
+    not a folder of someone else's; any other file still makes the folder foreign."""
+    from sinklab import folders
+    from sinklab.results import temporary_path
+
+    for name in (folders.HOLDER, folders.MARKER):
+        folder = tmp_path / name.strip(".")
+        folder.mkdir()
+        (folder / folders.LOCK).touch()
+        temporary_path(folder / name).touch()
+        folders.check_writable(folder, "sweep")  # no error
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / ".notes.1.abcdef12.tmp").touch()
+    with pytest.raises(folders.ResultsError, match="is not an empty folder"):
+        folders.check_writable(mine, "sweep")
+
+
 def test_two_sweeps_started_together_one_runs_one_is_refused(tmp_path):
     path, out = spec(tmp_path), tmp_path / "sw"
     procs = [sinklab("sweep", str(path), "--out", str(out), "--workers", "1") for _ in range(2)]
@@ -238,3 +258,50 @@ def test_a_folder_inside_one_being_written_is_refused(tmp_path, capsys):
                    str(run))[0] == 0
     code, _, err = run_cli(capsys, "train", "--out", str(run / "nested"))
     assert code == 2 and f"is inside the run folder {run}" in err
+
+
+DYING_RULE = """import multiprocessing, os
+from sinklab.attention import register, softmax
+
+
+@register("dies_on_workers", row_kind="simplex")
+def dies_on_workers(scores, mask):
+    \"\"\"Softmax in the driver; on a worker process, the process dies (as if killed).\"\"\"
+    if multiprocessing.parent_process() is not None:
+        os._exit(9)
+    return softmax(scores, mask)
+"""
+
+
+@pytest.mark.slow
+def test_a_worker_that_keeps_dying_fails_its_cells_and_the_queued_ones_still_run(tmp_path):
+    """A job whose worker process dies breaks the pool; the jobs in it run again in a fresh one
+    (twice at most, then their cells fail with the reason), and the jobs that had not been
+    handed to a worker yet wait for the fresh pool without losing a try."""
+    rules = tmp_path / "dying.py"
+    rules.write_text(DYING_RULE)
+    path, out = spec(tmp_path, """seeds = 1
+[base]
+train.max_steps = 20
+eval.n_sequences = 16
+task.seq_len = 8
+[grid]
+"model.attention" = ["dies_on_workers", "softmax", "relu", "relu_power"]
+"""), tmp_path / "sw"
+    proc = sinklab("--plugin", str(rules), "--plugin", "plugin_rules", "sweep", str(path),
+                   "--out", str(out), "--workers", "2",
+                   env={**os.environ, "PYTHONPATH": str(Path(__file__).parent)})
+    try:
+        _, err = proc.communicate(timeout=600)
+    finally:
+        stop(proc)
+    assert proc.returncode == 1, err
+    store = Store.read(out)
+    rows = {r["overrides"]["model.attention"]: r for r in store.rows()}
+    store.close()
+    dying = rows.pop("dies_on_workers")
+    assert dying["status"] == "failed" and dying["attempts"] == 3
+    assert dying["reason"] == "its worker process died 3 times (killed, or out of memory)"
+    assert all(r["status"] == "done" for r in rows.values()), rows
+    # a job runs at most once per pool it was handed to: never more tries than the dying one
+    assert all(1 <= r["attempts"] <= 3 for r in rows.values())

@@ -75,6 +75,12 @@ def test_cells_expand_the_grid_with_deterministic_names(tmp_path):
     ("seeds = [1, 1]\n[grid]\n\"model.attention\" = [\"relu\"]\n",
      "seeds=[1, 1] is not allowed", 1),
     ("[grid\n", "is not valid TOML", None),
+    (TINY.replace("train.max_steps = 30", "train.max_steps = 30\ntask.seq_len = 8"),
+     "grid key 'task.seq_len' (line 10) is also set in [base] (line 6): a key is either fixed "
+     "in [base] or varied in [grid], not both", 10),
+    ('[base.model]\nattention = "sigmoid"\n[base.model.attention_args]\nbias = 1.0\n'
+     '[grid]\n"model.attention_args.bias" = [0.5, 2.0]\n',
+     "grid key 'model.attention_args.bias' (line 6) is also set in [base] (line 4)", 6),
 ])
 def test_bad_specs_name_the_key_and_line(tmp_path, capsys, text, message, line):
     path = write(tmp_path, text)
@@ -123,6 +129,102 @@ def test_sweep_runs_records_and_resumes(tmp_path, capsys):
     assert code == 2 and "not a grid key of this sweep" in err
     code, stdout, _ = run_cli(capsys, "results", str(out), "--csv", str(tmp_path / "r.csv"))
     assert code == 0 and len((tmp_path / "r.csv").read_text().splitlines()) == 9
+
+
+def test_a_queued_cell_is_pending_and_only_the_computed_one_running(tmp_path, capsys,
+                                                                   monkeypatch):
+    from sinklab.sweeps import run as run_mod
+
+    spec, out = write(tmp_path, TINY.replace("seeds = 2", "seeds = 1")), tmp_path / "sw"
+    seen = []
+    compute = run_mod.compute
+
+    def watched(job, plugins=()):
+        store = Store.read(out)
+        try:
+            rows = {r["name"]: r["status"] for r in store.rows()}
+        finally:
+            store.close()
+        seen.append(([name for name, _ in job], rows))
+        return compute(job, plugins)
+
+    monkeypatch.setattr(run_mod, "compute", watched)
+    code, _, err = run_cli(capsys, "sweep", str(spec), "--out", str(out), "--workers", "1")
+    assert code == 0, err
+    assert len(seen) >= 2  # several ensembles, one at a time
+    for computing, rows in seen:
+        running = sorted(n for n, status in rows.items() if status == "running")
+        assert running == sorted(computing), rows
+        assert all(status in ("pending", "done") for n, status in rows.items()
+                   if n not in computing)
+    assert any("pending" in rows.values() for _, rows in seen)
+
+    # a row a killed sweep left "running" is not running while no process writes the folder
+    with sqlite3.connect(out / "sweep.db") as conn:
+        conn.execute("UPDATE cells SET status = 'running' WHERE position = 0")
+    code, listing, err = run_cli(capsys, "results", str(out))
+    assert code == 0 and " running " not in listing and "0 running" in err
+    assert listing.splitlines()[1].split()[1] == "pending"
+
+
+def test_a_diverged_cells_metrics_are_blank_in_the_listing_and_the_csv(tmp_path, capsys):
+    spec = write(tmp_path, """seeds = 1
+[base]
+model.attention = "relu"
+train.max_steps = 30
+task.seq_len = 8
+[grid]
+"train.lr" = [1e-3, 1e6]
+""")
+    out = tmp_path / "sw"
+    code, _, err = run_cli(capsys, "sweep", str(spec), "--out", str(out), "--workers", "1")
+    assert code == 1, err
+    store = Store.read(out)
+    diverged = store.rows("failed")[0]
+    store.close()
+    assert diverged["metrics"]["bos_max"] is not None  # measured, and kept in the store
+    code, listing, _ = run_cli(capsys, "results", str(out))
+    assert code == 0
+    head, ok, bad = listing.splitlines()
+    columns = head.split()
+    assert columns == ["cell", "status", "converged", "steps", "linf_error", "bos_max",
+                       "sink_heads", "reason"]
+    # the diverged row: its name, failed, converged False, its steps, then the reason at once
+    assert bad.split()[:5] == [diverged["name"], "failed", "False",
+                               str(diverged["metrics"]["steps"]), "diverged"]
+    assert f"diverged at step {diverged['metrics']['steps']}: the loss is not finite" in bad
+    assert len(ok.split()) == len(columns) - 1  # a done cell has every metric (no reason)
+    table = {r["name"]: r for r in csv.DictReader((out / "results.csv").read_text()
+                                                   .splitlines())}
+    row = table[diverged["name"]]
+    assert row["bos_max"] == row["linf_error"] == row["sink_heads"] == ""
+    assert row["steps"] == str(diverged["metrics"]["steps"]) and row["converged"] == "False"
+    assert all(table[n]["bos_max"] != "" for n in table if n != diverged["name"])
+    code, _, _ = run_cli(capsys, "results", str(out), "--csv", str(tmp_path / "cells.csv"))
+    assert code == 0 and (tmp_path / "cells.csv").read_text() == (out / "results.csv").read_text()
+
+
+def test_a_broken_sweep_store_or_marker_says_what_to_do_and_that_works(tmp_path, capsys):
+    spec, out = write(tmp_path, TINY.replace("seeds = 2", "seeds = 1")), tmp_path / "sw"
+    assert run_cli(capsys, "sweep", str(spec), "--out", str(out), "--workers", "1")[0] == 0
+    marker = (out / "sinklab.json").read_text()
+    (out / "sinklab.json").write_text("{torn")
+    code, _, err = run_cli(capsys, "sweep", str(spec), "--out", str(out))
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"delete {out / 'sinklab.json'} and run the sweep again with --out {out}" in err
+    (out / "sinklab.json").unlink()  # as it says
+    code, _, err = run_cli(capsys, "sweep", str(spec), "--out", str(out))
+    assert code == 0 and "0 to run" in err
+    assert json.loads((out / "sinklab.json").read_text())["kind"] == json.loads(marker)["kind"]
+
+    (out / "sweep.db").write_bytes(b"junk" * 1000)
+    code, _, err = run_cli(capsys, "sweep", str(spec), "--out", str(out))
+    assert code == 2 and err.count("\n") == 1, err
+    assert "sweep.db is corrupted or not a sinklab database" in err
+    assert "run the same `sinklab sweep` command with a new --out" in err
+    assert (out / "sweep.db").read_bytes() == b"junk" * 1000  # the record is not replaced
+    code, _, err = run_cli(capsys, "sweep", str(spec), "--out", str(tmp_path / "new"))
+    assert code == 0, err
 
 
 def test_other_folders_are_refused_and_left_alone(tmp_path, capsys):
@@ -274,6 +376,138 @@ def test_ray_and_local_executors_store_the_same_results(tmp_path, capsys, reques
                 assert remote[name][key] == pytest.approx(value, rel=1e-6, abs=1e-9), (name, key)
             else:
                 assert remote[name][key] == value, (name, key)
+
+
+class FakeInit:
+    """``ray.init`` and ``ray.shutdown`` recorded; ``init`` may hang (on an event, at most
+    ``hang_s``, then it fails) the way a local Ray that never comes up does."""
+
+    def __init__(self, hang_s: float = 0.0) -> None:
+        import threading
+
+        self.calls: list[dict] = []
+        self.shutdowns = 0
+        self.hang_s = hang_s
+        self.release = threading.Event()
+
+    def init(self, **kwargs):
+        self.calls.append(kwargs)
+        if self.hang_s and not self.release.wait(self.hang_s):
+            raise RuntimeError("the fake Ray gave up")
+
+    def shutdown(self):
+        self.shutdowns += 1
+
+
+def fake_ray_start(monkeypatch, hang_s: float = 0.0) -> FakeInit:
+    ray = pytest.importorskip("ray")
+    fake = FakeInit(hang_s)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", fake.init)
+    monkeypatch.setattr(ray, "shutdown", fake.shutdown)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    return fake
+
+
+@pytest.mark.parametrize(("limit", "store"), [("1G", 256 * 2**20), ("100M", 75 * 2**20),
+                                              ("64G", 2 * 2**30)])
+def test_a_local_ray_object_store_follows_the_memory_limit(monkeypatch, limit, store):
+    """A local Ray instance gets an object store of a quarter of SINKLAB_MAX_MEMORY, at most
+    2 GiB and at least Ray's minimum of 75 MiB (Ray's own sizing, 30 % of the free memory,
+    is 7 GB on a 23 GB machine, more than an 8 GB address-space cap leaves its workers); a
+    cluster given by address keeps its own store."""
+    from sinklab.sweeps import run as run_mod
+
+    fake = fake_ray_start(monkeypatch)
+    monkeypatch.setenv("SINKLAB_MAX_MEMORY", limit)
+    with run_mod.ray_session(None, 2):
+        pass
+    assert fake.calls[-1]["object_store_memory"] == store and fake.calls[-1]["num_cpus"] == 2
+    with run_mod.ray_session("auto", 2):
+        pass
+    assert fake.calls[-1]["address"] == "auto" and "object_store_memory" not in fake.calls[-1]
+    assert fake.shutdowns == 2
+
+
+def test_ray_that_does_not_start_ends_in_one_sentence_and_writes_nothing(tmp_path, capsys,
+                                                                         monkeypatch):
+    """A ``ray.init`` that never returns (a local instance short of memory waits in silence)
+    ends after SINKLAB_RAY_START_S seconds in one sentence, with Ray shut down and no folder
+    written; a value that is no number of seconds is refused."""
+    fake = fake_ray_start(monkeypatch, hang_s=20)
+    monkeypatch.setenv("SINKLAB_RAY_START_S", "1")
+    began = time.monotonic()
+    try:
+        code, _, err = run_cli(capsys, "sweep", str(write(tmp_path, TINY)), "--out",
+                               str(tmp_path / "o"), "--executor", "ray")
+    finally:
+        fake.release.set()  # the fake start returns, so its thread ends
+    assert time.monotonic() - began < 10
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith("sinklab: error: Ray did not start within 1 s (SINKLAB_RAY_START_S); "
+                          "a local instance that never comes up is usually short of memory"), err
+    assert fake.shutdowns >= 1 and not (tmp_path / "o").exists()
+    monkeypatch.setenv("SINKLAB_RAY_START_S", "soon")
+    code, _, err = run_cli(capsys, "sweep", str(write(tmp_path, TINY)), "--out",
+                           str(tmp_path / "o"), "--executor", "ray")
+    assert code == 2 and "SINKLAB_RAY_START_S='soon' is not allowed" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_waiting_on_a_ray_cluster_with_no_cpu_left_ends_in_one_sentence(monkeypatch):
+    """Waiting for results polls: while the cluster has an alive node with a CPU, a job may
+    take as long as it takes; once none is left, the wait ends in one sentence."""
+    from contextlib import ExitStack
+
+    from sinklab.sweeps import run as run_mod
+
+    class Cluster:
+        def __init__(self):
+            self.polls = self.waits = 0
+
+        def remote(self, **options):
+            return lambda fn: type("Task", (), {"remote": staticmethod(lambda *a: object())})
+
+        def put(self, value):
+            return value
+
+        def wait(self, refs, num_returns, timeout=None):
+            assert timeout is not None, "waited for Ray without a time limit"
+            self.waits += 1
+            assert self.waits < 10, "went on waiting for a cluster with no node left"
+            return [], refs
+
+        def nodes(self):
+            self.polls += 1  # alive for the first three polls, then every node is gone
+            return [{"Alive": self.polls <= 3, "Resources": {"CPU": 2.0}}]
+
+    cluster = Cluster()
+    monkeypatch.setattr(run_mod, "ray_module", lambda: cluster)
+    monkeypatch.setattr(run_mod, "RAY_POLL_S", 0.0)
+    jobs = [[("a", {})], [("b", {})]]
+    with pytest.raises(run_mod.RayLost) as info:
+        list(run_mod._ray_results(ExitStack(), jobs, ()))
+    assert cluster.polls == 4
+    assert str(info.value) == ("Ray has no alive node with a CPU left while 2 job(s) were "
+                               "waiting (its nodes died or left the cluster); the cells that "
+                               "finished are kept: run the same command again to run the "
+                               "others.")
+
+
+@pytest.mark.slow
+def test_a_real_local_ray_starts_with_the_store_it_was_given(monkeypatch):
+    """One real local start under a 400 MiB limit: the store is 100 MiB, and a task runs (Ray's
+    processes outlive the thread that waited for the start)."""
+    ray = pytest.importorskip("ray")
+    from sinklab.sweeps import run as run_mod
+
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # else Ray writes ~/.ray/auth_token
+    monkeypatch.setenv("SINKLAB_MAX_MEMORY", "400M")
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with run_mod.ray_session(None, 1):
+        assert ray.cluster_resources()["object_store_memory"] == 100 * 2**20
+        assert ray.get(ray.remote(num_cpus=1)(lambda: 7).remote(), timeout=120) == 7
+    assert not ray.is_initialized()
 
 
 # ---------------------------------------------------------------------------- report

@@ -8,6 +8,10 @@ one sentence that gives the estimate and the limit. The limits are settings:
   runs; default half of this machine's physical memory (on a GPU, the device's memory).
 - ``SINKLAB_MAX_CELLS``: the most runs one sweep or experiment may declare; default 100,000.
 
+A local Ray instance's object store comes out of the memory limit too
+(``ray_object_store_bytes``), so that Ray's own sizing (30 % of the machine's free memory) cannot
+exceed what the command may use.
+
 The estimates are upper bounds of the tensors a run keeps alive at once, checked against
 measured peaks in ``benchmarks/memory_estimate.py``; they never allocate.
 """
@@ -32,6 +36,13 @@ WORKER_BYTES = 400 * 2**20
 # What a run needs beyond its tensors: the allocator's pools and the kernels loaded on first use
 # (35 MB measured for the smallest run here).
 RUN_BYTES = 64 * 2**20
+
+# A local Ray instance's object store: a quarter of the memory limit, at most 2 GiB (sinklab's
+# objects are a job's configs, a plugin's text and a cell's results: kilobytes), at least Ray's
+# own minimum (ray_constants.OBJECT_STORE_MINIMUM_MEMORY_BYTES, 75 MiB in Ray 2.60).
+RAY_STORE_SHARE = 4
+RAY_STORE_MAX = 2 * 2**30
+RAY_STORE_MIN = 75 * 2**20
 
 _UNITS = {"": 1, "b": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 
@@ -74,6 +85,13 @@ def memory_limit(device: Any = None) -> int:
         return int(torch.cuda.get_device_properties(device).total_memory)
     total = physical_memory()
     return total // 2 if total else 8 * 2**30
+
+
+def ray_object_store_bytes() -> int:
+    """The object store of a local Ray instance that sinklab starts: ``memory_limit()`` (the
+    ``SINKLAB_MAX_MEMORY`` setting) / ``RAY_STORE_SHARE``, at most ``RAY_STORE_MAX`` and at
+    least Ray's minimum ``RAY_STORE_MIN``. A cluster's store is the cluster's own."""
+    return max(RAY_STORE_MIN, min(memory_limit() // RAY_STORE_SHARE, RAY_STORE_MAX))
 
 
 def cell_limit() -> int:

@@ -1,4 +1,10 @@
-"""``sinklab results DIR``: a sweep folder's cells in the terminal, filtered, or as CSV."""
+"""``sinklab results DIR``: a sweep folder's cells in the terminal, filtered, or as CSV.
+
+A cell is ``running`` only while a worker computes it (queued ones are ``pending``, and so are
+those a killed sweep left "running" while no process writes the folder); a cell whose
+run diverged is ``failed`` with the reason "diverged at step N", and its metrics other than
+``sinklab.sweeps.store.KEPT_WHEN_DIVERGED`` are blank, here and in the CSV.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +12,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from sinklab import folders
 from sinklab.config import ConfigError
 from sinklab.metrics import METRICS
 from sinklab.results import write_atomic
-from sinklab.sweeps.store import STATUSES, Store, to_csv
+from sinklab.sweeps.store import STATUSES, Store, is_diverged, shown_metrics, to_csv
 
 CSV_HEAD = b"name,status,reason"  # how every CSV of cells begins (sweeps.store.to_csv)
 
@@ -59,8 +66,6 @@ def select(rows: list[dict[str, Any]], status: str | None,
 def check_csv_target(path: Path) -> None:
     """Refuse a ``--csv FILE`` that is not ours to write: FILE must be new, or a CSV that this
     command wrote before, and not inside a sinklab folder (whose files are its own)."""
-    from sinklab import folders
-
     if path.is_symlink() or (path.exists() and not path.is_file()):
         kind = "a folder" if path.is_dir() else "not a regular file"
         raise ConfigError(f"--csv {path} is {kind}; give the name of a new file to write.")
@@ -88,10 +93,13 @@ def list_results(folder: Path, status: str | None, where: list[str],
                  csv_path: Path | None) -> int:
     store = Store.read(folder)
     try:
-        rows = select(store.rows(), status, where)
-        counts = store.counts()
+        rows = store.rows()
     finally:
         store.close()
+    if folders.writer(folder) is None:  # no sweep is running: "running" rows were left by one
+        rows = [{**r, "status": "pending"} if r["status"] == "running" else r for r in rows]
+    counts = {s: sum(r["status"] == s for r in rows) for s in STATUSES}
+    rows = select(rows, status, where)
     if csv_path is not None:
         check_csv_target(csv_path)
         write_atomic(csv_path, to_csv(rows).encode())
@@ -100,8 +108,10 @@ def list_results(folder: Path, status: str | None, where: list[str],
     shown = columns()
     table = [["cell", "status", *shown, "reason"]]
     for r in rows:
-        m = r["metrics"] or {}
-        table.append([r["name"], r["status"], *(_fmt(m.get(c)) for c in shown),
+        m = shown_metrics(r)
+        # a diverged cell's other metrics are blank, not "-": measured, but meaningless
+        table.append([r["name"], r["status"],
+                      *("" if c not in m and is_diverged(r) else _fmt(m.get(c)) for c in shown),
                       r["reason"] or ""])
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     for row in table:

@@ -12,7 +12,9 @@ rerunning the same command resumes.
   again in a fresh pool, twice at most, then recorded as failed.
 - ``ray`` (extra ``sinklab[ray]``): each job is a Ray task with one CPU, on the cluster at
   ``--ray-address`` or on a local Ray instance started for the sweep; Ray runs a task again when
-  its worker dies (three times at most).
+  its worker dies (three times at most). A local instance's object store is a share of
+  ``SINKLAB_MAX_MEMORY``; Ray gets ``SINKLAB_RAY_START_S`` seconds to start or connect, and a
+  cluster with no alive CPU left ends the wait for results (``ray_session``, ``_ray_results``).
 
 Every job carries the driver's plugins (``sinklab.plugins.loaded()``): a worker loads them
 before it builds a config, so a rule of one's own trains on spawned processes and Ray workers
@@ -36,7 +38,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
@@ -48,7 +50,7 @@ from tqdm.auto import tqdm
 
 from sinklab import folders, limits
 from sinklab import plugins as plugins_mod
-from sinklab.config import ConfigError, RunConfig, build_run_config
+from sinklab.config import ConfigError, RunConfig, SinklabError, build_run_config
 from sinklab.plugins import Plugin, PluginError
 from sinklab.sweeps import spec as spec_mod
 from sinklab.sweeps.store import DB, Store, metric_names
@@ -90,12 +92,13 @@ def check_executor(executor: str, ray_address: str | None) -> None:
 
 
 def runner(executor: str, jobs: list[Job], workers: int, ray_address: str | None,
-           plugins: Sequence[Plugin] = ()) -> Iterator[tuple[Job, list[dict[str, Any]]]]:
+           plugins: Sequence[Plugin] = (), started: Callable[[Job], None] | None = None
+           ) -> Iterator[tuple[Job, list[dict[str, Any]]]]:
     """The jobs' results as they finish, from the chosen executor; every worker loads
-    ``plugins`` first."""
+    ``plugins`` first. The local executor calls ``started(job)`` as a worker takes a job."""
     if executor == "ray":
         return run_ray(jobs, workers, ray_address, plugins)
-    return run_local(jobs, workers, plugins)
+    return run_local(jobs, workers, plugins, started)
 
 
 # ------------------------------------------------------------------------------ compute
@@ -237,16 +240,21 @@ def _lost(job: Job, reason: str) -> list[dict[str, Any]]:
     return [{"name": name, "error": reason} for name, _ in job]
 
 
-def run_local(jobs: list[Job], workers: int, plugins: Sequence[Plugin] = ()
+def run_local(jobs: list[Job], workers: int, plugins: Sequence[Plugin] = (),
+              started: Callable[[Job], None] | None = None
               ) -> Iterator[tuple[Job, list[dict[str, Any]]]]:
     """Each job's results as it finishes: in this process (one worker) or in a process pool
     of spawned processes, each of which loads ``plugins`` with its first job.
 
-    When a worker process dies (killed, out of memory) the pool breaks and every job still in
-    it is lost; those jobs run again in a fresh pool, up to ``POOL_RETRIES`` times each, then
-    come back as failed."""
+    A job is handed to the pool only when a worker is free for it, and ``started(job)`` is
+    called then (a sweep marks its cells running), so the jobs still queued are not running.
+    When a worker process dies (killed, out of memory) the pool breaks and every job in it is
+    lost; those jobs run again in a fresh pool, up to ``POOL_RETRIES`` times each, then come
+    back as failed, and the jobs not yet handed out wait for the fresh pool."""
+    start = started or (lambda job: None)
     if workers <= 1 or len(jobs) <= 1:
         for job in jobs:
+            start(job)
             yield job, compute(job, plugins)
         return
     ctx = get_context("spawn")
@@ -258,29 +266,45 @@ def run_local(jobs: list[Job], workers: int, plugins: Sequence[Plugin] = ()
         lost: list[Job] = []
         finished = False
         try:
-            futures = {pool.submit(compute, job, plugins): job for job in queue}
-            for future in as_completed(futures):
-                job = futures[future]
-                try:
-                    results = future.result()
-                except BrokenProcessPool:
-                    lost.append(job)
-                    continue
-                yield job, results
+            futures: dict[Any, Job] = {}
+            broken = False
+            while queue or futures:
+                while queue and not broken and len(futures) < workers:  # a free worker each
+                    try:
+                        future = pool.submit(compute, queue[0], plugins)
+                    except BrokenProcessPool:  # a worker died: the job waits for a fresh pool
+                        broken = True
+                        break
+                    job = queue.pop(0)
+                    start(job)
+                    futures[future] = job
+                if not futures:
+                    break  # the pool broke: the jobs left wait for a fresh one
+                done, _ = wait(futures, return_when=FIRST_COMPLETED)
+                for future in done:
+                    job = futures.pop(future)
+                    try:
+                        results = future.result()
+                    except BrokenProcessPool:
+                        lost.append(job)
+                        broken = True
+                        continue
+                    yield job, results
             finished = True
         finally:
             if not finished:  # interrupted or failed: the jobs in flight are lost anyway
                 for process in list(getattr(pool, "_processes", {}).values()):
                     process.terminate()
             pool.shutdown(wait=True, cancel_futures=True)
-        queue = []
+        again = []
         for job in lost:
             tries[id(job)] += 1
             if tries[id(job)] > POOL_RETRIES:
                 yield job, _lost(job, f"its worker process died {tries[id(job)]} times "
                                       "(killed, or out of memory)")
             else:
-                queue.append(job)
+                again.append(job)
+        queue = again + queue
 
 
 def ray_module() -> Any:
@@ -289,6 +313,31 @@ def ray_module() -> Any:
     except ImportError:
         raise ConfigError("--executor ray needs the optional extra sinklab[ray]: "
                           "pip install 'sinklab[ray]'.") from None
+
+
+RAY_START_ENV = "SINKLAB_RAY_START_S"  # the seconds ray.init may take to start or connect
+RAY_START_S = 120.0  # its default: a local start takes 3-5 s here, a first connection longer
+RAY_POLL_S = 30.0  # ray.wait's timeout between checks that the cluster still has a CPU alive
+
+
+class RayLost(SinklabError):
+    """Ray has no alive node with a CPU left to run the jobs still waiting, or stopped
+    answering; one sentence."""
+
+
+def ray_start_limit() -> float:
+    """The seconds ``ray.init`` may take: ``SINKLAB_RAY_START_S``, default ``RAY_START_S``."""
+    text = os.environ.get(RAY_START_ENV, "").strip()
+    if not text:
+        return RAY_START_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ConfigError(f"{RAY_START_ENV}={text!r} is not allowed: give the seconds Ray may "
+                          f"take to start or connect, a number > 0 (default {RAY_START_S:g}).")
+    return value
 
 
 def run_ray(jobs: list[Job], workers: int, address: str | None,
@@ -306,24 +355,127 @@ def run_ray(jobs: list[Job], workers: int, address: str | None,
 @contextmanager
 def ray_session(address: str | None, workers: int) -> Iterator[None]:
     """Ray connected (or a local instance with ``workers`` CPUs started) for the body, and shut
-    down after it, unless the caller had already initialised Ray."""
+    down after it, unless the caller had already initialised Ray.
+
+    A local instance's object store is ``limits.ray_object_store_bytes()`` (a quarter of
+    ``SINKLAB_MAX_MEMORY``, at most 2 GiB, at least Ray's minimum of 75 MiB), given to
+    ``ray.init`` so that Ray does not size it from the machine (30 % of its free memory, which
+    under an address-space cap leaves its workers no room); a cluster's store is its own.
+    ``ray.init`` may take ``SINKLAB_RAY_START_S`` seconds (``ray_start_limit``) to start or
+    connect; past that, Ray is shut down and the session ends in one sentence (ConfigError),
+    as a refused connection does, before the caller writes anything."""
     ray = ray_module()
     if ray.is_initialized():
         yield
         return
     address = address or os.environ.get("RAY_ADDRESS") or None  # Ray reads it too
+    seconds = ray_start_limit()
     if address:
         check_reachable(address)
-    kwargs: dict[str, Any] = {"address": address} if address else {"num_cpus": workers}
+    kwargs: dict[str, Any] = {"address": address} if address else {
+        "num_cpus": workers, "object_store_memory": limits.ray_object_store_bytes()}
+    keeper = _RayKeeper(ray, include_dashboard=False, log_to_driver=False,
+                        logging_level=logging.ERROR, **kwargs)
     try:
-        ray.init(include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR,
-                 **kwargs)
-    except Exception as exc:  # a wrong address, an unreachable cluster, a refused token
-        raise ConfigError(ray_refusal(exc, address)) from None
+        up = keeper.start(seconds)
+    except BaseException as exc:  # ray.init's own error, or an interrupt while waiting
+        keeper.abandon()
+        if isinstance(exc, Exception):  # a wrong address, an unreachable cluster, a token
+            raise ConfigError(ray_refusal(exc, address)) from None
+        raise
+    if not up:
+        keeper.abandon()
+        raise ConfigError(ray_timeout(seconds, address, kwargs.get("object_store_memory")))
     try:
         yield
     finally:
-        ray.shutdown()
+        keeper.stop()
+
+
+class _RayKeeper:
+    """``ray.init`` in a thread of its own that lives until ``stop``, so that starting can be
+    given a time limit (Ray has none for a local instance that never comes up, and waits for it
+    in silence). The thread must outlive the start: Ray's processes are killed when the thread
+    that started them ends (Linux's parent-death signal, which Ray sets, follows the thread)."""
+
+    def __init__(self, ray: Any, **kwargs: Any) -> None:
+        self.ray, self.kwargs = ray, kwargs
+        self.started, self.released = threading.Event(), threading.Event()
+        self.error: BaseException | None = None
+        self.abandoned = False
+        self.thread = threading.Thread(target=self._run, name="sinklab-ray", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self.ray.init(**self.kwargs)
+        except BaseException as exc:  # handed to the waiting thread
+            self.error = exc
+            self.started.set()
+            return
+        self.started.set()
+        self.released.wait()
+        if self.abandoned:  # it came up after the caller gave up on it
+            self.ray.shutdown()
+
+    def start(self, seconds: float) -> bool:
+        """Start Ray and wait ``seconds`` for it: True when it is up, False when it is not yet;
+        ``ray.init``'s own error is raised."""
+        self.thread.start()
+        if not self.started.wait(seconds):
+            return False
+        if self.error is not None:
+            raise self.error
+        return True
+
+    def abandon(self) -> None:
+        """Give up on it: shut down whatever Ray has started, and let a start that completes
+        later shut itself down."""
+        self.abandoned = True
+        self.released.set()
+        self.ray.shutdown()
+
+    def stop(self) -> None:
+        """The end of the session: Ray shut down, then the thread let go."""
+        try:
+            self.ray.shutdown()
+        finally:
+            self.released.set()
+            self.thread.join(5)
+
+
+def ray_timeout(seconds: float, address: str | None, store: int | None) -> str:
+    """One sentence for Ray not starting or connecting within ``seconds``."""
+    if address:
+        return (f"Ray did not connect to the cluster at {address} within {seconds:g} s "
+                f"({RAY_START_ENV}); check that it is up (`ray status --address {address}`), or "
+                f"allow it longer with {RAY_START_ENV}=SECONDS.")
+    return (f"Ray did not start within {seconds:g} s ({RAY_START_ENV}); a local instance that "
+            "never comes up is usually short of memory (its object store was given "
+            f"{limits.format_bytes(store or 0)}, a share of {limits.MEMORY_ENV}): see Ray's logs "
+            f"under /tmp/ray/session_latest/logs, or allow it longer with "
+            f"{RAY_START_ENV}=SECONDS.")
+
+
+def ray_cpus_alive(ray: Any) -> float:
+    """The CPUs of the cluster's alive nodes, as Ray reports them (0: none left)."""
+    return sum(node.get("Resources", {}).get("CPU", 0.0) for node in ray.nodes()
+               if node.get("Alive"))
+
+
+def _check_alive(ray: Any, waiting: int) -> None:
+    """RayLost, in one sentence, when the cluster has no alive node with a CPU left to run the
+    ``waiting`` jobs, or does not answer; otherwise nothing (a job may run for hours)."""
+    try:
+        cpus = ray_cpus_alive(ray)
+    except Exception as exc:  # the cluster's control store is gone
+        raise RayLost(f"Ray stopped answering while {waiting} job(s) were waiting "
+                      f"({' '.join(str(exc).split())[:200] or type(exc).__name__}); the cells "
+                      "that finished are kept: run the same command again to run the others.") \
+            from None
+    if cpus <= 0:
+        raise RayLost(f"Ray has no alive node with a CPU left while {waiting} job(s) were "
+                      "waiting (its nodes died or left the cluster); the cells that finished "
+                      "are kept: run the same command again to run the others.")
 
 
 def _ray_results(session: ExitStack, jobs: list[Job], plugins: Sequence[Plugin]
@@ -336,7 +488,11 @@ def _ray_results(session: ExitStack, jobs: list[Job], plugins: Sequence[Plugin]
         shipped = ray.put(list(plugins))  # once, not with every task
         pending = {task.remote(job, shipped): job for job in jobs}
         while pending:
-            ready, _ = ray.wait(list(pending), num_returns=1)
+            # bounded, so that a cluster whose every node died cannot keep us waiting in
+            # silence; a job that merely runs long is waited for as long as it takes
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=RAY_POLL_S)
+            if not ready:
+                _check_alive(ray, len(pending))
             for ref in ready:
                 job = pending.pop(ref)
                 try:
@@ -402,9 +558,16 @@ def execute(store: Store, jobs: list[Job], executor: str, workers: int,
     plugins = plugins_mod.loaded()
     store.record_plugins(plugins_mod.sources(config["model"]["attention"]
                                              for job in jobs for _, config in job))
-    results_of = runner(executor, jobs, workers, ray_address, plugins)  # Ray connects here
-    for job in jobs:
+    def running(job: Job) -> None:
         store.mark_running([name for name, _ in job])
+
+    # A cell is running only while a worker computes it: the local executor says when it hands
+    # a job to a worker; Ray queues every task on the cluster at once.
+    results_of = runner(executor, jobs, workers, ray_address, plugins,  # Ray connects here
+                        started=None if executor == "ray" else running)
+    if executor == "ray":
+        for job in jobs:
+            running(job)
     for job, results in results_of:
         yield job, results, record(store, results, version)
     store.export_csv()

@@ -12,7 +12,8 @@
     "model.attention_args.temperature" = [1.0, 2.0]   # a keyword argument of the rule
 
 ``load_spec`` validates everything before anything runs: an unknown key, an empty grid, a value
-of the wrong type or out of range is a ``SpecError`` naming the key and its line in the file; an
+of the wrong type or out of range, a key both fixed in ``[base]`` and varied in ``[grid]`` is a
+``SpecError`` naming the key and its line in the file; an
 attention rule that is not registered (``UnknownRule``) also says that a rule of one's own
 needs its plugin (``--plugin MODULE``, ``sinklab.plugins``).
 ``cells`` expands a spec into cells with deterministic names, in grid order then seed order.
@@ -129,6 +130,18 @@ def _flatten_grid(grid: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+def _in_base(base: dict[str, Any], key: str) -> bool:
+    """Whether the dotted ``key`` (``train.lr``, ``model.attention_args.bias``) is set in
+    ``[base]``."""
+    section, _, rest = key.partition(".")
+    values = base.get(section)
+    for part in rest.split("."):
+        if not isinstance(values, dict) or part not in values:
+            return False
+        values = values[part]
+    return True
+
+
 def load_spec(path: str | Path) -> Spec:
     """Read and validate a sweep spec (see the module docstring for the format)."""
     path = Path(path)
@@ -188,6 +201,10 @@ def load_spec(path: str | Path) -> Spec:
             raise SpecError(f"{where}: grid key 'model.attention_args'{at} is not allowed: vary "
                             "one keyword argument of the rule at a time, as "
                             "\"model.attention_args.NAME\" = [values].")
+        if _in_base(base, key):
+            raise SpecError(f"{where}: grid key {key!r}{at} is also set in [base]"
+                            f"{_at(text, 'base', key)}: a key is either fixed in [base] or "
+                            "varied in [grid], not both; remove it from one of them.")
         if not isinstance(values, list) or not values:
             raise SpecError(f"{where}: grid key {key!r}{at} must be a non-empty list of "
                             "values.")

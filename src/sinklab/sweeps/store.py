@@ -26,15 +26,16 @@ import json
 import os
 import shutil
 import sqlite3
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from sinklab import folders
 from sinklab.metrics import METRICS
-from sinklab.results import ResultsError, write_atomic
+from sinklab.results import ResultsError, read_json, write_atomic
 from sinklab.sweeps.spec import Cell, Spec, folder_name
 
 KIND = "sinklab sweep"
@@ -70,6 +71,104 @@ CREATE TABLE cells (
 """
 
 
+class JunkStore(ResultsError):
+    """A ``sweep.db`` that is not a readable sinklab database. In a study's folder the store is
+    only an index of the run folders, which hold the results: ``Store.attach`` moves it aside
+    and rebuilds it from them. In a ``sinklab sweep`` folder it is the record of the cells, so
+    it is refused, and the message says what to do."""
+
+    def __init__(self, folder: Path, problem: str) -> None:
+        db = folder / DB
+        kind, command = _folder_study(folder)
+        if kind is not None:
+            again = f"`{command}`" if command else f"the same `sinklab {kind}` command"
+            remedy = (f"it only indexes the runs of this {kind} folder, whose run folders hold "
+                      f"the results: run {again} again (the same options, --out {folder}), "
+                      f"which moves it aside to {DB}.corrupt and rebuilds it from the run "
+                      "folders without training any run again")
+        else:
+            remedy = ("it was the record of this sweep's cells, so the sweep cannot resume from "
+                      "it: run the same `sinklab sweep` command with a new --out (every cell "
+                      f"trains again there; the run folders in {folder} stay as they are)")
+        super().__init__(f"{db} is corrupted or not a sinklab database ({problem}); {remedy}.")
+        self.folder, self.problem = folder, problem
+
+
+def _folder_study(folder: Path) -> tuple[str | None, str | None]:
+    """The study whose folder ``folder`` is, by its marker (read leniently: this is for a
+    message only), and the last command that wrote it; (None, None) for a sweep folder or one
+    whose marker says nothing."""
+    try:
+        marker = json.loads((folder / folders.MARKER).read_text())
+    except (OSError, ValueError):
+        return None, None
+    if not isinstance(marker, dict) or not isinstance(marker.get("kind"), str) \
+            or marker["kind"] in ("sweep", "run", "runs", "report"):
+        return None, None
+    history = marker.get("invocations")
+    last = history[-1] if isinstance(history, list) and history else {}
+    command = last.get("command") if isinstance(last, dict) else None
+    return marker["kind"], command if isinstance(command, str) else None
+
+
+def _finished_rows(root: Path) -> list[tuple[Any, ...]]:
+    """Store rows for the finished run folders one level inside ``root``'s folders
+    (``runs/X``, ``denied/X``), each checked against its completion record. A run that
+    diverged is a failed row with its reason, as ``sinklab.sweeps.run.record`` writes it; a
+    damaged or unfinished folder is left out, to the study's planner."""
+    from sinklab.sweeps.run import metrics_of
+
+    rows: list[tuple[Any, ...]] = []
+    for top in sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink()
+                      and not p.name.startswith(".")):
+        for run in sorted(p for p in top.iterdir() if p.is_dir() and not p.is_symlink()
+                          and not p.name.startswith(".")):
+            try:
+                if not folders.check_complete(run):
+                    continue
+                config = read_json(run / "config.json")
+                summary = read_json(run / "summary.json")
+                seed = int(config["train"]["seed"])
+            except (ResultsError, KeyError, TypeError, ValueError):
+                continue
+            name = run.relative_to(root).as_posix()
+            reason = diverged_reason(summary)
+            rows.append((name, name, len(rows), seed, json.dumps(config),
+                         "failed" if reason else "done", reason,
+                         json.dumps(metrics_of(summary)), summary.get("wall_time_s")))
+    return rows
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def diverged_reason(summary: dict[str, Any]) -> str | None:
+    """The reason a run that diverged is a failed cell (None for a run that did not)."""
+    if summary.get("status") != "diverged":
+        return None
+    return f"diverged at step {summary.get('steps')}: the loss is not finite"
+
+
+# What a diverged run's numbers still say: how far it got. Its other metrics were measured on
+# a model whose loss is not finite (a BOS mass of 3e+10), so they are shown blank.
+KEPT_WHEN_DIVERGED = ("converged", "steps", "train_time_s")
+
+
+def is_diverged(row: dict[str, Any]) -> bool:
+    """Whether a cell's row is a run that diverged (failed, with ``diverged_reason``)."""
+    return row["status"] == "failed" and (row["reason"] or "").startswith("diverged at step")
+
+
+def shown_metrics(row: dict[str, Any]) -> dict[str, Any]:
+    """A row's metrics as ``sinklab results`` shows them and its CSV holds them: a diverged
+    run keeps only ``KEPT_WHEN_DIVERGED`` (its reason says at which step it diverged)."""
+    metrics = row["metrics"] or {}
+    if is_diverged(row):
+        return {k: v for k, v in metrics.items() if k in KEPT_WHEN_DIVERGED}
+    return metrics
+
+
 def _connect(path: Path) -> sqlite3.Connection:
     conn = sqlite3.connect(path, timeout=30, isolation_level=None)  # explicit transactions
     conn.row_factory = sqlite3.Row
@@ -92,16 +191,16 @@ class Store:
         db = folder / DB
         if not db.is_file():
             raise ResultsError(f"{folder} is not a sweep folder (it has no {DB}).")
+        conn = _connect(db)
         try:
-            conn = _connect(db)
             meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
             conn.execute("SELECT name, status FROM cells LIMIT 1").fetchall()
         except sqlite3.DatabaseError as exc:
-            raise ResultsError(f"{db} is corrupted or not a sinklab database ({exc}); the sweep "
-                               f"cannot resume from it: run it into another --out (the run "
-                               f"folders in {folder} stay as they are).") from None
+            conn.close()
+            raise JunkStore(folder, str(exc)) from None
         if meta.get("kind") != KIND:
-            raise ResultsError(f"{db} is not a sinklab sweep database.")
+            conn.close()
+            raise JunkStore(folder, "its meta table does not name a sinklab sweep")
         if meta.get("format") != FORMAT:
             raise ResultsError(f"{db} has format {meta.get('format')!r}; this sinklab reads "
                                f"format {FORMAT}.")
@@ -134,16 +233,38 @@ class Store:
                                     "spec_path": spec.path, "version": version}, rows)
 
     @classmethod
-    def attach(cls, folder: str | Path, origin: str) -> Store:
-        """The store of an experiment folder (``origin``: reproduce, theory, zoo), created on
-        first use; the folder itself is claimed by the experiment (its marker file)."""
+    def attach(cls, folder: str | Path, origin: str,
+               log: Callable[[str], None] | None = None) -> Store:
+        """The store of a study's folder (``origin``: reproduce, theory, zoo, ...), created on
+        first use; the folder itself is claimed by the study (its marker file).
+
+        There the store only indexes the run folders, which hold the results and their
+        completion records: a store that is not a readable sinklab database is moved aside
+        (``sweep.db.corrupt``) and rebuilt from the finished run folders, so no run is trained
+        again; ``log`` gets one line saying so."""
         folder = Path(folder)
         if (folder / DB).exists():
-            return cls.read(folder)
+            try:
+                return cls.read(folder)
+            except JunkStore as exc:
+                problem = exc.problem
+            aside = folder / f"{DB}.corrupt"
+            write_atomic(aside, (folder / DB).read_bytes())  # kept, in case it is wanted
+            finished = _finished_rows(folder)
+            store = cls._create(folder, {"origin": origin}, [], finished)  # replaces it at once
+            found = len(finished)
+            (log or _stderr)(f"{origin}: {folder / DB} was corrupted or not a sinklab database "
+                             f"({problem}); moved it to {aside.name} and rebuilt it from the "
+                             f"completion records of the {found} finished run(s) in {folder}, "
+                             "none of which is trained again")
+            return store
         return cls._create(folder, {"origin": origin}, [])
 
     @classmethod
-    def _create(cls, folder: Path, meta: dict[str, str], rows: list[tuple[Any, ...]]) -> Store:
+    def _create(cls, folder: Path, meta: dict[str, str], rows: list[tuple[Any, ...]],
+                finished: list[tuple[Any, ...]] = ()) -> Store:
+        """A new store in one step: pending ``rows``, and ``finished`` ones (``_finished_rows``)
+        of a store rebuilt from its run folders."""
         tmp = folder / f".{DB}.creating"
         tmp.unlink(missing_ok=True)
         conn = _connect(tmp)
@@ -155,6 +276,10 @@ class Store:
             conn.executemany(
                 "INSERT INTO cells (name, path, position, overrides, seed, config, status) "
                 "VALUES (?, ?, ?, ?, ?, ?, 'pending')", rows)
+            conn.executemany(
+                "INSERT INTO cells (name, path, position, overrides, seed, config, status, "
+                "reason, metrics, attempts, seconds) "
+                "VALUES (?, ?, ?, '{}', ?, ?, ?, ?, ?, 1, ?)", finished)
         conn.close()
         os.replace(tmp, folder / DB)  # the store appears in one step
         return cls.read(folder)
@@ -287,7 +412,8 @@ class Store:
                  seconds, version, name))
 
     def export_csv(self, path: Path | None = None) -> Path:
-        """Every cell as one CSV row: name, status, reason, grid values, seed, metrics, times."""
+        """Every cell as one CSV row: name, status, reason, grid values, seed, metrics, times
+        (a diverged cell's metrics blank but for ``KEPT_WHEN_DIVERGED``, ``shown_metrics``)."""
         path = path or self.folder / "results.csv"
         write_atomic(path, to_csv(self.rows()).encode())
         return path
@@ -316,5 +442,5 @@ def to_csv(rows: list[dict[str, Any]]) -> str:
     writer = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n", extrasaction="ignore")
     writer.writeheader()
     for r in rows:
-        writer.writerow({**r, **r["overrides"], **(r["metrics"] or {})})
+        writer.writerow({**r, **r["overrides"], **shown_metrics(r)})
     return buf.getvalue()
