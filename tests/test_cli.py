@@ -69,6 +69,22 @@ def test_train_refuses_a_foreign_folder(tmp_path, capsys):
     assert (tmp_path / "notes.txt").read_text() == "mine"
 
 
+def test_a_run_whose_marker_is_corrupted_says_how_to_train_it_again(tmp_path, capsys):
+    out = tmp_path / "run"
+    args = ["train", "train.max_steps=2", "eval.n_sequences=8", "--out", str(out)]
+    assert run_cli(capsys, *args)[0] == 0
+    (out / "sinklab.json").write_text('{"kind": "run", "comp')
+    for argv in (args, ["plot", str(out)]):
+        code, _, err = run_cli(capsys, *argv)
+        assert code == 2 and err.count("\n") == 1, err
+        assert f"{out / 'sinklab.json'} is corrupted (not valid JSON: " in err
+        assert f"sinklab cannot tell what {out} holds; delete {out} to train that run again" in err
+    import shutil
+
+    shutil.rmtree(out)  # as the sentence says: the run trains again
+    assert run_cli(capsys, *args)[0] == 0 and folders.check_complete(out)
+
+
 def is_png(path) -> bool:
     from PIL import Image
 

@@ -174,7 +174,7 @@ def test_a_sweep_can_vary_a_rule_argument(tmp_path):
     from sinklab.sweeps.spec import SpecError, cells, load_spec
 
     spec = tmp_path / "s.toml"
-    spec.write_text('[base]\nmodel.attention = "sigmoid"\nmodel.attention_args.bias = -1.0\n'
+    spec.write_text('[base]\nmodel.attention = "sigmoid"\n'
                     '[grid]\n"model.attention_args.bias" = [-2.0, 0.5]\n"train.lr" = [0.001]\n')
     got = cells(load_spec(spec))
     assert [c.name for c in got] == ["model.attention_args.bias=-2,train.lr=0.001,seed=0",

@@ -156,7 +156,7 @@ def test_study_options_are_checked_with_one_sentence(tiny, tmp_path, capsys):
     out = tmp_path / "tiny"
     for argv, words in (
             (["--seeds", "0"], "--seeds=0 is not allowed"),
-            (["--seeds", "x"], "tiny.seeds='x' is not allowed: it must be an integer"),
+            (["--seeds", "x"], "--seeds='x' is not allowed: it must be an integer"),
             (["tiny.nope=1"], "tiny.nope is not an option of sinklab tiny"),
             (["model.attention=relu"], "is not an option override"),
             (["--config", str(tmp_path / "missing.toml")], "does not exist")):
@@ -253,3 +253,185 @@ def test_the_documented_example_study_runs(tmp_path, capsys):
     finally:
         studies.unregister("mystudy")
         render.ENV.loader = loader
+
+
+# --------------------------------------------------------- options named as they were given
+
+
+def test_a_refused_option_is_named_as_it_was_given(tiny, tmp_path, capsys):
+    """A flag by its flag, an override by its key, a file's value by the file and its table;
+    for a study whose checks name the flag themselves (the tiny one) and for one that names
+    its options through ``named`` (sinklab lm)."""
+    config = tmp_path / "x.toml"
+    config.write_text("[tiny]\nseeds = 0\n[lm]\nn_tokens = -5\n")
+    for argv, words in (
+            (["tiny", "--seeds", "0"], "--seeds=0 is not allowed"),
+            (["tiny", "tiny.seeds=0"], "tiny.seeds=0 is not allowed"),
+            (["tiny", "--config", str(config)],
+             f"config file {str(config)!r}: [tiny] seeds=0 is not allowed"),
+            (["tiny", "tiny.seeds=x"], "tiny.seeds='x' is not allowed: it must be an integer"),
+            (["lm", "--tokens", "10^9"], "--tokens='10^9' is not allowed: it must be an integer"),
+            (["lm", "lm.n_tokens=10^9"], "lm.n_tokens='10^9' is not allowed"),
+            (["lm", "lm.n_tokens=-5"], "lm.n_tokens=-5 is not allowed: it must be an integer >="),
+            (["lm", "--tokens", "-5"], "--tokens=-5 is not allowed"),
+            (["lm", "--config", str(config)],
+             f"config file {str(config)!r}: [lm] n_tokens=-5 is not allowed"),
+            (["lm", "lm.probes=p.txt", "lm.probes_field=body"],  # two options, both named
+             "lm.probes_field body names a field of a .jsonl lm.probes file"),
+            (["zoo", "zoo.rules=relu,relu"], "zoo.rules lists 'relu' twice"),
+            (["theory", "--eps", "0.1,0.1"], "--eps lists 0.1 twice")):
+        code = main([*argv, "--out", str(tmp_path / "o")])
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("\n") == 1, (argv, err)
+        assert err.startswith(f"sinklab: error: {words}"), (argv, err)
+    assert not (tmp_path / "o").exists()
+
+
+# ----------------------------------------------------------------------------- --docs FILE
+
+
+def _ok(capsys, argv: list[str]) -> str:
+    """Run a command that must succeed; its stderr."""
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 0, err
+    return err
+
+
+def test_docs_copies_are_known_by_their_mark_never_by_their_title(tiny, tmp_path, capsys):
+    out, docs = tmp_path / "tiny", tmp_path / "docs" / "tiny.md"
+    args = ["tiny", "--out", str(out), "--seeds", "1", "--steps", "2", "--rules", "relu",
+            "--workers", "1"]
+    _ok(capsys, [*args, "--docs", str(docs)])
+    text = docs.read_text()
+    assert text.startswith("# Tiny study\n")
+    assert text.endswith("\n<!-- written by sinklab tiny: records in tiny.json -->\n")
+    _ok(capsys, [*args, "--docs", str(docs)])  # refreshed
+
+    # a copy written before there was a mark: its records beside it say it is this study's
+    docs.write_text(text.replace("<!-- written by sinklab tiny: records in tiny.json -->\n", ""))
+    _ok(capsys, [*args, "--docs", str(docs)])
+    assert docs.read_text().endswith("records in tiny.json -->\n")
+
+    # a file of someone else's that begins with the same title is theirs
+    mine = tmp_path / "notes" / "mine.md"
+    mine.parent.mkdir()
+    mine.write_text("# Tiny study\n\nmy own notes, not to be overwritten\n")
+    code = main([*args, "--docs", str(mine)])
+    err = capsys.readouterr().err
+    assert code == 2 and "mine.md exists and is not a copy of this report that sinklab wrote" \
+        in err and err.count("\n") == 1, err
+    assert mine.read_text() == "# Tiny study\n\nmy own notes, not to be overwritten\n"
+    assert sorted(p.name for p in mine.parent.iterdir()) == ["mine.md"]
+
+
+def test_docs_inside_a_sinklab_folder_is_refused_before_any_work(tiny, tmp_path, capsys):
+    run = tmp_path / "run"
+    _ok(capsys, ["train", "train.max_steps=2", "eval.n_sequences=8", "--out", str(run)])
+    out = tmp_path / "tiny"
+    args = ["tiny", "--out", str(out), "--seeds", "1", "--steps", "2", "--workers", "1"]
+    before = sorted(p.name for p in run.iterdir())
+    for docs, words in ((run / "notes.md", f"is inside the sinklab folder {run}"),
+                        (out / "notes.md", f"is inside the --out folder {out}"),
+                        (tmp_path / "tiny.md", f"which is the --out folder {out}")):
+        code = main([*args, "--docs", str(docs)])
+        err = capsys.readouterr().err
+        assert code == 2 and words in err and err.count("\n") == 1, (docs, err)
+    assert sorted(p.name for p in run.iterdir()) == before
+    assert not out.exists()
+
+
+# ---------------------------------------------------------- mending a study's folder
+
+
+def _finished_tiny(tmp_path, capsys) -> tuple[list[str], object]:
+    out = tmp_path / "tiny"
+    args = ["tiny", "--out", str(out), "--seeds", "2", "--steps", "2", "--rules", "relu",
+            "--workers", "1"]
+    _ok(capsys, args)
+    return args, out
+
+
+def test_a_corrupted_study_marker_is_rebuilt_and_no_run_trains_again(tiny, tmp_path, capsys):
+    args, out = _finished_tiny(tmp_path, capsys)
+    finished = {p.name: (p / "model.pt").stat().st_mtime_ns for p in (out / "runs").iterdir()}
+    (out / "sinklab.json").write_text('{"kind": "tiny", "form')
+    code = main(args)
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert f"tiny: {out / 'sinklab.json'} was corrupted (not valid JSON); rebuilt it" in err
+    assert "0 runs to train" in err and "2 already finished" in err
+    marker = folders.read_marker(out)
+    assert marker["kind"] == "tiny" and [h["runs_trained"] for h in marker["invocations"]] \
+        == [2, 0]  # the history came back from records.json
+    assert (out / "sinklab.json.corrupt").read_text() == '{"kind": "tiny", "form'
+    assert {p.name: (p / "model.pt").stat().st_mtime_ns for p in (out / "runs").iterdir()} \
+        == finished
+
+
+def test_a_corrupted_study_marker_with_something_foreign_is_not_rebuilt(tiny, tmp_path, capsys):
+    args, out = _finished_tiny(tmp_path, capsys)
+    (out / "sinklab.json").write_text("{not json")
+    (out / "notes.txt").write_text("mine")
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    code = main(args)
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert "also holds notes.txt, which sinklab tiny does not write, so it is not rebuilt: " \
+           f"move that out of {out} and run this command again" in err
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    (out / "notes.txt").unlink()  # what the sentence says leads on: the marker is rebuilt
+    assert "0 runs to train" in _ok(capsys, args)
+
+
+def test_a_run_whose_marker_is_corrupted_trains_again(tiny, tmp_path, capsys):
+    args, out = _finished_tiny(tmp_path, capsys)
+    (out / "runs" / "relu_seed1" / "sinklab.json").write_text("{not json")
+    code = main(args)
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "relu_seed1/sinklab.json is corrupted (not valid JSON), so the run's completion " \
+           "record is lost; it is trained again" in err
+    assert folders.read_marker(out)["invocations"][-1]["runs_trained"] == 1
+    assert folders.check_complete(out / "runs" / "relu_seed1")
+
+
+def test_a_junk_study_store_is_rebuilt_from_the_run_folders(tiny, tmp_path, capsys):
+    from sinklab.sweeps.store import Store
+
+    args, out = _finished_tiny(tmp_path, capsys)
+    (out / "sweep.db").write_bytes(b"not a database" * 300)
+    code = main(["results", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert "sweep.db is corrupted or not a sinklab database" in err
+    assert f"run `{' '.join(['sinklab', *args])}` again" in err  # the command that wrote it
+    code = main(args)
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "moved it to sweep.db.corrupt and rebuilt it from the completion records of the 2 " \
+           "finished run(s)" in err and "0 runs to train" in err
+    assert (out / "sweep.db.corrupt").read_bytes() == b"not a database" * 300
+    rows = Store.read(out).rows()
+    assert [(r["name"], r["status"]) for r in rows] == [("runs/relu_seed0", "done"),
+                                                        ("runs/relu_seed1", "done")]
+    assert all(r["metrics"]["steps"] == 2 for r in rows)
+    assert folders.read_marker(out)["invocations"][-1]["runs_trained"] == 0
+    _ok(capsys, ["results", str(out)])
+
+
+def test_reuse_must_be_a_sinklab_study_folder(tmp_path, capsys):
+    mine = tmp_path / "mine"
+    (mine / "runs").mkdir(parents=True)
+    sweep = tmp_path / "sw"
+    sweep.mkdir()
+    (sweep / "sinklab.json").write_text('{"kind": "sweep", "format": 1}')
+    for source, words in ((mine, f"--reuse {mine} is not a sinklab folder (it has no "
+                                 "sinklab.json), so it holds no finished runs to adopt"),
+                          (sweep, f"--reuse {sweep} is a sinklab sweep folder, not a study's "
+                                  "folder")):
+        code = main(["extensions", "--quick", "--reuse", str(source), "--out",
+                     str(tmp_path / "o")])
+        err = capsys.readouterr().err
+        assert code == 2 and words in err and err.count("\n") == 1, err
+    assert not (tmp_path / "o").exists()

@@ -395,7 +395,7 @@ def test_theory_only_reads_the_reproduce_folder_it_is_given(tmp_path, capsys, ti
 
 @pytest.mark.parametrize(("extra", "message"), [
     (["--eps", "0.1,1.5"], "--eps value 1.5 is not allowed: every eps must lie in (0, 1)"),
-    (["--eps", "0.1,big"], "theory.eps='big' is not allowed: it must be a number"),
+    (["--eps", "0.1,big"], "--eps='big' is not allowed: it must be a number"),
     (["--eps", ","], "--eps needs at least one value in (0, 1)"),
     (["--steps", "0"], "--steps=0 is not allowed"),
     (["--seeds", "0"], "--seeds=0 is not allowed"),

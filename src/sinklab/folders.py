@@ -7,7 +7,10 @@ them finished.
   that is absent, empty, or marked with the kind it writes; anything else is refused before a
   byte is written.
   Other files that happen to look like ours (a ``config.json`` in a Hugging Face model folder)
-  make no folder sinklab's.
+  make no folder sinklab's. A marker that is not valid JSON (``CorruptMarker``) says nothing of
+  whose the folder is; its sentence says what gets the folder back (``marker_remedy``: a
+  study's next run rebuilds it, a sweep remarks itself from its ``sweep.db``, a run is trained
+  again), never just "delete it", which would leave a folder that is not sinklab's.
 - **Lock.** A writer holds ``.sinklab.lock`` (an operating-system lock, through ``filelock``)
   for as long as it writes, and names itself in ``.sinklab.lock.json``; a second writer is
   refused with the holder's process id. The system drops the lock when its holder dies, even by
@@ -26,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import socket
 import sys
 from collections.abc import Iterable, Iterator
@@ -34,7 +38,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sinklab.results import ResultsError, read_json, write_json
+from sinklab.results import ResultsError, write_json
 
 MARKER = "sinklab.json"
 LOCK = ".sinklab.lock"
@@ -58,6 +62,18 @@ NOT_RECORDED = frozenset({MARKER, LOCK, HOLDER}) | DERIVED
 RECORDED_DIRS = ("checkpoints",)  # a run's subfolders whose files its record lists too
 
 
+# What a writer claiming a folder leaves there for a moment: a holder file or a marker still
+# being written (``results.temporary_path``: ".NAME.PID.HEX8.tmp"). Seen by a second writer in
+# that moment, the folder is one being claimed, not one of someone else's.
+_CLAIMING = re.compile(r"\.(" + "|".join(map(re.escape, (HOLDER, MARKER)))
+                       + r")\.[0-9]+\.[0-9a-f]{8}\.tmp")
+
+
+def is_leftover(name: str) -> bool:
+    """Whether an entry of an otherwise empty folder leaves it empty for a writer."""
+    return name in LEFTOVERS or _CLAIMING.fullmatch(name) is not None
+
+
 def describe(kind: str) -> str:
     return KINDS.get(kind, f"{kind} folder")
 
@@ -74,7 +90,10 @@ def read_marker(folder: Path) -> dict[str, Any] | None:
     if not path.is_file():
         raise ResultsError(f"{path} is not a file, so {folder} is not a sinklab folder; choose "
                            "another folder.")
-    marker = read_json(path)
+    try:
+        marker = json.loads(path.read_bytes().decode("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CorruptMarker(Path(folder), str(exc)) from None
     # A study's folder names its study in the marker, so that a folder of a study this process
     # has not loaded (a plugin's) is still recognised as sinklab's.
     if not isinstance(marker, dict) or not isinstance(marker.get("kind"), str) or (
@@ -87,6 +106,66 @@ def read_marker(folder: Path) -> dict[str, Any] | None:
         raise ResultsError(f"{path} has format {marker.get('format')!r}; this sinklab reads "
                            f"format {FORMAT} (a newer or an older sinklab wrote {folder}).")
     return marker
+
+
+class CorruptMarker(ResultsError):
+    """A marker that is not valid JSON: nothing in it says whose the folder is. The message
+    says how to get the folder back (``marker_remedy``); a study rebuilds its own folder's
+    marker from the finished runs inside (``sinklab.studies.base``)."""
+
+    def __init__(self, folder: Path, detail: str) -> None:
+        super().__init__(f"{folder / MARKER} is corrupted (not valid JSON: {detail}), so "
+                         f"sinklab cannot tell what {folder} holds; {marker_remedy(folder)}.")
+        self.folder, self.detail = folder, detail
+
+
+def marker_is_corrupt(folder: Path) -> bool:
+    """Whether ``folder`` has a marker file that is not valid JSON."""
+    try:
+        read_marker(folder)
+    except CorruptMarker:
+        return True
+    except ResultsError:
+        return False
+    return False
+
+
+def store_origin(folder: Path) -> str | None:
+    """The command that wrote the folder's sweep store (``sweep`` or a study's name), when
+    the folder has a readable one."""
+    from sinklab.sweeps.store import DB, Store
+
+    if not (folder / DB).is_file():
+        return None
+    try:
+        store = Store.read(folder)
+    except ResultsError:
+        return None
+    try:
+        return store.meta().get("origin")
+    finally:
+        store.close()
+
+
+def marker_remedy(folder: Path) -> str:
+    """What to do about a folder whose marker is corrupted, as a clause; each remedy leads to
+    a folder sinklab writes again (deleting the marker alone would leave a folder that is not
+    sinklab's, refused for good)."""
+    names = {p.name for p in folder.iterdir()} if folder.is_dir() else set()
+    origin = store_origin(folder)
+    if origin == "sweep":
+        return (f"delete {folder / MARKER} and run the sweep again with --out {folder}: it "
+                "marks the folder again from its sweep.db")
+    if origin is not None:
+        return (f"run `sinklab {origin} --out {folder}` again: it rebuilds the marker from the "
+                "finished runs inside")
+    if names & {"config.json", "metrics.jsonl", "summary.json"}:
+        return (f"delete {folder} to train that run again (its completion record was in the "
+                "marker)")
+    if "REPORT.html" in names and names <= {MARKER, "REPORT.md", "REPORT.html"} | LEFTOVERS:
+        return f"delete {folder} and run `sinklab report` again: it holds nothing else"
+    return (f"if a sinklab study wrote {folder}, run that study again with --out {folder}: it "
+            "rebuilds the marker from the finished runs inside; otherwise choose another folder")
 
 
 def kind_of(folder: Path) -> str | None:
@@ -112,7 +191,7 @@ def check_writable(folder: Path, kind: str, option: str = "--out") -> None:
     if found is not None:
         raise ResultsError(f"{folder} is a sinklab {describe(found)}, not a {describe(kind)}; "
                            f"choose another {option}.")
-    if any(p.name not in LEFTOVERS for p in folder.iterdir()):
+    if not all(is_leftover(p.name) for p in folder.iterdir()):
         raise ResultsError(f"{folder} exists and is not an empty folder or a sinklab "
                            f"{describe(kind)}; nothing was written; choose another {option}.")
 
@@ -321,9 +400,10 @@ def seal(run_dir: Path) -> None:
 class DamagedRun(ResultsError):
     """A finished run whose files no longer match its completion record."""
 
-    def __init__(self, run_dir: Path, problem: str) -> None:
+    def __init__(self, run_dir: Path, problem: str, corrupt_marker: bool = False) -> None:
         super().__init__(f"{problem}; delete {run_dir} to run it again.")
         self.run_dir, self.problem = run_dir, problem
+        self.corrupt_marker = corrupt_marker  # its marker itself is not valid JSON
 
 
 def check_complete(run_dir: Path) -> bool:
@@ -337,7 +417,11 @@ def check_complete(run_dir: Path) -> bool:
     run_dir = Path(run_dir)
     if not run_dir.exists():
         return False
-    marker = read_marker(run_dir)
+    try:
+        marker = read_marker(run_dir)
+    except CorruptMarker:  # the record went with it: the run cannot be checked, only redone
+        raise DamagedRun(run_dir, f"{run_dir / MARKER} is corrupted (not valid JSON), so the "
+                                  "run's completion record is lost", corrupt_marker=True) from None
     if marker is None:
         if (run_dir / "summary.json").exists():
             raise DamagedRun(run_dir, f"{run_dir} holds a run without a completion record "

@@ -25,7 +25,7 @@ from typing import Any
 
 from sinklab import folders, report, studies
 from sinklab.results import ResultsError, write_atomic
-from sinklab.sweeps.store import DB, Store
+from sinklab.sweeps.store import DB, Store, is_diverged, shown_metrics
 from sinklab.train import versions
 
 
@@ -124,9 +124,10 @@ def sweep_section(folder: Path) -> str:
                     "store.")
     table = []
     for r in rows:
-        m = r["metrics"] or {}
+        m = shown_metrics(r)  # a diverged cell's errors and masses are blank
         table.append([r["name"], r["status"], m.get("converged", "-"), m.get("steps", "-"),
-                      report.sci(m.get("linf_error")), report.fixed(m.get("bos_max"), 3),
+                      "" if is_diverged(r) else report.sci(m.get("linf_error")),
+                      "" if is_diverged(r) else report.fixed(m.get("bos_max"), 3),
                       r["reason"] or ""])
     lines.append(report.table(["cell", "status", "converged", "steps", "test L∞",
                                "BOS mass (most sinking head)", "reason"], table))
@@ -156,7 +157,13 @@ def gather(root: Path, out: Path, command: str,
             if not path.is_file():
                 raise ResultsError(f"{f.folder} is a {f.kind} folder without {path.name}; rerun "
                                    f"its command to write it.")
-            text = path.read_text()
+            try:
+                text = path.read_text(encoding="utf-8")
+            except UnicodeDecodeError as exc:
+                raise ResultsError(f"{path} is not UTF-8 text (byte {exc.start} cannot be "
+                                   f"decoded), so it is not the report sinklab {f.kind} wrote; "
+                                   f"run `sinklab {f.kind}` with --out {f.folder} again to "
+                                   "write it anew.") from None
         lines += [f"## {f.title} (`{f.folder}`)", "",
                   _demote(_relink(text, f.folder, out), 2), ""]
     return "\n".join(lines), found

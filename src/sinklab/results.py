@@ -82,16 +82,18 @@ def write_json(path: Path, obj: Any) -> None:
     write_atomic(path, text.encode())
 
 
-def read_json(path: Path) -> Any:
-    """Read a JSON file, turning a missing or corrupted file into one clear ResultsError."""
+def read_json(path: Path, remedy: str = "delete it to redo that result") -> Any:
+    """Read a JSON file, turning a missing or corrupted file into one clear ResultsError; a
+    corrupted file's message ends with ``remedy``, what to do about it (a caller that knows
+    better than deleting the file says so: a folder's marker, ``sinklab.folders``, is never
+    read here)."""
     if not path.is_file():
         raise ResultsError(f"{path} is a folder, not a JSON file." if path.is_dir()
                            else f"{path} does not exist.")
     try:
         return json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ResultsError(f"{path} is corrupted (not valid JSON: {exc}); delete it to redo "
-                           "that result.") from None
+        raise ResultsError(f"{path} is corrupted (not valid JSON: {exc}); {remedy}.") from None
 
 
 # A fixed time stamp for the members of .npz archives, so that the same arrays give the same

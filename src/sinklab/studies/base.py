@@ -5,14 +5,17 @@ the training runs it needs (``cells``), how it turns finished runs into records 
 its claims (``sinklab.claims``), its figures (functions of matplotlib axes) and its report (a
 Jinja2 template). ``run_study`` does everything else, the same way for every study:
 
-1. checks the options and the ``--docs`` target before anything is written;
+1. checks the options (each named as it was given: ``named``) and the ``--docs`` target
+   before anything is written;
 2. claims and locks the output folder (``sinklab.folders``), whose marker names the study, its
-   report and its title, so that ``sinklab report`` finds any study's folder without a table;
+   report and its title, so that ``sinklab report`` finds any study's folder without a table
+   (a corrupted marker of the study's own folder is rebuilt first: ``rebuild_marker``);
 3. plans the unfinished runs into ensembles and trains them (local processes or Ray), keeping
    every run that finished before, so an interrupted study loses nothing;
 4. collects records, decides the claims, draws the figures and renders the report;
 5. writes ``records.json`` (options, history, records, claims), ``claims.csv``, one CSV per
-   declared table, the report, and with ``--docs FILE`` a copy with its figures.
+   declared table, the report, and with ``--docs FILE`` a copy with its figures, marked as
+   sinklab's (``docs_mark``) so that a later ``--docs`` refreshes it and nothing else.
 
 A study writes only into its own folder. Declaring a ``Study`` and passing it to
 ``studies.register`` gives it a ``sinklab NAME`` subcommand (``sinklab.cli``) whose options are
@@ -23,11 +26,13 @@ winning.
 
 from __future__ import annotations
 
+import contextvars
 import csv
 import dataclasses
 import io
 import os
 import platform
+import re
 import shutil
 import sys
 import time
@@ -140,13 +145,53 @@ class Context:
         a rerun with the same settings reads it back instead of computing it again."""
         path = self.out / "cache" / f"{key}.json"
         if path.is_file():
-            kept = read_json(path)
+            try:
+                kept = read_json(path)
+            except ResultsError:  # a corrupted cache file of ours is computed again
+                kept = None
             if isinstance(kept, dict) and kept.get("settings") == settings:
                 self.log(f"{self.study.name}: {key}: reused from {path}")
                 return kept["result"]
         result = compute()
         write_json(path, {"settings": settings, "result": result})
         return read_json(path)["result"]
+
+    def stages(self, key: str, settings: dict[str, Any]) -> Stages:
+        """The finished stages of a long computation of ``key`` (``cache/KEY.partial.json``,
+        with the settings it depends on), so that a computation interrupted or failed halfway
+        resumes from its last finished stage; ``Stages.finish`` removes them once the whole
+        result is kept (``cached``)."""
+        return Stages(self.out / "cache" / f"{key}.partial.json", settings)
+
+
+class Stages:
+    """Stage results kept on disk as each finishes: ``get(name)`` a kept stage (None when it is
+    not kept, or was kept with other settings), ``put(name, value)`` keeps one (the file is
+    rewritten atomically) and returns it as it reads back (non-finite numbers become None, as
+    in every record)."""
+
+    def __init__(self, path: Path, settings: dict[str, Any]) -> None:
+        self.path, self.settings = path, settings
+        self.done: dict[str, Any] = {}
+        try:
+            kept = read_json(path) if path.is_file() else None
+        except ResultsError:  # a damaged file of stages is computed again, not trusted
+            kept = None
+        if isinstance(kept, dict) and kept.get("settings") == settings and \
+                isinstance(kept.get("stages"), dict):
+            self.done = kept["stages"]
+
+    def get(self, name: str) -> Any:
+        return self.done.get(name)
+
+    def put(self, name: str, value: Any) -> Any:
+        self.done[name] = value
+        write_json(self.path, {"settings": self.settings, "stages": self.done})
+        self.done = read_json(self.path)["stages"]
+        return self.done[name]
+
+    def finish(self) -> None:
+        self.path.unlink(missing_ok=True)
 
 
 def _no_cells(opts: Any, exe: Execution) -> list[Cell]:
@@ -162,7 +207,7 @@ class Study:
     """A study's declaration; ``run_study`` runs it.
 
     - ``name``: the subcommand, the folder's kind and the options' config table;
-    - ``title``: the report's first line (``# title``), by which ``--docs`` recognises a copy;
+    - ``title``: the report's first line (``# title``);
     - ``options``: a dataclass whose fields are the study's options, each with
       ``metadata={"help": ...}`` (and optionally ``"flag"``, ``"metavar"``); it validates itself
       in ``__post_init__`` and may define ``quick`` handling there;
@@ -231,9 +276,54 @@ def _sequence_item(annotation: Any) -> Any:
     return None
 
 
-def coerce_option(study: str, cls: type, name: str, value: Any) -> Any:
-    """A TOML value or command-line string turned into the option's type (ConfigError else)."""
-    key = f"{study}.{name}"
+def flag_of(cls: type, name: str) -> str:
+    """The command-line flag of the option ``name``: its field's ``metadata["flag"]``, else
+    ``--name-with-dashes``."""
+    for f in dataclasses.fields(cls):
+        if f.name == name:
+            return f.metadata.get("flag", "--" + name.replace("_", "-"))
+    return "--" + name.replace("_", "-")
+
+
+# How each option of the options class being built was given: (class, field -> name as given).
+_GIVEN: contextvars.ContextVar[tuple[type, dict[str, str]] | None] = contextvars.ContextVar(
+    "sinklab_options_given", default=None)
+
+
+GIVEN_ATTR = "_sinklab_given"  # the options' sources, kept on the built options
+
+
+def named(opts: Any, name: str) -> str:
+    """The option ``name`` of ``opts`` (an options dataclass or an instance of it) as the user
+    gave it, for a message: the flag (``--tokens``) for a flag or a default, ``lm.n_tokens`` for
+    an override ``lm.n_tokens=...``, ``config file 'x.toml': [lm] n_tokens`` for a config file's
+    table. ``build_options`` records the sources; an options class's ``__post_init__`` names
+    every option it refuses through this, e.g. ``f"{named(self, 'n_tokens')}={value!r} is not
+    allowed"``."""
+    cls = opts if isinstance(opts, type) else type(opts)
+    given = _GIVEN.get()
+    if given is not None and given[0] is cls and name in given[1]:
+        return given[1][name]
+    kept = getattr(opts, GIVEN_ATTR, None) if not isinstance(opts, type) else None
+    if isinstance(kept, dict) and name in kept:
+        return kept[name]
+    return flag_of(cls, name)
+
+
+def _as_given(message: str, cls: type, given: dict[str, str]) -> str:
+    """A refusal that names an option by its flag (a study whose checks do not use ``named``)
+    rewritten to name it as it was given."""
+    for name, where in given.items():
+        flag = flag_of(cls, name)
+        if where != flag and re.match(re.escape(flag) + r"(?![\w-])", message):
+            return where + message[len(flag):]
+    return message
+
+
+def coerce_option(study: str, cls: type, name: str, value: Any, key: str | None = None) -> Any:
+    """A TOML value or command-line string turned into the option's type (ConfigError else,
+    naming the option as ``key``, how it was given; default ``STUDY.NAME``)."""
+    key = key or f"{study}.{name}"
     annotation = _hint(cls, name)
     item = _sequence_item(annotation)
     if item is not None:
@@ -261,13 +351,15 @@ def build_options(study: Study, file: str | None = None, overrides: Sequence[str
     cls = study.options
     names = [f.name for f in option_fields(cls)]
     values: dict[str, Any] = {}
+    given: dict[str, str] = {}  # each option as the user gave it, for messages (``named``)
 
-    def put(name: str, value: Any, where: str) -> None:
+    def put(name: str, value: Any, where: str, key: str) -> None:
         if name not in names:
             raise ConfigError(f"{where}: {study.name}.{name} is not an option of sinklab "
                               f"{study.name}; its options are "
                               f"{', '.join(f'{study.name}.{n}' for n in names)}.")
-        values[name] = coerce_option(study.name, cls, name, value)
+        given[name] = key
+        values[name] = coerce_option(study.name, cls, name, value, key)
 
     if file is not None:
         from sinklab import studies
@@ -282,7 +374,8 @@ def build_options(study: Study, file: str | None = None, overrides: Sequence[str
         if not isinstance(section, dict):
             raise ConfigError(f"config file {file!r}: {study.name} must be a table of options.")
         for name, value in section.items():
-            put(name, value, f"config file {file!r}")
+            put(name, value, f"config file {file!r}",
+                f"config file {file!r}: [{study.name}] {name}")
     for item in overrides:
         key, sep, value = item.partition("=")
         prefix, dot, name = key.strip().partition(".")
@@ -290,18 +383,27 @@ def build_options(study: Study, file: str | None = None, overrides: Sequence[str
             raise ConfigError(f"{item!r} is not an option override: write "
                               f"{study.name}.OPTION=VALUE, for example {study.name}."
                               f"{names[0] if names else 'seeds'}=...")
-        put(name, value, "override")
+        put(name, value, "override", f"{study.name}.{name.strip()}")
     for name, value in (flags or {}).items():  # flags: strings as typed, lists, or booleans
         if value is None:
             continue
         if name not in names:
             raise ConfigError(f"sinklab {study.name} has no option {name!r}.")
+        given[name] = flag_of(cls, name)
         values[name] = value if isinstance(value, bool) else \
-            coerce_option(study.name, cls, name, value)
+            coerce_option(study.name, cls, name, value, given[name])
+    token = _GIVEN.set((cls, given))
     try:
-        return cls(**values)
+        opts = cls(**values)
+        # kept for the checks that run after the options are built (a study's ``check``)
+        object.__setattr__(opts, GIVEN_ATTR, dict(given))
+        return opts
     except TypeError as exc:  # a value of the wrong type reaching the dataclass
         raise ConfigError(f"sinklab {study.name}: {exc}.") from None
+    except ConfigError as exc:
+        raise ConfigError(_as_given(str(exc), cls, given)) from None
+    finally:
+        _GIVEN.reset(token)
 
 
 def options_dict(opts: Any) -> dict[str, Any]:
@@ -356,12 +458,23 @@ def unique_cells(cells: Sequence[Cell]) -> list[Cell]:
     return list(seen.values())
 
 
-def plan(out: Path, cells: Sequence[Cell]) -> tuple[list[Job], int]:
-    """The unfinished cells as ensembles, most expensive first, and how many had finished."""
+def plan(out: Path, cells: Sequence[Cell], log: Log | None = None) -> tuple[list[Job], int]:
+    """The unfinished cells as ensembles, most expensive first, and how many had finished.
+
+    A run whose marker is corrupted has lost its completion record, so it cannot be checked:
+    it is trained again (its folder replaced once the new run is done), with a line to ``log``.
+    """
     groups: dict[tuple[Any, ...], list[Cell]] = {}
     done = 0
     for cell in unique_cells(cells):
-        if is_finished(out / cell.name, cell.config):
+        try:
+            finished = is_finished(out / cell.name, cell.config)
+        except folders.DamagedRun as exc:
+            if not exc.corrupt_marker:
+                raise
+            (log or default_log)(f"{exc.problem}; it is trained again")
+            finished = False
+        if finished:
             done += 1
         else:
             groups.setdefault(cell.group, []).append(cell)
@@ -429,6 +542,29 @@ def adopt_runs(out: Path, cells: Sequence[Cell], source: Path, log: Log) -> int:
     return adopted
 
 
+STUDY_FREE_KINDS = ("run", "runs", "sweep", "report")  # sinklab's kinds that are no study's
+
+
+def check_reuse(source: Path, option: str = "--reuse") -> None:
+    """Refuse a folder to adopt finished runs from (``adopt_runs``) that is not a sinklab
+    study's folder, in one sentence, before anything is written: a folder that is not
+    sinklab's would adopt nothing and leave every run to train, without a word."""
+    source = Path(source)
+    if not source.is_dir():
+        what = "does not exist" if not source.exists() else "is not a folder"
+        raise ResultsError(f"{option} {source} {what}; give the folder of a sinklab study (a zoo "
+                           "or extensions --out folder) whose finished runs to adopt.")
+    marker = folders.read_marker(source)  # a marker that is not sinklab's: one sentence
+    if marker is None:
+        raise ResultsError(f"{option} {source} is not a sinklab folder (it has no "
+                           f"{folders.MARKER}), so it holds no finished runs to adopt; give the "
+                           "folder of a sinklab study (a zoo or extensions --out folder).")
+    if marker["kind"] in STUDY_FREE_KINDS:
+        raise ResultsError(f"{option} {source} is a sinklab {folders.describe(marker['kind'])}, "
+                           "not a study's folder; give the folder of a sinklab study (a zoo or "
+                           "extensions --out folder).")
+
+
 def worker_count(requested: int | None, device: Any, n_jobs: int) -> int:
     """Worker processes: as asked, else one per CPU core (one on a GPU); never more than jobs."""
     workers = requested or (1 if device.type == "cuda" else os.cpu_count() or 1)
@@ -464,10 +600,10 @@ def run_all(jobs: list[Job], workers: int, log: Log, out: Path, exe: Execution,
     in the folder's store (``out/sweep.db``, which ``sinklab results`` reads). A job that raised
     is recorded as failed and reported once all jobs are done; rerunning retries it."""
     from sinklab.sweeps.run import code_version, execute
-    from sinklab.sweeps.store import Store
+    from sinklab.sweeps.store import DB, Store
 
-    if not jobs:
-        return
+    if not jobs and not (out / DB).exists():
+        return  # with a store, open it even so: a junk one is rebuilt (Store.attach)
     jobs = [part for job in jobs for part in _fitting(job)]
     if exe.executor == "local":
         sizes = [limits.run_bytes(job.configs[0], len(job.configs)) for job in jobs]
@@ -476,7 +612,7 @@ def run_all(jobs: list[Job], workers: int, log: Log, out: Path, exe: Execution,
             log(f"{len(jobs)} jobs on {fitting} worker(s): more would not fit in memory "
                 f"({limits.MEMORY_ENV})")
         workers = fitting
-    store = Store.attach(out, origin=origin)
+    store = Store.attach(out, origin=origin, log=log)
     version = code_version()
     errors: list[str] = []
     try:
@@ -505,17 +641,67 @@ def run_all(jobs: list[Job], workers: int, log: Log, out: Path, exe: Execution,
 # --------------------------------------------------------------------------------- docs
 
 
-def check_docs(docs: Path | None, title: str, study: str | None = None) -> None:
-    """Refuse a ``--docs FILE`` that sinklab may not write, before any work: FILE must be a
-    Markdown file, absent or an earlier copy of the same report (its first line is ``title``),
-    the folder of the same name beside it absent or holding figures (PNG files) only, and the
-    records beside it (FILE with ``.json``) absent or an earlier copy of this study's."""
+DOCS_MARK = "<!-- written by sinklab {study}: records in {records} -->"
+_DOCS_MARK = re.compile(r"<!-- written by sinklab (\S+): records in .* -->")
+
+
+def docs_mark(study: str, docs: Path) -> str:
+    """The line that marks ``docs`` as sinklab's copy of ``study``'s report: an HTML comment,
+    invisible where the Markdown is rendered, written as the copy's last line."""
+    return DOCS_MARK.format(study=study, records=Path(docs).with_suffix(".json").name)
+
+
+def _marked_study(docs: Path) -> str | None:
+    """The study whose mark ``docs`` carries (``docs_mark``), or None when it has none."""
+    text = docs.read_bytes().decode("utf-8", "replace")
+    for line in reversed(text.splitlines()):
+        if (match := _DOCS_MARK.fullmatch(line.strip())) is not None:
+            return match.group(1)
+    return None
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    """Whether ``path`` is ``folder`` or lies inside it (by absolute paths, links not
+    followed)."""
+    path, folder = os.path.abspath(path), os.path.abspath(folder)
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def check_docs(docs: Path | None, title: str, study: str | None = None,
+               out: Path | None = None) -> None:
+    """Refuse a ``--docs FILE`` that sinklab may not write, before any work.
+
+    FILE must be a Markdown file outside every sinklab folder (a run, a study's folder, the
+    study's own ``out``, ...: their files are the folder's own), and absent or sinklab's earlier
+    copy of this study's report, recognised by what sinklab wrote, never by the title alone:
+    the mark ``docs_mark`` in the file, or (a copy written before there was a mark) this
+    study's records beside it (FILE with ``.json``) with the report's ``title`` as the file's
+    first line. The records beside it must be absent or this study's, and the folder of the
+    same name absent or holding figures (PNG files) only."""
     if docs is None:
         return
     docs = Path(docs)
     folder = docs.with_suffix("")
     records = docs.with_suffix(".json")
-    if docs.suffix == ".md" and (records.exists() or records.is_symlink()):
+    if docs.suffix != ".md":
+        raise ResultsError(f"--docs {docs} is not allowed: give a Markdown file name ending in "
+                           ".md (its figures go into the folder of the same name).")
+    if out is not None and _inside(docs, out):
+        raise ResultsError(f"--docs {docs} is inside the --out folder {out}, whose files are the "
+                           "study's own; give a file outside it.")
+    if out is not None and _inside(out, folder):
+        which = "is" if _inside(folder, out) else "holds"
+        raise ResultsError(f"--docs {docs} would put its figures into {folder}, which {which} "
+                           f"the --out folder {out}; choose another name.")
+    parent = next(folders.marked_parents(docs), None)
+    if parent is not None:
+        raise ResultsError(f"--docs {docs} is inside the sinklab folder {parent}, whose files "
+                           "are sinklab's own; give a file outside it.")
+    if (folder / folders.MARKER).exists():
+        raise ResultsError(f"--docs {docs} would put its figures into {folder}, which is a "
+                           "sinklab folder; choose another name.")
+    ours = False  # records beside FILE that are this study's
+    if records.exists() or records.is_symlink():
         try:
             ours = records.is_file() and not records.is_symlink() and \
                 read_json(records)["meta"]["study"] == study
@@ -524,17 +710,21 @@ def check_docs(docs: Path | None, title: str, study: str | None = None) -> None:
         if not ours:
             raise ResultsError(f"--docs {docs}: {records} exists and is not the records of an "
                                f"earlier copy of this report; choose another name.")
-    if docs.suffix != ".md":
-        raise ResultsError(f"--docs {docs} is not allowed: give a Markdown file name ending in "
-                           ".md (its figures go into the folder of the same name).")
     if docs.exists() or docs.is_symlink():
         if not docs.is_file() or docs.is_symlink():
             raise ResultsError(f"--docs {docs} is not a regular file; choose another name.")
+        marked = _marked_study(docs)
+        if marked is not None and marked != study:
+            raise ResultsError(f"--docs {docs} is sinklab's copy of the report of sinklab "
+                               f"{marked}, not of sinklab {study}; choose another file.")
         with docs.open("rb") as f:
-            first = f.readline().decode("utf-8", "replace").rstrip("\n")
-        if first != title:
-            raise ResultsError(f"--docs {docs} exists and is not a copy of this report (its first "
-                               f"line is not {title!r}); choose another file.")
+            first = f.readline().decode("utf-8", "replace").rstrip("\r\n")
+        if marked is None and not (ours and first == title):
+            why = ("it has no sinklab mark, and its first line is not the report's title, though "
+                   "the records beside it are this study's") if ours else \
+                "it has neither sinklab's mark nor this study's records beside it"
+            raise ResultsError(f"--docs {docs} exists and is not a copy of this report that "
+                               f"sinklab wrote ({why}); choose another file.")
     if folder.exists() or folder.is_symlink():
         if not folder.is_dir() or folder.is_symlink():
             raise ResultsError(f"--docs {docs}: {folder} is not a folder; choose another name.")
@@ -542,18 +732,19 @@ def check_docs(docs: Path | None, title: str, study: str | None = None) -> None:
         if others:
             raise ResultsError(f"--docs {docs}: {folder} holds files that are not figures "
                                f"({', '.join(sorted(others)[:3])}); choose another name.")
-    for parent in docs.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise ResultsError(f"--docs {docs}: {parent} is a file, not a folder.")
+    for above in docs.parents:
+        if above.exists():
+            if not above.is_dir():
+                raise ResultsError(f"--docs {docs}: {above} is a file, not a folder.")
             break
 
 
 def copy_to_docs(docs: Path, figures: list[Path], text: Callable[[str], str],
-                 records: dict[str, Any] | None = None) -> None:
+                 records: dict[str, Any] | None = None, study: str | None = None) -> None:
     """Write a report to ``docs`` with its figures copied into a folder of the same name and
     its records (when given) beside it as ``.json``, which tests read to check what README
-    quotes.
+    quotes; with ``study``, the report ends with the mark (``docs_mark``) by which a later
+    ``--docs`` knows the file for sinklab's copy.
 
     ``text(prefix)`` renders the report with figure links starting with ``prefix``. Figures of
     an earlier copy that this report no longer draws are removed (the folder holds figures only,
@@ -568,7 +759,10 @@ def copy_to_docs(docs: Path, figures: list[Path], text: Callable[[str], str],
             old.unlink()
     for fig in figures:
         shutil.copyfile(fig, folder / fig.name)
-    write_atomic(docs, text(folder.name).encode())
+    report = text(folder.name)
+    if study is not None:
+        report = report.rstrip("\n") + "\n\n" + docs_mark(study, docs) + "\n"
+    write_atomic(docs, report.encode())
 
 
 # ------------------------------------------------------------------------------ outputs
@@ -646,13 +840,112 @@ def run_study(study: Study, out: Path, opts: Any, exe: Execution | None = None, 
     exe = exe or Execution()
     out = Path(out)
     studies.register_kind(study)
-    check_docs(docs, study.heading, study.name)
+    check_docs(docs, study.heading, study.name, out)
+    for source in study.reuse(opts) if study.reuse is not None else ():
+        check_reuse(Path(source))
     if study.check is not None:
         study.check(opts, exe, out)
     cells = study.cells(opts, exe)
     limits.check_cells(len(cells), f"sinklab {study.name} with these options")
-    with exe.session(), folders.writing(out, study.name, study=study.marker()):
-        return _run(study, out, opts, exe, docs, command, log, cells)
+    with exe.session():
+        rebuild_marker(study, out, cells, log)
+        with folders.writing(out, study.name, study=study.marker()):
+            return _run(study, out, opts, exe, docs, command, log, cells)
+
+
+def _sinklab_names(study: Study, cells: Sequence[Cell]) -> set[str]:
+    """What ``study`` writes at the top of its folder: its outputs, its store and the first
+    folder of each run's name (``runs``, ``denied``, ...)."""
+    from sinklab.sweeps.store import DB
+
+    return ({folders.MARKER, f"{folders.MARKER}.corrupt", RECORDS, CLAIMS_CSV, study.report,
+             "figures", "cache", "results.csv", DB, f"{DB}.corrupt", f"{DB}-journal"}
+            | {f"{t}.csv" for t in study.tables} | {c.name.split("/")[0] for c in cells}
+            | folders.LEFTOVERS)
+
+
+def _not_rebuildable(study: Study, out: Path, cells: Sequence[Cell]) -> str | None:
+    """Why ``out``'s corrupted marker may not be rebuilt as ``study``'s, as a clause with what
+    to do instead; None when it may: nothing in ``out`` says another command wrote it, it holds
+    nothing ``study`` does not write, and something in it is ``study``'s own (a finished run of
+    one of its cells, its records or its store)."""
+    origin = folders.store_origin(out)
+    if origin is not None and origin != study.name:
+        command = "the sweep" if origin == "sweep" else f"`sinklab {origin}`"
+        return (f"its sweep.db says {command} wrote {out}, not sinklab {study.name}: run "
+                f"{command} with --out {out} to rebuild it")
+    try:
+        recorded = read_json(out / RECORDS)["meta"]["study"] if (out / RECORDS).is_file() \
+            else None
+    except (ResultsError, KeyError, TypeError):
+        recorded = None
+    if recorded is not None and recorded != study.name:
+        return (f"its {RECORDS} says `sinklab {recorded}` wrote {out}, not sinklab "
+                f"{study.name}: run `sinklab {recorded}` with --out {out} to rebuild it")
+    known = _sinklab_names(study, cells)
+    foreign = sorted(p.name for p in out.iterdir() if p.name not in known
+                     and not (p.name.startswith(".") and p.name.endswith(".tmp")))
+    if foreign:
+        return (f"{out} also holds {', '.join(foreign[:3])}, which sinklab {study.name} does "
+                f"not write, so it is not rebuilt: move {'that' if len(foreign) == 1 else 'them'}"
+                f" out of {out} and run this command again, or choose another --out")
+
+    def finished(cell: Cell) -> bool:
+        try:
+            return folders.check_complete(out / cell.name)
+        except ResultsError:
+            return False
+
+    if origin == study.name or recorded == study.name or any(map(finished, unique_cells(cells))):
+        return None
+    return (f"{out} holds nothing of sinklab {study.name} to rebuild it from (no finished run "
+            f"of it, no {RECORDS} or sweep.db of it): if another sinklab command wrote {out}, "
+            f"run that command with --out {out}; otherwise choose another --out")
+
+
+def rebuild_marker(study: Study, out: Path, cells: Sequence[Cell], log: Log) -> bool:
+    """Rebuild the corrupted marker (``sinklab.json`` that is not valid JSON) of ``study``'s
+    folder ``out`` from what sinklab wrote there, so that its finished runs are kept; return
+    whether it did.
+
+    The folder is rebuilt only when nothing says another command wrote it and everything in it
+    is what ``study`` writes, with at least one thing of its own (``_not_rebuildable``); else
+    one sentence says what to do. The corrupted file is kept as ``sinklab.json.corrupt``, the
+    history of invocations comes back from ``records.json`` when it is there, and each run
+    folder is still checked against its own completion record before it is reused."""
+    out = Path(out)
+    path = out / folders.MARKER
+
+    def corrupted() -> bool:
+        """Whether the marker is corrupted; one sentence when it may not be rebuilt."""
+        try:
+            folders.check_writable(out, study.name)  # one inside another's is refused first
+            return False
+        except folders.CorruptMarker as exc:
+            why = _not_rebuildable(study, out, cells)
+            if why is not None:
+                raise ResultsError(f"{path} is corrupted (not valid JSON: {exc.detail}), and "
+                                   f"{why}.") from None
+            return True
+
+    if not corrupted():  # decided before the lock is taken: a refusal writes nothing
+        return False
+    with folders.hold(out):
+        if not corrupted():  # another process rebuilt it meanwhile
+            return False
+        write_atomic(out / f"{folders.MARKER}.corrupt", path.read_bytes())
+        try:
+            records = read_json(out / RECORDS) if (out / RECORDS).is_file() else {}
+            history = records["meta"]["history"] if records else []
+        except (ResultsError, KeyError, TypeError):
+            history = []
+        folders.mark(out, study.name, study=study.marker(),
+                     **({"invocations": history} if isinstance(history, list) and history
+                        else {}))
+    log(f"{study.name}: {path} was corrupted (not valid JSON); rebuilt it as sinklab "
+        f"{study.name}'s from what is in {out}, keeping the corrupted file as "
+        f"{folders.MARKER}.corrupt")
+    return True
 
 
 def _run(study: Study, out: Path, opts: Any, exe: Execution, docs: Path | None,
@@ -664,7 +957,7 @@ def _run(study: Study, out: Path, opts: Any, exe: Execution, docs: Path | None,
     device = resolve_device(exe.device)
     for source in study.reuse(opts) if study.reuse is not None else ():
         adopt_runs(out, cells, Path(source), log)
-    jobs, done = plan(out, cells)
+    jobs, done = plan(out, cells, log)
     workers = worker_count(exe.workers, device, len(jobs))
     n_runs = sum(len(j.configs) for j in jobs)
     if cells:
@@ -697,7 +990,7 @@ def _run(study: Study, out: Path, opts: Any, exe: Execution, docs: Path | None,
     if docs is not None:
         copy_to_docs(Path(docs), figures,
                      lambda prefix: render.report(study, result, claims, opts, prefix),
-                     _without_bulk(result, study.bulk))
+                     _without_bulk(result, study.bulk), study.name)
     log(f"{study.name}: wrote {out / study.report} ({wall:.0f} s)")
     return result
 
@@ -720,4 +1013,5 @@ def read_records(folder: Path, study: str) -> dict[str, Any]:
     if not (folder / RECORDS).is_file():
         raise ResultsError(f"{folder} has no {RECORDS} yet (its `sinklab {study}` has not "
                            "finished); run it to the end first.")
-    return read_json(folder / RECORDS)
+    return read_json(folder / RECORDS, f"run `sinklab {study}` with --out {folder} again, which "
+                                       "writes it anew from the finished runs inside")

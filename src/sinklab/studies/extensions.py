@@ -31,7 +31,6 @@ from sinklab import claims as cl
 from sinklab import limits, metrics
 from sinklab.claims import Claim
 from sinklab.config import (
-    ConfigError,
     RunConfig,
     TaskConfig,
     build_run_config,
@@ -43,7 +42,15 @@ from sinklab.metrics import SINK_HEAD_THRESHOLD
 from sinklab.results import read_json, read_log, read_npz
 from sinklab.studies import register
 from sinklab.studies import zoo as zoo_study
-from sinklab.studies.base import Cell, Context, Execution, FigureSpec, Study
+from sinklab.studies.base import (
+    Cell,
+    Context,
+    Execution,
+    FigureSpec,
+    Study,
+    check_reuse,
+    named,
+)
 from sinklab.task import sample_batch
 from sinklab.train import load_model
 
@@ -90,16 +97,13 @@ class ExtensionsOptions:
     def __post_init__(self) -> None:
         if self.seeds is None:
             self.seeds = QUICK_SEEDS if self.quick else DEFAULT_SEEDS
-        check_count("--seeds", self.seeds)
+        check_count(named(self, "seeds"), self.seeds)
         if self.reuse is not None:
             self.reuse = Path(self.reuse)
-            if not self.reuse.is_dir():
-                what = "does not exist" if not self.reuse.exists() else "is not a folder"
-                raise ConfigError(f"--reuse {self.reuse} {what}; give a sinklab folder whose "
-                                  "runs/ to reuse.")
+            check_reuse(self.reuse, named(self, "reuse"))  # a study's folder of sinklab's
         per_seed = len(RULES) * (len(seq_lens(self)) + len(frequencies(self))
                                  + len(block_configs(self)) * len(BLOCKS))
-        limits.check_cells(self.seeds * per_seed, f"--seeds {self.seeds}")
+        limits.check_cells(self.seeds * per_seed, f"{named(self, 'seeds')} {self.seeds}")
 
 
 def seq_lens(opts: ExtensionsOptions) -> tuple[int, ...]:

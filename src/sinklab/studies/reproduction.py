@@ -22,7 +22,7 @@ from sinklab.config import RunConfig, build_run_config, check_count
 from sinklab.metrics import SINK_HEAD_THRESHOLD
 from sinklab.results import read_npz
 from sinklab.studies import register
-from sinklab.studies.base import Cell, Context, Execution, FigureSpec, Study
+from sinklab.studies.base import Cell, Context, Execution, FigureSpec, Study, named
 from sinklab.studies.reference import PAPER, REFERENCE_SEEDS
 
 EXPERIMENTS: dict[str, tuple[int, int]] = {"1x1": (1, 1), "2x2": (2, 2), "4x4": (4, 4)}
@@ -50,9 +50,10 @@ class ReproduceOptions:
     def __post_init__(self) -> None:
         if self.seeds is None:
             self.seeds = QUICK_SEEDS if self.quick else DEFAULT_SEEDS
-        check_count("--seeds", self.seeds)
+        check_count(named(self, "seeds"), self.seeds)
         # the size limit, from the count alone (before any cell is built)
-        limits.check_cells(self.seeds * len(EXPERIMENTS) * len(RULES), f"--seeds {self.seeds}")
+        limits.check_cells(self.seeds * len(EXPERIMENTS) * len(RULES),
+                           f"{named(self, 'seeds')} {self.seeds}")
 
 
 def run_config(experiment: str, rule: str, seed: int, opts: ReproduceOptions,

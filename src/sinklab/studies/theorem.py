@@ -41,7 +41,15 @@ from sinklab.config import ConfigError, check_count
 from sinklab.metrics import SINK_HEAD_THRESHOLD
 from sinklab.results import ResultsError, read_log
 from sinklab.studies import bounds, register, reproduction, stacks
-from sinklab.studies.base import Cell, Context, Execution, FigureSpec, Study, read_records
+from sinklab.studies.base import (
+    Cell,
+    Context,
+    Execution,
+    FigureSpec,
+    Study,
+    named,
+    read_records,
+)
 from sinklab.train import plateau_rule_text
 
 RULES = ("softmax", "relu")
@@ -118,39 +126,41 @@ class TheoryOptions:
     def __post_init__(self) -> None:
         if self.seeds is None:
             self.seeds = QUICK_SEEDS if self.quick else DEFAULT_SEEDS
-        check_count("--seeds", self.seeds)
-        for flag, value in (("--seq-len", self.seq_len), ("--d-model", self.d_model)):
+        check_count(named(self, "seeds"), self.seeds)
+        for name, value in (("seq_len", self.seq_len), ("d_model", self.d_model)):
             if not (isinstance(value, int) and value >= 4):
-                raise ConfigError(f"{flag}={value!r} is not allowed: the constructions need "
-                                  "an integer >= 4 (BOS, trigger, content and bias flag).")
+                raise ConfigError(f"{named(self, name)}={value!r} is not allowed: the "
+                                  "constructions need an integer >= 4 (BOS, trigger, content "
+                                  "and bias flag).")
         for name, full, quick in (("steps", DENIED_STEPS, QUICK_DENIED_STEPS),
                                   ("plain_steps", PLAIN_STEPS, QUICK_PLAIN_STEPS),
                                   ("save_every", SAVE_EVERY, QUICK_SAVE_EVERY),
                                   ("attack_steps", ATTACK_STEPS, QUICK_ATTACK_STEPS)):
             if getattr(self, name) is None:
                 setattr(self, name, quick if self.quick else full)
-            check_count("--" + name.replace("_", "-"), getattr(self, name))
+            check_count(named(self, name), getattr(self, name))
         if self.certify_seconds is None:
             self.certify_seconds = QUICK_CERTIFY_SECONDS if self.quick else CERTIFY_SECONDS
         if not (isinstance(self.certify_seconds, (int, float))
                 and not isinstance(self.certify_seconds, bool)
                 and 0 < self.certify_seconds <= 3600):
-            raise ConfigError(f"--certify-seconds={self.certify_seconds!r} is not allowed: it "
-                              "must be a number of seconds in (0, 3600].")
+            raise ConfigError(f"{named(self, 'certify_seconds')}={self.certify_seconds!r} is "
+                              "not allowed: it must be a number of seconds in (0, 3600].")
+        eps_given = named(self, "eps")
         if not self.eps:
-            raise ConfigError("--eps needs at least one value in (0, 1).")
+            raise ConfigError(f"{eps_given} needs at least one value in (0, 1).")
         for eps in self.eps:
             if not 0 < eps < 1:
-                raise ConfigError(f"--eps value {eps!r} is not allowed: every eps must lie in "
-                                  "(0, 1), the BOS share being capped at 1 - eps.")
+                raise ConfigError(f"{eps_given} value {eps!r} is not allowed: every eps must lie "
+                                  "in (0, 1), the BOS share being capped at 1 - eps.")
         if len(set(self.eps)) != len(self.eps):
             twice = next(e for e in self.eps if self.eps.count(e) > 1)
-            raise ConfigError(f"--eps lists {twice!r} twice; give each cap once.")
+            raise ConfigError(f"{eps_given} lists {twice!r} twice; give each cap once.")
         own = len(RULES) * (len(theory.denied_settings(self.eps)) + 1) \
             + len(stacks.PLAIN_EXPERIMENTS) * len(stacks.PLAIN_RULES)
         trained = len(reproduction.EXPERIMENTS) * len(reproduction.RULES) \
             if self.reproduce is None else 0
-        limits.check_cells(self.seeds * (own + trained), f"--seeds {self.seeds}")
+        limits.check_cells(self.seeds * (own + trained), f"{named(self, 'seeds')} {self.seeds}")
 
     def reproduce_options(self) -> reproduction.ReproduceOptions:
         """The reproduction this study trains itself when no --reproduce folder is given."""

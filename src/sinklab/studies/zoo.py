@@ -33,7 +33,7 @@ from sinklab.metrics import GU_EPS, OFF_ROW, default_source, row_sums
 from sinklab.model import AttentionStack
 from sinklab.results import read_json
 from sinklab.studies import register
-from sinklab.studies.base import Cell, Context, Execution, FigureSpec, Study
+from sinklab.studies.base import Cell, Context, Execution, FigureSpec, Study, named
 from sinklab.task import CONTENT_START, sample_batch
 from sinklab.train import load_model
 
@@ -81,19 +81,21 @@ class ZooOptions:
     def __post_init__(self) -> None:
         if self.seeds is None:
             self.seeds = QUICK_SEEDS if self.quick else DEFAULT_SEEDS
-        check_count("--seeds", self.seeds)
+        check_count(named(self, "seeds"), self.seeds)
         self.rules = tuple(self.rules)
+        rules = named(self, "rules")
         if not self.rules:
-            raise ConfigError("--rules needs at least one rule name.")
+            raise ConfigError(f"{rules} needs at least one rule name.")
         for rule in self.rules:
             if rule not in RULES:
-                raise ConfigError(f"--rules: {rule!r} is not a known attention rule: choose from "
+                raise ConfigError(f"{rules}: {rule!r} is not a known attention rule: choose from "
                                   f"{', '.join(sorted(RULES))}.")
             if self.rules.count(rule) > 1:
-                raise ConfigError(f"--rules lists {rule!r} twice; give each rule once.")
+                raise ConfigError(f"{rules} lists {rule!r} twice; give each rule once.")
         # checked before the cells are built: a huge --seeds is refused without building them
         limits.check_cells(self.seeds * len(self.rules)
-                           * sum(len(lrs(c, self.quick)) for c in CONFIGS), f"--seeds {self.seeds}")
+                           * sum(len(lrs(c, self.quick)) for c in CONFIGS),
+                           f"{named(self, 'seeds')} {self.seeds}")
 
 
 def steps(config: str, quick: bool) -> int:
