@@ -84,6 +84,22 @@ def tiny_sweep(tmp: Path) -> Path:
     return out
 
 
+def tiny_model(tmp: Path, kind: str, tokenizer: bool = True, cut: bool = False) -> Path:
+    """A tiny random Hugging Face model folder (``tests/tiny_models``), without its tokenizer
+    files or with its weights cut short on request."""
+    import tiny_models
+
+    folder = tiny_models.folder(kind, tmp / kind)
+    if not tokenizer:
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            (folder / name).unlink()
+    if cut:
+        weights = folder / "model.safetensors"
+        with weights.open("r+b") as f:  # the header stays whole, the tensors' data does not
+            f.truncate(weights.stat().st_size - 1000)
+    return folder
+
+
 def fifo(tmp: Path) -> Path:
     os.mkfifo(tmp / "pipe")
     return tmp / "pipe"
@@ -385,6 +401,218 @@ CASES: dict[str, Case] = {
         "train", "--out", str(tmp / ("n" * 300))], "File name too long"),
     "full disk": Case("file system refuses", full_disk,
                       "o/metrics.jsonl: No space left on device (free some space", changes=("o",)),
+    # issue 23: plugins checked where they are used, rule arguments against their dtype
+    "plugin rule of the wrong shape": Case("plugin rule that breaks the contract", lambda tmp: [
+        "train", "--plugin", str(write(tmp, "rules.py", (
+            "from sinklab.attention import register\n"
+            "@register('p23_shape', row_kind='free')\n"
+            "def rule(scores, mask):\n"
+            "    return (scores.relu() * mask)[..., 0]\n"))),
+        "model.attention=p23_shape", "--out", str(tmp / "o")],
+        "attention rule 'p23_shape' (from plugin {tmp}/rules.py) returned weights of shape "
+        "(4, 10) on finite scores of shape (4, 10, 5) and a causal mask of shape (10, 5), not of "
+        "the scores' shape (4, 10, 5)."),
+    "plugin rule that raises": Case("plugin rule that breaks the contract", lambda tmp: [
+        "train", "--plugin", str(write(tmp, "rules.py", (
+            "from sinklab.attention import register\n"
+            "@register('p23_raises', row_kind='free')\n"
+            "def rule(scores, mask):\n"
+            "    raise RuntimeError('no kernel for this shape\\nsecond line')\n"))),
+        "model.attention=p23_raises", "--out", str(tmp / "o")],
+        "attention rule 'p23_raises' (from plugin {tmp}/rules.py) raised RuntimeError: no kernel "
+        "for this shape when called on finite scores of shape (4, 10, 5)"),
+    "plugin rule that returns None": Case("plugin rule that breaks the contract", lambda tmp: [
+        "train", "--plugin", str(write(tmp, "rules.py", (
+            "from sinklab.attention import register\n"
+            "@register('p23_none', row_kind='free')\n"
+            "def rule(scores, mask):\n"
+            "    scores.relu() * mask\n"))),
+        "model.attention=p23_none", "--out", str(tmp / "o")],
+        "attention rule 'p23_none' (from plugin {tmp}/rules.py) returned None on finite scores "
+        "of shape (4, 10, 5) and a causal mask of shape (10, 5), not a tensor of weights of "
+        "shape (4, 10, 5)."),
+    "plugin rule that gives NaN": Case("plugin rule that breaks the contract", lambda tmp: [
+        "train", "--plugin", str(write(tmp, "rules.py", (
+            "from sinklab.attention import register\n"
+            "@register('p23_nan', row_kind='free')\n"
+            "def rule(scores, mask):\n"
+            "    return scores.log() * mask\n"))),
+        "model.attention=p23_nan", "--out", str(tmp / "o")],
+        "attention rule 'p23_nan' (from plugin {tmp}/rules.py) returned "),
+    "plugin rule that sees the future": Case("plugin rule that breaks the contract", lambda tmp: [
+        "train", "--plugin", str(write(tmp, "rules.py", (
+            "from sinklab.attention import register\n"
+            "@register('p23_future', row_kind='simplex')\n"
+            "def rule(scores, mask):\n"
+            "    return scores.softmax(-1)\n"))),
+        "model.attention=p23_future", "--out", str(tmp / "o")],
+        "attention rule 'p23_future' (from plugin {tmp}/rules.py) put weight on masked (future) "
+        "keys on finite scores of shape (4, 10, 5) and a causal mask of shape (10, 5): the "
+        "largest |weight| at a masked key is "),
+    "plugin rule's parameter not finite": Case("plugin rule that breaks the contract", lambda tmp: [
+        "train", "--plugin", str(write(tmp, "rules.py", (
+            "import torch\n"
+            "from sinklab.attention import Arg, ParamRule, register, softmax\n"
+            "@register('p23_param', row_kind='simplex', kwargs={'log_scale': Arg('its log')})\n"
+            "class Rule(ParamRule):\n"
+            "    '''Softmax of the scores times a learned scale.'''\n"
+            "    def __init__(self, n_members, n_heads, d_model, *, log_scale: float = 0.0):\n"
+            "        super().__init__(n_members, n_heads, d_model)\n"
+            "        start = torch.full((n_members, n_heads), log_scale).exp()\n"
+            "        self.scale = torch.nn.Parameter(start)\n"
+            "    def forward(self, scores, mask, x=None):\n"
+            "        return softmax(scores * self.scale.mean(), mask)\n"))),
+        "model.attention=p23_param", "model.attention_args.log_scale=100", "--out",
+        str(tmp / "o")],
+        "attention rule 'p23_param' (from plugin {tmp}/rules.py) with log_scale=100.0 has a "
+        "parameter 'scale' that is not finite (inf) when built with n_members=2, n_heads=2, "
+        "d_model=4: every parameter must be finite."),
+    "plugin rule in a sweep": Case("plugin rule that breaks the contract", lambda tmp: [
+        "sweep", str(write(tmp, "s.toml", TINY_SPEC.replace('"relu"', '"p23_sweep"'))),
+        "--out", str(tmp / "o"), "--plugin", str(write(tmp, "rules.py", (
+            "from sinklab.attention import register\n"
+            "@register('p23_sweep', row_kind='free')\n"
+            "def rule(scores, mask):\n"
+            "    return scores.relu()\n")))],
+        "{tmp}/s.toml: cell model.attention=p23_sweep,seed=0: attention rule 'p23_sweep' (from "
+        "plugin {tmp}/rules.py) put weight on masked (future) keys"),
+    "plugin rule in a study": Case("plugin rule that breaks the contract", lambda tmp: [
+        "zoo", "--quick", "--rules", "p23_zoo", "--out", str(tmp / "o"), "--plugin",
+        str(write(tmp, "rules.py", (
+            "from sinklab.attention import register\n"
+            "@register('p23_zoo', row_kind='free')\n"
+            "def rule(scores, mask):\n"
+            "    return (scores.relu() * mask).double()\n")))],
+        "attention rule 'p23_zoo' (from plugin {tmp}/rules.py) returned float64 weights on "
+        "finite scores of shape (4, 10, 5)"),
+    "rule argument beyond float32": Case("value the model's float32 cannot hold", train(
+        "model.attention=sink_logit", "model.attention_args.init=1e308"),
+        "model.attention_args.init=1e+308 is not allowed: sink_logit's init must be a finite "
+        "number with |x| <= 3.4028e38, the range of the float32 the model computes in"),
+    # issue 23: certificates only where they hold, Ray bounded
+    "worst on a diverged run": Case("run that diverged or blew up", lambda tmp: [
+        "worst", str(tmp / "div")] if main([  # lr 1e12: the loss is inf after one step
+            "train", "train.lr=1e12", "train.max_steps=50", "eval.n_sequences=8",
+            "task.seq_len=6", "task.d_model=6", "task.eval_trigger=5", "--out",
+            str(tmp / "div")]) == 1 else ["the run did not diverge"],
+        "{tmp}/div holds a run that diverged (its loss was not finite at step 1)"),
+    "worst beyond the certificate's range": Case("run that diverged or blew up", lambda tmp: [
+        "worst", str(tmp / "big")] if main([  # lr 1e3: finite, but weights of 1e4 and more
+            "train", "train.lr=1e3", "train.max_steps=30", "eval.n_sequences=8",
+            "task.seq_len=6", "task.d_model=6", "task.eval_trigger=5", "--out",
+            str(tmp / "big")]) == 0 else ["the run diverged"],
+        "{tmp}/big is outside the certificate's range: its attention scores can reach"),
+    # issue 23: folders (--docs, --reuse, markers, stores, reports) and sweep specs
+    "docs inside a run folder": Case("--docs inside a sinklab folder", lambda tmp: [
+        "zoo", "--quick", "--out", str(tmp / "o"), "--docs",
+        str(marked(tmp, "run", "run") / "notes.md")],
+        "--docs {tmp}/run/notes.md is inside the sinklab folder {tmp}/run, whose files are "
+        "sinklab's own; give a file outside it."),
+    "docs inside --out": Case("--docs inside a sinklab folder", lambda tmp: [
+        "zoo", "--quick", "--out", str(tmp / "o"), "--docs", str(tmp / "o" / "zoo.md")],
+        "--docs {tmp}/o/zoo.md is inside the --out folder {tmp}/o, whose files are the study's "
+        "own; give a file outside it."),
+    "docs over a file with the report's title": Case("file that is not sinklab's to write",
+        lambda tmp: ["zoo", "--quick", "--out", str(tmp / "o"), "--docs", str(write(
+            tmp, "zoo.md", "# Zoo: which attention rules need a sink\n\nmy notes\n"))],
+        "--docs {tmp}/zoo.md exists and is not a copy of this report that sinklab wrote (it has "
+        "neither sinklab's mark nor this study's records beside it); choose another file."),
+    "docs over another study's copy": Case("file that is not sinklab's to write", lambda tmp: [
+        "zoo", "--quick", "--out", str(tmp / "o"), "--docs", str(write(
+            tmp, "t.md", "# Theory\n\n<!-- written by sinklab theory: records in t.json -->\n"))],
+        "--docs {tmp}/t.md is sinklab's copy of the report of sinklab theory, not of sinklab "
+        "zoo; choose another file."),
+    "reuse a folder of mine": Case("folder that is not sinklab's", lambda tmp: [
+        "extensions", "--quick", "--reuse", str(write(tmp, "mine/runs/x.txt", "x").parent.parent),
+        "--out", str(tmp / "o")],
+        "--reuse {tmp}/mine is not a sinklab folder (it has no sinklab.json), so it holds no "
+        "finished runs to adopt"),
+    "reuse a sweep folder": Case("sinklab folder of another kind", lambda tmp: [
+        "extensions", "--quick", "--reuse", str(marked(tmp, "sw", "sweep")), "--out",
+        str(tmp / "o")], "--reuse {tmp}/sw is a sinklab sweep folder, not a study's folder"),
+    "study marker corrupted, nothing to rebuild from": Case("corrupted marker", lambda tmp: [
+        "zoo", "--quick", "--out", str(write(tmp, "z/sinklab.json", "{torn").parent)],
+        "{tmp}/z/sinklab.json is corrupted (not valid JSON: Expecting property name enclosed in "
+        "double quotes: line 1 column 2 (char 1)), and {tmp}/z holds nothing of sinklab zoo to "
+        "rebuild it from"),
+    "study marker corrupted beside a file of mine": Case("corrupted marker", lambda tmp: [
+        "zoo", "--quick", "--out", str((write(tmp, "z/sinklab.json", "{torn"),
+                                        write(tmp, "z/notes.txt", "mine"))[0].parent)],
+        "{tmp}/z also holds notes.txt, which sinklab zoo does not write, so it is not rebuilt: "
+        "move that out of {tmp}/z and run this command again, or choose another --out."),
+    "study marker corrupted in another study's folder": Case("corrupted marker", lambda tmp: [
+        "zoo", "--quick", "--out", str((write(tmp, "z/sinklab.json", "{torn"), write(
+            tmp, "z/records.json", '{"meta": {"study": "theory"}}'))[0].parent)],
+        "its records.json says `sinklab theory` wrote {tmp}/z, not sinklab zoo: run `sinklab "
+        "theory` with --out {tmp}/z to rebuild it."),
+    "run marker corrupted": Case("corrupted marker", lambda tmp: [
+        "train", "--out", str((write(tmp, "r/sinklab.json", "{torn"),
+                               write(tmp, "r/config.json", "{}"))[0].parent)],
+        "sinklab cannot tell what {tmp}/r holds; delete {tmp}/r to train that run again"),
+    "sweep marker corrupted": Case("corrupted marker", lambda tmp: [
+        "sweep", str(tmp / "s.toml"), "--out", str(write(tiny_sweep(tmp), "sinklab.json",
+                                                         "{torn").parent)],
+        "delete {tmp}/sw/sinklab.json and run the sweep again with --out {tmp}/sw: it marks the "
+        "folder again from its sweep.db."),
+    "sweep store junk": Case("corrupted file", lambda tmp: [
+        "sweep", str(tmp / "s.toml"), "--out", str(write(tiny_sweep(tmp), "sweep.db",
+                                                         b"junk" * 500).parent)],
+        "{tmp}/sw/sweep.db is corrupted or not a sinklab database (file is not a database); it "
+        "was the record of this sweep's cells, so the sweep cannot resume from it: run the same "
+        "`sinklab sweep` command with a new --out"),
+    "study store junk listed": Case("corrupted file", lambda tmp: [
+        "results", str(write(marked(tmp, "z", "zoo"), "sweep.db", b"junk" * 500).parent)],
+        "it only indexes the runs of this zoo folder, whose run folders hold the results: run "
+        "the same `sinklab zoo` command again (the same options, --out {tmp}/z), which moves it "
+        "aside"),
+    "report not UTF-8": Case("file not UTF-8", lambda tmp: [
+        "report", str(write(marked(tmp, "res/r", "reproduce"), "REPORT.md",
+                            b"# r\n\xff\n").parent.parent), "--out", str(tmp / "rep")],
+        "{tmp}/res/r/REPORT.md is not UTF-8 text (byte 4 cannot be decoded), so it is not the "
+        "report sinklab reproduce wrote; run `sinklab reproduce` with --out {tmp}/res/r again"),
+    "spec key in base and grid": Case("value given twice", spec_file(
+        '[base]\ntrain.lr = 0.01\n[grid]\n"train.lr" = [0.001, 0.002]\n'),
+        "spec.toml: grid key 'train.lr' (line 4) is also set in [base] (line 2): a key is either "
+        "fixed in [base] or varied in [grid], not both"),
+    "option flag named as given": Case("value of the wrong type", lambda tmp: [
+        "lm", "--tokens", "10^9", "--out", str(tmp / "o")],
+        "--tokens='10^9' is not allowed: it must be an integer."),
+    "option override named as given": Case("value of the wrong type", lambda tmp: [
+        "lm", "lm.n_tokens=10^9", "--out", str(tmp / "o")],
+        "lm.n_tokens='10^9' is not allowed: it must be an integer."),
+    "option in a file named as given": Case("value out of range", lambda tmp: [
+        "lm", "--config", str(write(tmp, "x.toml", "[lm]\nn_tokens = -5\n")), "--out",
+        str(tmp / "o")],
+        "config file '{tmp}/x.toml': [lm] n_tokens=-5 is not allowed: it must be an integer >="),
+    # issue 23: sinklab lm, decided before the work
+    "lm tokens past the positions": Case("value out of range", lambda tmp: [
+        "lm", "--model", str(tiny_model(tmp, "llama")), "--tokens", "300", "--out",
+        str(tmp / "o")], "--tokens=300 is more than --model {tmp}/llama takes: it has 256 "
+                         "positions (max_position_embeddings), less <s>, so a probe holds at "
+                         "most 255 tokens; give 255 or fewer."),
+    "lm tokens past an encoder's positions": Case("value out of range", lambda tmp: [
+        "lm", "--model", str(tiny_model(tmp, "bert")), "--tokens", "255", "--out",
+        str(tmp / "o")], "256 positions (max_position_embeddings), less [CLS] and [SEP], so a "
+                         "probe holds at most 254 tokens"),
+    "lm tokens absurd": Case("size too large", lambda tmp: [
+        "lm", "--model", str(tiny_model(tmp, "llama")), "--tokens", "1000000000", "--out",
+        str(tmp / "o")], "--tokens=1000000000 is not allowed: no model sinklab loads takes more "
+                         "than 1,000,000 positions"),
+    "lm memory before loading": Case("size too large", lambda tmp: [
+        "lm", "--model", str(tiny_model(tmp, "llama")), "--out", str(tmp / "o")],
+        "of float32 weights) with --tokens 64, --random 100, --batch-size 16 and --intervene 32 "
+        "needs about", env={"SINKLAB_MAX_MEMORY": "1M"}),
+    "lm second model unknown": Case("model that cannot be loaded", lambda tmp: [
+        "lm", "--model", str(tiny_model(tmp, "llama")), "--model",
+        str(write(tmp, "mine/config.json", '{"model_type": "sinkformer"}').parent),
+        "--out", str(tmp / "o")], "--model {tmp}/mine: {tmp}/mine/config.json names the model "
+                                  "type 'sinkformer', which transformers"),
+    "lm model without a tokenizer": Case("model that cannot be loaded", lambda tmp: [
+        "lm", "--model", str(tiny_model(tmp, "gpt2", tokenizer=False)), "--out",
+        str(tmp / "o")], "--model {tmp}/gpt2: {tmp}/gpt2 has no tokenizer files"),
+    "lm truncated weights": Case("corrupted file", lambda tmp: [
+        "lm", "--model", str(tiny_model(tmp, "llama", cut=True)), "--out", str(tmp / "o")],
+        "bytes, shorter than the"),
 }
 KINDS = sorted({case.kind for case in CASES.values()})
 

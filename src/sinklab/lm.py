@@ -20,14 +20,17 @@ at once (nothing keeps every attention tensor), with the same metric functions a
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import importlib.util
 import json
+import math
 import os
 import statistics
 import warnings
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -203,12 +206,16 @@ class LoadedModel:
 
     @property
     def pad_id(self) -> int:
-        """The id written at padded positions (masked, so any id would do; the tokenizer's own
-        pad token where it has one)."""
-        for token in (self.tokenizer.pad_token_id, self.tokenizer.eos_token_id):
-            if token is not None:
-                return int(token)
-        return 0
+        return pad_id(self.tokenizer)
+
+
+def pad_id(tokenizer: Any) -> int:
+    """The id written at padded positions (masked, so any id would do; the tokenizer's own pad
+    token where it has one)."""
+    for token in (tokenizer.pad_token_id, tokenizer.eos_token_id):
+        if token is not None:
+            return int(token)
+    return 0
 
 
 CAUSAL_HEADS = ("ForCausalLM", "LMHeadModel")  # architecture names of decoders with an LM head
@@ -226,38 +233,192 @@ def is_causal_lm(config: Any) -> bool:
         type(config) not in tf.MODEL_FOR_MASKED_LM_MAPPING
 
 
-def load(source: Source, device: torch.device) -> LoadedModel:
-    """Load ``source`` with eager attention (the weights are returned), float32, on ``device``:
-    a decoder with its LM head (AutoModelForCausalLM), an encoder as its base model (AutoModel).
-    A GGUF file is read as a decoder (the architectures transformers reads from GGUF are
-    causal LMs), which spares parsing the file once more for its config."""
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json",
+                   "tokenizer.model", "spiece.model", "sentencepiece.bpe.model")
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+
+
+@dataclass
+class ModelInfo:
+    """What sinklab reads of a model before its weights are loaded (``inspect``): its config and
+    tokenizer, which class will load it, its sizes and limits, and its special tokens; enough to
+    check every option against the model and to estimate the memory a run needs, for every
+    ``--model`` before the first one is analysed."""
+
+    source: Source
+    config: Any
+    tokenizer: Any
+    causal_lm: bool  # loaded with its LM head (AutoModelForCausalLM), else as a base model
+    architecture: str  # the class that loads it: LlamaForCausalLM, BertModel, ...
+    n_layers: int
+    n_heads: int
+    hidden_size: int
+    max_positions: int | None  # positions the model takes (max_position_embeddings), if stated
+    parameters: int  # weights, counted from the files (each becomes a float32)
+    weights: dict[str, Any]  # weights_info: what the files store
+    prefix: list[int]  # BOS (decoder) or [CLS] (encoder), where the tokenizer has one
+    suffix: list[int]  # [SEP] for an encoder
+    special_names: list[str]
+    adds_specials: bool  # whether a plain tokenizer call already adds them (a known trap)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.tokenizer)
+
+    @property
+    def pad_id(self) -> int:
+        return pad_id(self.tokenizer)
+
+    @property
+    def max_content_tokens(self) -> int | None:
+        """The most content tokens a probe may have: the model's positions less the special
+        tokens sinklab adds (None: the config states no limit)."""
+        if self.max_positions is None:
+            return None
+        return self.max_positions - len(self.prefix) - len(self.suffix)
+
+    @property
+    def weight_bytes(self) -> int:
+        return 4 * self.parameters
+
+
+def _first(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0].strip().rstrip(".") if text else type(exc).__name__
+
+
+@contextmanager
+def _quiet_conversion() -> Iterator[None]:
+    """transformers' GGUF conversion draws its own tqdm bar, which its logging switches do not
+    reach: silenced for the duration of a load."""
+    try:
+        module = importlib.import_module("transformers.modeling_gguf_pytorch_utils")
+    except ImportError:
+        yield
+        return
+    original = getattr(module, "tqdm", None)
+    if original is not None:
+        module.tqdm = functools.partial(original, disable=True)
+    try:
+        yield
+    finally:
+        if original is not None:
+            module.tqdm = original
+
+
+def _check_folder(source: Source, tf: Any) -> None:
+    """A Hugging Face folder's config names a model type this transformers knows, and the
+    folder holds tokenizer and weight files (each else one sentence naming what is missing)."""
+    name, folder = source.name, source.folder
+    try:
+        raw = json.loads((folder / "config.json").read_text("utf-8"))
+    except (OSError, ValueError) as exc:
+        raise LMError(f"--model {name}: {folder / 'config.json'} cannot be read as JSON "
+                      f"({_first(exc)}); it is not a Hugging Face model config.") from None
+    if not isinstance(raw, dict):
+        raise LMError(f"--model {name}: {folder / 'config.json'} is not a JSON object, so it is "
+                      "not a Hugging Face model config.")
+    model_type = raw.get("model_type")
+    if not isinstance(model_type, str) or not model_type:
+        raise LMError(f"--model {name}: {folder / 'config.json'} names no model_type, so "
+                      "transformers cannot tell which architecture to build; a model saved by "
+                      "transformers (save_pretrained) has one.")
+    if model_type not in tf.CONFIG_MAPPING:
+        raise LMError(f"--model {name}: {folder / 'config.json'} names the model type "
+                      f"{model_type!r}, which transformers {tf.__version__} does not know; "
+                      "give a model of an architecture transformers has (llama, gpt2, bert, "
+                      "qwen2, mistral, ...) or upgrade transformers.")
+    if not any((folder / f).is_file() for f in TOKENIZER_FILES):
+        raise LMError(f"--model {name}: {folder} has no tokenizer files (none of "
+                      f"{', '.join(TOKENIZER_FILES)}); sinklab makes its probes with the "
+                      "model's own tokenizer: save it into that folder "
+                      "(tokenizer.save_pretrained).")
+    if not any(p.suffix in WEIGHT_SUFFIXES for p in folder.iterdir() if p.is_file()):
+        raise LMError(f"--model {name}: {folder} has no weight files (model.safetensors, "
+                      "pytorch_model.bin, or their shards).")
+
+
+def _safetensors_parameters(path: Path, name: str) -> int:
+    """The number of weights in a .safetensors file, from its header; LMError for a file that is
+    not one, or one cut short (the header promises more bytes than the file has)."""
+    size = path.stat().st_size
+    try:
+        with path.open("rb") as f:
+            length = int.from_bytes(f.read(8), "little")
+            if not 2 <= length <= min(size - 8, 100 * 2**20):
+                raise ValueError(f"a header of {length} bytes in a file of {size}")
+            header = json.loads(f.read(length))
+        end, count = 0, 0
+        for key, entry in header.items():
+            if key == "__metadata__":
+                continue
+            lo, hi = entry["data_offsets"]
+            end = max(end, int(hi))
+            count += math.prod(int(n) for n in entry["shape"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise LMError(f"--model {name}: {path} is not a readable safetensors file "
+                      f"({_first(exc)}); download or save the model again.") from None
+    if 8 + length + end > size:
+        raise LMError(f"--model {name}: {path} is {size:,} bytes, shorter than the "
+                      f"{8 + length + end:,} its header describes (cut short); download or save "
+                      "the model again.")
+    return count
+
+
+def _parameters(source: Source, reader: Any = None) -> int:
+    """The number of weights the model's files hold: a GGUF file's tensors (``reader``), a
+    folder's safetensors files (read from their headers), else estimated from the files' sizes
+    (a PyTorch pickle is not opened before it is loaded: counted as float32)."""
+    if source.gguf:
+        return sum(int(t.n_elements) for t in reader.tensors)
+    files = [p for p in sorted(source.folder.iterdir()) if p.suffix in WEIGHT_SUFFIXES]
+    shards = [p for p in files if p.suffix == ".safetensors"]
+    if shards:
+        return sum(_safetensors_parameters(p, source.name) for p in shards)
+    return sum(p.stat().st_size for p in files) // 4
+
+
+def inspect(source: Source) -> ModelInfo:
+    """Read ``source``'s config and tokenizer and check its files, without loading its weights:
+    every way a model can fail to load that its files show is one sentence (LMError) here,
+    so that ``sinklab lm`` refuses a bad model before it analyses any."""
     tf = _transformers()
     if source.gguf and importlib.util.find_spec("gguf") is None:
         raise LMError(f"loading a GGUF file needs the gguf package: {EXTRA}.")
+    if not source.gguf:
+        _check_folder(source, tf)
     kwargs: dict[str, Any] = {"gguf_file": source.gguf} if source.gguf else {}
     kwargs["local_files_only"] = True  # never reach the network, whatever the files name
     tf.logging.set_verbosity_error()  # conversion advice, not results
-    tf.utils.logging.disable_progress_bar()  # and no progress bars of the conversion
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+    tf.utils.logging.disable_progress_bar()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            config = tf.AutoConfig.from_pretrained(source.folder, **kwargs)
+        except Exception as exc:  # transformers raises many types for a broken or foreign model
+            raise LMError(f"--model {source.name}: transformers could not read its config "
+                          f"({_first(exc)}).") from None
+        try:
             tokenizer = tf.AutoTokenizer.from_pretrained(source.folder, **kwargs)
-            causal_lm = bool(source.gguf) or \
-                is_causal_lm(tf.AutoConfig.from_pretrained(source.folder, **kwargs))
-            auto = tf.AutoModelForCausalLM if causal_lm else tf.AutoModel
-            model = auto.from_pretrained(source.folder, attn_implementation="eager",
-                                         dtype=torch.float32, **kwargs)
-    except Exception as exc:  # transformers raises many types for a broken or foreign model
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise LMError(f"--model {source.name}: transformers could not load it ({first}).") \
-            from None
-    model.eval().to(device)
-    cfg = model.config
-    n_layers = getattr(cfg, "num_hidden_layers", None)
-    n_heads = getattr(cfg, "num_attention_heads", None)
-    if not n_layers or not n_heads:
+        except Exception as exc:
+            raise LMError(f"--model {source.name}: transformers could not read its tokenizer "
+                          f"({_first(exc)}); sinklab makes its probes with the model's own "
+                          "tokenizer.") from None
+    # a GGUF file is read as a decoder (the architectures transformers reads from GGUF are
+    # causal LMs)
+    causal_lm = bool(source.gguf) or is_causal_lm(config)
+    mapping = tf.MODEL_FOR_CAUSAL_LM_MAPPING if causal_lm else tf.MODEL_MAPPING
+    if type(config) not in mapping:
+        kind = "causal LM" if causal_lm else "base model"
+        raise LMError(f"--model {source.name}: transformers has no {kind} class for its config "
+                      f"({type(config).__name__}), so sinklab cannot load it.")
+    n_layers = getattr(config, "num_hidden_layers", None)
+    n_heads = getattr(config, "num_attention_heads", None)
+    hidden = getattr(config, "hidden_size", None)
+    if not n_layers or not n_heads or not hidden:
         raise LMError(f"--model {source.name}: its config has no num_hidden_layers / "
-                      "num_attention_heads, so sinklab cannot read its heads.")
+                      "num_attention_heads / hidden_size, so sinklab cannot read its heads.")
+    positions = getattr(config, "max_position_embeddings", None)
     prefix, suffix, names = [], [], []
     cls_id, sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
     if cls_id is not None and sep_id is not None:  # BERT-style encoder inputs
@@ -266,22 +427,61 @@ def load(source: Source, device: torch.device) -> LoadedModel:
         prefix, names = [tokenizer.bos_token_id], [tokenizer.bos_token]
     sample = tokenizer("sinks")["input_ids"]
     adds = bool(prefix) and sample[:len(prefix)] == prefix
-    return LoadedModel(source, model, model.base_model, causal_lm, tokenizer, n_layers, n_heads,
-                       prefix, suffix, names, device, adds)
+    reader = _gguf_reader(source) if source.gguf else None
+    return ModelInfo(source, config, tokenizer, causal_lm, mapping[type(config)].__name__,
+                     int(n_layers), int(n_heads),
+                     int(hidden), int(positions) if positions else None,
+                     _parameters(source, reader), weights_info(source, reader), prefix, suffix,
+                     names, adds)
 
 
-def weights_info(source: Source) -> dict[str, Any]:
+def load(source: Source, device: torch.device, info: ModelInfo | None = None) -> LoadedModel:
+    """Load ``source`` with eager attention (the weights are returned), float32, on ``device``:
+    a decoder with its LM head (AutoModelForCausalLM), an encoder as its base model (AutoModel).
+    ``info`` is ``inspect(source)`` when it has been read already (its config and tokenizer are
+    reused)."""
+    info = info or inspect(source)
+    tf = _transformers()
+    kwargs: dict[str, Any] = {"gguf_file": source.gguf} if source.gguf else {}
+    auto = tf.AutoModelForCausalLM if info.causal_lm else tf.AutoModel
+    try:
+        with warnings.catch_warnings(), _quiet_conversion():
+            warnings.simplefilter("ignore")
+            model = auto.from_pretrained(source.folder, config=info.config,
+                                         attn_implementation="eager", dtype=torch.float32,
+                                         local_files_only=True, **kwargs)
+    except Exception as exc:  # transformers raises many types for a broken or foreign model
+        raise LMError(f"--model {source.name}: transformers could not load it "
+                      f"({_first(exc)}).") from None
+    model.eval().to(device)
+    return LoadedModel(source, model, model.base_model, info.causal_lm, info.tokenizer,
+                       info.n_layers, info.n_heads, info.prefix, info.suffix,
+                       info.special_names, device, info.adds_specials)
+
+
+def _gguf_reader(source: Source) -> Any:
+    """The GGUF file's reader (its metadata and tensor table, memory-mapped), or LMError."""
+    import gguf  # inspect() has checked that it is installed
+
+    try:
+        return gguf.GGUFReader(source.folder / source.gguf)
+    except Exception as exc:  # the gguf package raises many types for a bad file
+        raise LMError(f"--model {source.name}: {source.folder / source.gguf} is not a readable "
+                      f"GGUF file ({_first(exc)}).") from None
+
+
+def weights_info(source: Source, reader: Any = None) -> dict[str, Any]:
     """What the model's weight files are, read from the files themselves: for a GGUF file its
     name, the quantisation its metadata declares (``general.file_type``, e.g. MOSTLY_Q4_1) and
     how many tensors are stored in each type; for a folder the weight files in it. Whatever is
-    stored, ``load`` computes in float32 (a quantised GGUF is dequantised on loading)."""
+    stored, ``load`` computes in float32 (a quantised GGUF is dequantised on loading).
+    ``reader``: the GGUF file's reader, when it is open already."""
     if not source.gguf:
-        files = sorted(p.name for p in source.folder.iterdir()
-                       if p.suffix in (".safetensors", ".bin", ".pt", ".pth"))
+        files = sorted(p.name for p in source.folder.iterdir() if p.suffix in WEIGHT_SUFFIXES)
         return {"format": "folder", "files": files}
-    import gguf  # load() has checked that it is installed
+    import gguf
 
-    reader = gguf.GGUFReader(source.folder / source.gguf)
+    reader = reader if reader is not None else _gguf_reader(source)
     field_ = reader.fields.get("general.file_type")
     file_type = None
     if field_ is not None and field_.data:
@@ -420,6 +620,12 @@ class Probes:
         """(N, T) bool: True at each probe's real tokens."""
         return torch.arange(self.ids.shape[1]) < self.lengths[:, None]
 
+    def subset(self, keep: Tensor) -> Probes:
+        """The probes ``keep`` (N,) bool selects, cut to the longest of them."""
+        lengths = self.lengths[keep]
+        width = int(lengths.max()) if len(lengths) else 0
+        return Probes(self.ids[keep, :width], lengths)
+
     def rows(self) -> list[list[int]]:
         """Each probe's real token ids, without its padding."""
         return [row[:n].tolist() for row, n in zip(self.ids, self.lengths.tolist())]
@@ -430,7 +636,8 @@ class Probes:
         return {"min": min(values), "median": statistics.median(values), "max": max(values)}
 
 
-def text_probes(lm: LoadedModel, texts: Sequence[str], n_tokens: int = PROBE_TOKENS) -> Probes:
+def text_probes(lm: LoadedModel | ModelInfo, texts: Sequence[str],
+                n_tokens: int = PROBE_TOKENS) -> Probes:
     """The texts as content token ids (no special tokens), each cut to at most ``n_tokens``
     and keeping its own length below that; LMError for a text with no tokens at all."""
     rows = []

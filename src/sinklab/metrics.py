@@ -199,14 +199,20 @@ def first_token_mass(weights: Tensor, causal: bool = True,
     (..., B, H, L, L) -> (..., H). A causal model's query 0 sees nothing else and is left out
     (as the toy task leaves out BOS's own row); in an encoder every query counts. With
     ``valid`` ((..., B, L) real positions) each sequence's mean over its real queries, then
-    the mean over sequences, so that each counts once whatever its length."""
+    the mean over the sequences that have such a query, so that each counts once whatever its
+    length (a causal sequence of one token has none; nan where no sequence has one)."""
     if valid is not None:
         pos = torch.arange(weights.shape[-1], device=weights.device)
         rows = valid & (pos >= 1) if causal else valid  # (..., B, L)
+        count = rows.sum(-1)  # (..., B)
         rows = rows[..., None, :]  # (..., B, 1, L) against the heads
         on_first = torch.where(rows, weights[..., 0], 0.0)  # (..., B, H, L)
-        per_sequence = on_first.sum(-1) / rows.sum(-1).clamp(min=1)
-        return per_sequence.mean(-2)
+        per_sequence = on_first.sum(-1) / count[..., None].clamp(min=1)  # (..., B, H)
+        if bool((count > 0).all()):
+            return per_sequence.mean(-2)
+        has = (count > 0)[..., None].to(weights.dtype)  # (..., B, 1)
+        n = has.sum(-2)  # (..., 1): the sequences measured
+        return ((per_sequence * has).sum(-2) / n).where(n > 0, torch.nan)
     if not causal:
         return weights[..., 0].mean(dim=(-3, -1))
     # the toy task's non-trigger BOS mass of sequences without a trigger: rows 1..L-1

@@ -17,6 +17,12 @@ import importlib
 from sinklab import folders
 from sinklab.studies.base import Study
 
+
+class Interrupted(KeyboardInterrupt):
+    """A study stopped by an interrupt, with what it keeps in words (``sinklab.cli`` prints
+    them, instead of the words for studies that keep finished runs)."""
+
+
 BUILT_IN = ("reproduction", "theorem", "zoo", "extensions", "real_models")
 STUDIES: dict[str, Study] = {}
 _loaded = False

@@ -22,10 +22,12 @@ the final hidden states.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -53,9 +55,38 @@ class Settings:
     batch_size: int
 
 
+class Stages(Protocol):
+    """Where finished stages are kept (``studies.base.Stages``): ``get(name)`` gives a kept
+    stage's result or None, ``put(name, value)`` keeps one and returns it as it will be read
+    back."""
+
+    def get(self, name: str) -> Any: ...
+
+    def put(self, name: str, value: Any) -> Any: ...
+
+
+class Unkept:
+    """Stages kept nowhere: every stage is computed."""
+
+    def get(self, name: str) -> Any:
+        return None
+
+    def put(self, name: str, value: Any) -> Any:
+        return value
+
+
 def batches(ids: Tensor, mask: Tensor, size: int) -> Iterator[tuple[Tensor, Tensor]]:
     for start in range(0, ids.shape[0], size):
         yield ids[start:start + size], mask[start:start + size]
+
+
+def nan_mean(values: np.ndarray, axis: int) -> np.ndarray:
+    """The mean over ``axis`` of the finite entries (nan where there are none), without
+    numpy's warning for an empty slice."""
+    ok = np.isfinite(values)
+    count = ok.sum(axis)
+    total = np.where(ok, values, 0.0).sum(axis)
+    return np.where(count > 0, total / np.maximum(count, 1), np.nan)
 
 
 def masked_mean(values: Tensor, where: Tensor, dim: int) -> list[float]:
@@ -116,7 +147,9 @@ class HeadStats:
             keys[:, 0] = False
             w = keys[..., None].to(norms.dtype)
             others = (norms * w).sum(1) / w.sum(1).clamp(min=1)  # (B, H)
-            self.value[layer].append((norms[:, 0] / others.clamp(min=1e-12)).cpu())
+            ratio = norms[:, 0] / others.clamp(min=1e-12)
+            # a probe of one token has no other value to compare with: not measured
+            self.value[layer].append(ratio.where(w.sum(1) > 0, torch.nan).cpu())
         return hook
 
     def _result(self, layer: int) -> Callable[[Tensor, str], None]:
@@ -162,7 +195,7 @@ def choose_heads(first: np.ndarray, n: int, seed: int = CONTROL_SEED
     """The ``n`` heads with the most first-token mass (``first`` (layers, heads), mean over
     probes), and ``n`` others drawn at random (seeded) as the control set."""
     heads = first.shape[1]
-    order = np.argsort(-first, axis=None, kind="stable")
+    order = np.argsort(-np.nan_to_num(first, nan=-1.0), axis=None, kind="stable")
     n = min(n, first.size // 2)
     flagged = [divmod(int(i), heads) for i in order[:n]]
     rest = order[n:]
@@ -172,9 +205,14 @@ def choose_heads(first: np.ndarray, n: int, seed: int = CONTROL_SEED
 
 
 def run_causal(loaded: lm.LoadedModel, ids: Tensor, mask: Tensor, settings: Settings,
-               triggers: list[dict[str, Any]], log: Callable[[str], None]) -> dict[str, Any]:
+               triggers: list[dict[str, Any]], log: Callable[[str], None],
+               stages: Stages | None = None) -> dict[str, Any]:
     """Every intervention on a causal LM; ``ids``/``mask`` (probes, T) padded on the right,
-    ``triggers`` the finder's heads (layer, head, token ids)."""
+    ``triggers`` the finder's heads (layer, head, token ids). Each stage (the head statistics,
+    the global edits, each ablated head, each targeted head) is kept in ``stages`` as it
+    finishes, and a stage kept there is not computed again; the baseline pass runs every time
+    (the ablations restart from the residual stream it caches)."""
+    stages = stages or Unkept()
     start = time.perf_counter()
     model = loaded.model
     n_layers = loaded.n_layers
@@ -191,8 +229,10 @@ def run_causal(loaded: lm.LoadedModel, ids: Tensor, mask: Tensor, settings: Sett
     scored = ~baseline.isnan()
     log(f"lm: {loaded.source.name}: interventions: baseline and head statistics "
         f"({time.perf_counter() - start:.0f} s)")
-    heads = stats.arrays()
     means = stats.means()
+    kept = stages.get("head_stats")
+    heads = kept if kept is not None else stages.put(
+        "head_stats", {k: v.tolist() for k, v in stats.arrays().items()})
 
     def change(hooks: Hooks, layer: int | None = None) -> Tensor:
         """Loss change per position (probes, T-1), rerunning from ``layer`` when given."""
@@ -205,52 +245,71 @@ def run_causal(loaded: lm.LoadedModel, ids: Tensor, mask: Tensor, settings: Sett
                                                   hooks=hooks))
         return torch.cat(parts) - baseline
 
-    out: dict[str, Any] = {"baseline": per_probe(baseline, scored), "global": [],
-                           "streaming": [], "heads": [], "targeted": []}
-    for key, label, hooks in _global_edits(settings.cap_eps, n_layers):
-        delta = change(hooks)
-        out["global"].append({"key": key, "label": label, "per_probe": per_probe(delta, scored),
-                              "per_position": per_position(delta, scored)})
-    seq = ids.shape[1]
+    def measured(delta: Tensor, where: Tensor) -> dict[str, Any]:
+        """An edit's loss change per probe, and what it rests on."""
+        values = per_probe(delta, where)
+        return {"per_probe": values, "n_probes": sum(v == v for v in values),
+                "n_positions": int(where.sum())}
+
     # the queries (loss index t is query t) where even the largest k's cache has dropped keys
-    dropped = iv.streaming_positions(seq, max(SINK_TOKENS), settings.window)
-    compared = int(dropped[0]) if len(dropped) else seq
+    # (``interventions.streaming_positions``: from k + window on)
+    compared = settings.window + max(SINK_TOKENS)
     where = scored.clone()
     where[:, :compared] = False
-    for k in SINK_TOKENS if compared < seq - 1 else ():  # some loss position is compared
-        delta = change(iv.streaming(k, settings.window, n_layers))
-        out["streaming"].append({"k": k, "per_probe": per_probe(delta, where),
-                                 "per_position": per_position(delta, scored)})
+    kept = stages.get("global")
+    if kept is None:
+        edits = []
+        for key, label, hooks in _global_edits(settings.cap_eps, n_layers):
+            delta = change(hooks)
+            edits.append({"key": key, "label": label, **measured(delta, scored),
+                          "per_position": per_position(delta, scored)})
+        streams = []
+        for k in SINK_TOKENS if bool(where.any()) else ():  # some loss position is compared
+            delta = change(iv.streaming(k, settings.window, n_layers))
+            streams.append({"k": k, **measured(delta, where),
+                            "per_position": per_position(delta, scored)})
+        kept = stages.put("global", {"global": edits, "streaming": streams})
     log(f"lm: {loaded.source.name}: interventions: global edits and streaming "
         f"({time.perf_counter() - start:.0f} s)")
-    flagged, control = choose_heads(heads["first"].mean(0), settings.n_heads)
+    out: dict[str, Any] = {"baseline": per_probe(baseline, scored), **kept, "heads": [],
+                           "targeted": [], "n_positions": int(scored.sum()),
+                           "n_scored_probes": int(scored.any(1).sum())}
+    flagged, control = choose_heads(nan_mean(np.asarray(heads["first"], dtype=float), 0),
+                                    settings.n_heads)
     for group, chosen in (("flagged", flagged), ("control", control)):
         for layer, head in chosen:
-            row = {"layer": layer, "head": head, "group": group}
-            for how, hooks in (("zero", iv.ablate_heads([(layer, head)], "zero")),
-                               ("mean", iv.ablate_heads([(layer, head)], "mean",
-                                                        {(layer, head): means[layer][head]})),
-                               ("cap", iv.cap_first_mass(settings.cap_eps, n_layers,
-                                                         layers=[layer], heads=[head]))):
-                row[how] = per_probe(change(hooks, layer), scored)
+            name = f"head {group} {layer} {head}"
+            row = stages.get(name)
+            if row is None:
+                row = {"layer": layer, "head": head, "group": group}
+                for how, hooks in (("zero", iv.ablate_heads([(layer, head)], "zero")),
+                                   ("mean", iv.ablate_heads([(layer, head)], "mean",
+                                                            {(layer, head): means[layer][head]})),
+                                   ("cap", iv.cap_first_mass(settings.cap_eps, n_layers,
+                                                             layers=[layer], heads=[head]))):
+                    row[how] = per_probe(change(hooks, layer), scored)
+                row = stages.put(name, row)
             out["heads"].append(row)
     log(f"lm: {loaded.source.name}: interventions: {len(out['heads'])} heads ablated "
         f"({time.perf_counter() - start:.0f} s)")
     for found in triggers[:TARGETED_HEADS]:
         layer, head = found["layer"], found["head"]
-        delta = change(iv.ablate_heads([(layer, head)], "zero"), layer)
-        tokens = torch.tensor([t["id"] for t in found["tokens"]])
-        is_trigger = torch.isin(ids[:, :-1], tokens) & scored
-        effect = trigger_heads.targeted_effect(delta.nan_to_num().numpy(),
-                                               is_trigger.numpy(), scored.numpy())
-        out["targeted"].append({"layer": layer, "head": head,
-                                "tokens": [t["token"] for t in found["tokens"]],
-                                "summary": effect})
-    out.update({"head_stats": {k: v.tolist() for k, v in heads.items()},
-                "flagged": flagged, "control": control, "compared_from": compared,
+        name = f"targeted {layer} {head}"
+        entry = stages.get(name)
+        if entry is None:
+            delta = change(iv.ablate_heads([(layer, head)], "zero"), layer)
+            tokens = torch.tensor([t["id"] for t in found["tokens"]])
+            is_trigger = torch.isin(ids[:, :-1], tokens) & scored
+            effect = trigger_heads.targeted_effect(delta.nan_to_num().numpy(),
+                                                   is_trigger.numpy(), scored.numpy())
+            entry = stages.put(name, {"layer": layer, "head": head,
+                                      "tokens": [t["token"] for t in found["tokens"]],
+                                      "summary": effect})
+        out["targeted"].append(entry)
+    out.update({"head_stats": heads, "flagged": flagged, "control": control,
+                "compared_from": compared, "streaming_needs": compared + 2,
                 "seconds": time.perf_counter() - start})
     return out
-
 
 
 def run_encoder(loaded: lm.LoadedModel, ids: Tensor, mask: Tensor, settings: Settings
@@ -265,7 +324,10 @@ def run_encoder(loaded: lm.LoadedModel, ids: Tensor, mask: Tensor, settings: Set
             parts.append(iv.hidden_change(loaded.model, b_ids, b_mask, hooks=hooks))
             valid.append(b_mask.bool())
         delta, where = torch.cat(parts), torch.cat(valid)
-        out["global"].append({"key": key, "label": label, "per_probe": per_probe(delta, where)})
+        values = per_probe(delta, where)
+        out["global"].append({"key": key, "label": label, "per_probe": values,
+                              "n_probes": sum(v == v for v in values),
+                              "n_positions": int(where.sum())})
     out["seconds"] = time.perf_counter() - start
     return out
 
@@ -282,16 +344,28 @@ def supported(loaded: lm.LoadedModel) -> str | None:
 # ------------------------------------------------------------------------------- claims
 
 PROBES = ("probe", "probes")
+LOSS_TOKENS = 2  # a next-token loss needs a token to predict from and one to predict
 
 
-def _finite(values: list[float]) -> list[float]:
-    return [v for v in values if v == v]  # drops nan (a probe with no position compared)
+def needs_text(tokens: int, prefix: list[str]) -> str:
+    """What a measurement without data needs, in a user's terms: texts of at least N tokens,
+    and how many that is with the special tokens put in front (``prefix``, their names)."""
+    content = max(tokens - len(prefix), 1)
+    front = f" ({tokens} with {' '.join(prefix)} in front)" if prefix else ""
+    return f"not measured: needs texts of at least {content} token{'' if content == 1 else 's'}" \
+        f"{front}"
+
+
+def _finite(values: list[float | None]) -> list[float]:
+    """The measured values: a probe with no position measured is nan, or None once the records
+    have been through JSON."""
+    return [float(v) for v in values if v is not None and math.isfinite(v)]
 
 
 def _group_mean(rows: list[dict[str, Any]], group: str, how: str) -> list[float]:
     """Per probe, the mean over a group's heads of one ablation's loss change."""
     chosen = [r[how] for r in rows if r["group"] == group]
-    return np.nanmean(np.asarray(chosen, dtype=float), axis=0).tolist() if chosen else []
+    return nan_mean(np.asarray(chosen, dtype=float), 0).tolist() if chosen else []
 
 
 def _heads_value(stats: dict[str, list], key: str, heads: list) -> np.ndarray:
@@ -300,78 +374,99 @@ def _heads_value(stats: dict[str, list], key: str, heads: list) -> np.ndarray:
     return np.stack([arr[:, layer, head] for layer, head in heads], axis=1)
 
 
+def _claim(build: Callable[..., cl.Claim], key: str, sentence: str, values: list[Any],
+           *args: Any, what: str, missing: str) -> cl.Claim:
+    """``build``'s claim over the measured ``values``; with none, an undetermined claim that
+    says why (``missing``: what the measurement needs)."""
+    kept = _finite(values)
+    short = len(values) - len(kept)
+    if kept and short:  # k of n: the probes too short for it are named
+        why = missing.removeprefix("not measured: ")
+        what += f" ({short} of the {len(values)} too short to measure: {why})"
+    claim = build(key, sentence, kept, *args, PROBES, what)
+    if kept:
+        return claim
+    return dataclasses.replace(claim, data=f"{what}; {missing}", needed_text=missing)
+
+
 def claims(model: dict[str, Any]) -> list[cl.Claim]:
-    """The story's claims for one causal model's interventions (``model["interventions"]``)."""
+    """The story's claims for one causal model's interventions (``model["interventions"]``);
+    a claim whose measurement has no probe says what it needs."""
     iv_rec = model["interventions"]
     key, name = model["key"], model["model"]
     n = len(iv_rec["baseline"])
     what = f"over {n} natural probes"
+    prefix = iv_rec.get("prefix", [])
+    loss = needs_text(LOSS_TOKENS, prefix)
     out = []
     by_key = {g["key"]: g for g in iv_rec["global"]}
-    out.append(cl.mean_at_least(
-        f"{key}.hide_first_key_raises_loss",
+    out.append(_claim(
+        cl.mean_at_least, f"{key}.hide_first_key_raises_loss",
         f"{name}: hiding the first token's key from every query raises the next-token loss",
-        _finite(by_key["hide_first_key"]["per_probe"]), 0.0, PROBES,
-        f"each probe's mean loss change (nats per token) {what}"))
-    out.append(cl.mean_within(
-        f"{key}.zero_first_value_harmless",
+        by_key["hide_first_key"]["per_probe"], 0.0,
+        what=f"each probe's mean loss change (nats per token) {what}", missing=loss))
+    out.append(_claim(
+        cl.mean_within, f"{key}.zero_first_value_harmless",
         f"{name}: zeroing the first token's value in every head changes the loss by less than "
         f"{HARMLESS:g} nats per token (its value is near zero, so the sink adds nothing)",
-        _finite(by_key["zero_first_value"]["per_probe"]), 0.0, HARMLESS, PROBES,
-        f"each probe's mean loss change {what}"))
-    out.append(cl.mean_at_least(
-        f"{key}.cap_first_mass_raises_loss",
+        by_key["zero_first_value"]["per_probe"], 0.0, HARMLESS,
+        what=f"each probe's mean loss change {what}", missing=loss))
+    out.append(_claim(
+        cl.mean_at_least, f"{key}.cap_first_mass_raises_loss",
         f"{name}: capping every head's first-token mass at 1 - {iv_rec['cap_eps']:g} raises the "
-        f"loss", _finite(by_key["cap_first_mass"]["per_probe"]), 0.0, PROBES,
-        f"each probe's mean loss change {what}"))
+        f"loss", by_key["cap_first_mass"]["per_probe"], 0.0,
+        what=f"each probe's mean loss change {what}", missing=loss))
     streams = {s["k"]: s for s in iv_rec["streaming"]}
-    if streams:
-        gain = np.asarray(streams[0]["per_probe"]) - np.asarray(streams[1]["per_probe"])
-        out.append(cl.mean_at_least(
-            f"{key}.streaming_first_token_helps",
-            f"{name}: with a window of {iv_rec['window']} recent tokens, also keeping the first "
-            f"token lowers the loss (StreamingLLM's finding)", _finite(gain.tolist()), 0.0,
-            PROBES, f"each probe's loss with k = 0 minus with k = 1, at positions >= "
-            f"{iv_rec['compared_from']} {what}"))
+    gain = (np.asarray(streams[0]["per_probe"], dtype=float)
+            - np.asarray(streams[1]["per_probe"], dtype=float)).tolist() if streams else []
+    out.append(_claim(
+        cl.mean_at_least, f"{key}.streaming_first_token_helps",
+        f"{name}: with a window of {iv_rec['window']} recent tokens, also keeping the first "
+        f"token lowers the loss (StreamingLLM's finding)", gain, 0.0,
+        what=f"each probe's loss with k = 0 minus with k = 1, at positions >= "
+             f"{iv_rec['compared_from']} {what}",
+        missing=needs_text(iv_rec["streaming_needs"], prefix)))
     rows = iv_rec["heads"]
     flagged, control = iv_rec["flagged"], iv_rec["control"]
     stats = iv_rec["head_stats"]
-    out_f = _heads_value(stats, "output_norm", flagged).mean(1)
-    out_c = _heads_value(stats, "output_norm", control).mean(1)
-    out.append(cl.mean_at_most(
-        f"{key}.sink_heads_output_small",
+    out_f = nan_mean(_heads_value(stats, "output_norm", flagged), 1)
+    out_c = nan_mean(_heads_value(stats, "output_norm", control), 1)
+    out.append(_claim(
+        cl.mean_at_most, f"{key}.sink_heads_output_small",
         f"{name}: the {len(flagged)} heads with the most first-token mass write outputs at most "
         f"half as large as {len(control)} random other heads (they do little)",
-        (out_f / out_c).tolist(), 0.5, PROBES,
-        "each probe's mean output norm of the sink heads over that of the control heads"))
-    ratio = _heads_value(stats, "value_ratio", flagged).mean(1)
-    out.append(cl.mean_at_most(
-        f"{key}.sink_heads_value_drained",
+        (out_f / out_c).tolist(), 0.5,
+        what="each probe's mean output norm of the sink heads over that of the control heads",
+        missing=needs_text(1, prefix)))
+    ratio = nan_mean(_heads_value(stats, "value_ratio", flagged), 1)
+    out.append(_claim(
+        cl.mean_at_most, f"{key}.sink_heads_value_drained",
         f"{name}: in the sink heads the first token's value vector is shorter than the other "
-        f"tokens' (Guo et al.'s value-state drain)", ratio.tolist(), 1.0, PROBES,
-        "each probe's mean, over the sink heads, of the first value's norm over the mean norm "
-        "of the other values"))
+        f"tokens' (Guo et al.'s value-state drain)", ratio.tolist(), 1.0,
+        what="each probe's mean, over the sink heads, of the first value's norm over the mean "
+             "norm of the other values", missing=needs_text(2, prefix)))
     for how, words in (("zero", "zero-ablating"), ("mean", "mean-ablating")):
-        out.append(cl.mean_within(
-            f"{key}.sink_heads_{how}_ablation_harmless",
+        out.append(_claim(
+            cl.mean_within, f"{key}.sink_heads_{how}_ablation_harmless",
             f"{name}: {words} one sink head changes the loss by less than {HARMLESS:g} nats "
-            f"per token (the head does nothing)", _finite(_group_mean(rows, "flagged", how)),
-            0.0, HARMLESS, PROBES,
-            f"each probe's loss change, averaged over the {len(flagged)} sink heads ablated "
-            f"one at a time"))
+            f"per token (the head does nothing)", _group_mean(rows, "flagged", how),
+            0.0, HARMLESS,
+            what=f"each probe's loss change, averaged over the {len(flagged)} sink heads "
+                 f"ablated one at a time", missing=loss))
     diff = np.asarray(_group_mean(rows, "flagged", "zero")) - \
         np.asarray(_group_mean(rows, "control", "zero"))
-    out.append(cl.mean_at_most(
-        f"{key}.sink_heads_matter_less_than_random",
+    out.append(_claim(
+        cl.mean_at_most, f"{key}.sink_heads_matter_less_than_random",
         f"{name}: zero-ablating a sink head raises the loss less than zero-ablating a random "
-        f"head", _finite(diff.tolist()), 0.0, PROBES,
-        "each probe's mean loss change over the sink heads minus that over the control heads"))
-    out.append(cl.mean_at_least(
-        f"{key}.sink_heads_cap_hurts",
+        f"head", diff.tolist(), 0.0,
+        what="each probe's mean loss change over the sink heads minus that over the control "
+             "heads", missing=loss))
+    out.append(_claim(
+        cl.mean_at_least, f"{key}.sink_heads_cap_hurts",
         f"{name}: capping one sink head's first-token mass at 1 - {iv_rec['cap_eps']:g} raises "
-        f"the loss", _finite(_group_mean(rows, "flagged", "cap")), 0.0, PROBES,
-        f"each probe's loss change, averaged over the {len(flagged)} sink heads capped one at a "
-        f"time"))
+        f"the loss", _group_mean(rows, "flagged", "cap"), 0.0,
+        what=f"each probe's loss change, averaged over the {len(flagged)} sink heads capped "
+             f"one at a time", missing=loss))
     return out
 
 
@@ -381,13 +476,15 @@ def head_verdicts(iv_rec: dict[str, Any]) -> list[dict[str, Any]]:
     whose ablation is harmless and whose output is small) or contradicts it."""
     stats = iv_rec["head_stats"]
     norms = np.asarray(stats["output_norm"], dtype=float)  # (probes, layers, heads)
-    control = _heads_value(stats, "output_norm", iv_rec["control"]).mean(1)  # (probes,)
+    first = np.asarray(stats["first"], dtype=float)
+    value = np.asarray(stats["value_ratio"], dtype=float)
+    control = nan_mean(_heads_value(stats, "output_norm", iv_rec["control"]), 1)  # (probes,)
     verdicts = []
     for row in iv_rec["heads"]:
         layer, head = row["layer"], row["head"]
         entry = {"layer": layer, "head": head, "group": row["group"],
-                 "first": float(np.mean(np.asarray(stats["first"])[:, layer, head])),
-                 "value_ratio": float(np.mean(np.asarray(stats["value_ratio"])[:, layer, head])),
+                 "first": float(nan_mean(first[:, layer, head], 0)),
+                 "value_ratio": float(nan_mean(value[:, layer, head], 0)),
                  "output": _summary((norms[:, layer, head] / control).tolist())}
         for how in ("zero", "mean", "cap"):
             entry[how] = _summary(row[how])
@@ -422,22 +519,27 @@ def described(done: dict[str, Any]) -> dict[str, Any]:
     """One model's interventions with what the report shows computed from them: each edit's
     mean and interval over probes, each ablated head's verdict, and the rank correlations over
     every head."""
-    if done.get("refused"):
+    if done.get("refused") or done.get("not_measured"):
         return done
     out = {**done, "global": [{**g, "summary": _summary(g["per_probe"])}
                               for g in done["global"]]}
     if "baseline" not in done:  # an encoder: hidden-state changes only
         return out
-    out["baseline_mean"] = float(np.nanmean(done["baseline"]))
+    out["baseline_mean"] = float(nan_mean(np.asarray(done["baseline"], dtype=float), 0))
+    out["streaming_missing"] = needs_text(done["streaming_needs"], done.get("prefix", []))
     out["streaming"] = [{**s, "summary": _summary(s["per_probe"])}
                         for s in done["streaming"]]
     out["verdicts"] = head_verdicts(out)
     out["contradicting"] = [v for v in out["verdicts"]
                             if v.get("story", "").startswith("contradicts")]
-    stats = {k: np.asarray(v, dtype=float).mean(0).ravel() for k, v in done["head_stats"].items()}
+    stats = {k: nan_mean(np.asarray(v, dtype=float), 0).ravel()
+             for k, v in done["head_stats"].items()}
     from scipy import stats as st
 
     for key, other in (("spearman", "output_norm"), ("spearman_value", "value_ratio")):
-        rho, p = st.spearmanr(stats["first"], stats[other])
-        out[key] = {"rho": float(rho), "p": float(p)}
+        x, y = stats["first"], stats[other]
+        ok = np.isfinite(x) & np.isfinite(y)
+        rho, p = (st.spearmanr(x[ok], y[ok]) if ok.sum() > 2 and np.ptp(x[ok]) > 0
+                  and np.ptp(y[ok]) > 0 else (math.nan, math.nan))
+        out[key] = {"rho": float(rho), "p": float(p), "n_heads": int(ok.sum())}
     return out

@@ -5,9 +5,17 @@ For each model (``--model``, repeatable: smollm2, minilm, a path, or a Hugging F
 the local cache) it runs two probe sets, natural text and random-token sequences, each with and
 without the tokenizer's BOS (or [CLS] ... [SEP]) added, through the model loaded from local
 files (``sinklab.lm``). The natural text is the project's English passages, or the user's own
-texts (``--probes FILE``, ``--text``), each keeping its own length up to ``--tokens``. Each
-model's analysis is kept in ``cache/{model}.json`` with the settings it depends on (the texts'
-digest among them), so a rerun with the same ``--out`` keeps every model already analysed. The
+texts (``--probes FILE``, ``--text``), each keeping its own length up to ``--tokens``.
+
+Before anything is loaded or written (``check``), every model is read without its weights
+(``lm.inspect``) and each option checked against it: ``--tokens`` against its positions, the
+memory its work needs against the limit; what the texts are too short to measure is said then
+too. A short text is data: each measurement counts the probes and positions it rests on, and
+one with none says what length it needs ("not measured: needs texts of at least N tokens").
+Each model's analysis is kept in ``cache/{model}.json`` with the settings it depends on (the
+texts' digest among them), so a rerun with the same ``--out`` keeps every model already
+analysed; while it runs, each finished stage is kept in ``cache/{model}.partial.json``, so an
+interrupted or failed run resumes from its last finished stage. The
 records hold every (layer, head) value and every probe's rates; the claims compare a decoder's
 Gu sink rate on random tokens with the range Gu et al. report for open LMs, with the probe as
 the unit. Then, on the first ``--intervene`` natural probes, the interventions of
@@ -23,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,13 +40,14 @@ import numpy as np
 import torch
 
 from sinklab import claims as cl
-from sinklab import limits, lm, trigger_heads
+from sinklab import limits, lm, studies, trigger_heads
 from sinklab.claims import Claim
 from sinklab.config import ConfigError, check_count
 from sinklab.metrics import GU_EPS, GUO_CUTOFF
+from sinklab.results import ResultsError, read_json
 from sinklab.studies import lm_interventions as liv
 from sinklab.studies import register
-from sinklab.studies.base import Context, Execution, FigureSpec, Study
+from sinklab.studies.base import Context, Execution, FigureSpec, Study, default_log, named
 from sinklab.studies.reference import GU
 from sinklab.train import resolve_device
 
@@ -46,12 +56,16 @@ MAIN_EPS, MAIN_CUTOFF = f"{GU_EPS:g}", f"{GUO_CUTOFF:g}"  # keys of the sweeps t
 HALF = 0.5  # "a head puts at least half its weight on the first token"
 MIN_TOKENS = 8
 DEFAULT_BATCH = 16
-FORMAT = 5  # layout of a model's cached analysis: a change here recomputes every model
+FORMAT = 6  # layout of a model's cached analysis: a change here recomputes every model
 INTERVENE_PROBES = 32  # natural probes the interventions run on (the benchmark sizes this)
 ABLATE_HEADS = 12
 CAP_EPS = 0.5
 WINDOW = 16
 MAX_COUNT = 100_000  # the largest --intervene, --ablate-heads or --window taken
+MAX_TOKENS = 1_000_000  # the largest --tokens taken before any model is read
+MIN_MEASURED = 2  # tokens a probe needs (special tokens included) to enter the metrics: a
+# query that sees a key besides the first
+_INSPECTED: dict[str, lm.ModelInfo] = {}  # the models ``check`` read, for ``collect`` to load
 
 assert MAIN_EPS in {f"{e:g}" for e in lm.EPS_SWEEP}
 assert MAIN_CUTOFF in {f"{c:g}" for c in lm.CUTOFF_SWEEP}
@@ -109,39 +123,43 @@ class LMOptions:
         "flag": "--window", "metavar": "W"})
 
     def __post_init__(self) -> None:
+        from sinklab.studies.base import named  # each option named as it was given
+
         if not self.models:
-            raise ConfigError("--model needs at least one model: smollm2, minilm, a path or a "
-                              "cached Hugging Face id.")
+            raise ConfigError(f"{named(self, 'models')} needs at least one model: smollm2, "
+                              "minilm, a path or a cached Hugging Face id.")
         for spec in self.models:
             if self.models.count(spec) > 1:
-                raise ConfigError(f"--model {spec} is given twice; give each model once.")
-        check_count("--batch-size", self.batch_size)
-        check_count("--random", self.n_random)
+                raise ConfigError(f"{named(self, 'models')} {spec} is given twice; give each "
+                                  "model once.")
+        check_count(named(self, "batch_size"), self.batch_size)
+        check_count(named(self, "n_random"), self.n_random)
         if isinstance(self.n_tokens, bool) or not isinstance(self.n_tokens, int) or \
                 self.n_tokens < MIN_TOKENS:
-            raise ConfigError(f"--tokens={self.n_tokens!r} is not allowed: it must be an "
-                              f"integer >= {MIN_TOKENS}.")
+            raise ConfigError(f"{named(self, 'n_tokens')}={self.n_tokens!r} is not allowed: it "
+                              f"must be an integer >= {MIN_TOKENS}.")
         if not self.probes_field.strip():
-            raise ConfigError("--probes-field needs a field name, e.g. text.")
+            raise ConfigError(f"{named(self, 'probes_field')} needs a field name, e.g. text.")
         if self.probes_field != "text" and (self.probes is None or
                                             self.probes.suffix.lower() != ".jsonl"):
-            raise ConfigError(f"--probes-field {self.probes_field} names a field of a .jsonl "
-                              "--probes file, and no .jsonl file is given.")
+            raise ConfigError(f"{named(self, 'probes_field')} {self.probes_field} names a field "
+                              f"of a .jsonl {named(self, 'probes')} file, and no .jsonl file is "
+                              "given.")
         for i, text in enumerate(self.texts):
             if not text.strip():
-                raise ConfigError(f"--text number {i + 1} is empty; give a text with words in "
-                                  "it.")
-        for flag, value, low in (("--intervene", self.n_intervene, 0),
-                                 ("--ablate-heads", self.ablate_heads, 1),
-                                 ("--window", self.window, 1)):
+                raise ConfigError(f"{named(self, 'texts')} number {i + 1} is empty; give a text "
+                                  "with words in it.")
+        for name, value, low in (("n_intervene", self.n_intervene, 0),
+                                 ("ablate_heads", self.ablate_heads, 1),
+                                 ("window", self.window, 1)):
             if isinstance(value, bool) or not isinstance(value, int) or not \
                     low <= value <= MAX_COUNT:
-                raise ConfigError(f"{flag}={value!r} is not allowed: it must be an integer from "
-                                  f"{low} to {MAX_COUNT:,}.")
+                raise ConfigError(f"{named(self, name)}={value!r} is not allowed: it must be an "
+                                  f"integer from {low} to {MAX_COUNT:,}.")
         if isinstance(self.cap_eps, bool) or not isinstance(self.cap_eps, (int, float)) or \
                 not 0 < self.cap_eps < 1:
-            raise ConfigError(f"--cap-eps={self.cap_eps!r} is not allowed: it must be a number "
-                              "between 0 and 1.")
+            raise ConfigError(f"{named(self, 'cap_eps')}={self.cap_eps!r} is not allowed: it "
+                              "must be a number between 0 and 1.")
 
     def probe_texts(self) -> lm.ProbeTexts:
         """The natural probe set these options ask for (LMError for a bad file)."""
@@ -159,33 +177,118 @@ def folder_name(spec: str) -> str:
 
 
 def check(opts: LMOptions, exe: Execution, out: Path) -> None:
-    """Every model must be findable, and the probe file readable, before anything is written."""
-    opts.probe_texts()
-    for spec in opts.models:
-        lm.locate(spec)
+    """Everything the inputs decide, before any model is loaded or anything is written: the
+    probe texts, and for every model whose work is not already kept in ``out``: its files,
+    config and tokenizer (``lm.inspect``, without its weights), ``--tokens`` against the
+    positions it takes, and the memory its analysis and interventions need. What the texts are
+    too short to measure is said here too (it is data, not an error)."""
+    tokens = named(opts, "n_tokens")
+    if opts.n_tokens > MAX_TOKENS:
+        raise ConfigError(f"{tokens}={opts.n_tokens} is not allowed: no model sinklab loads "
+                          f"takes more than {MAX_TOKENS:,} positions; give at most that.")
+    texts = opts.probe_texts()
+    sources = {spec: lm.locate(spec) for spec in opts.models}
+    device = resolve_device(exe.device)
+    _INSPECTED.clear()
+    for spec, source in sources.items():
+        if _kept(spec, opts, exe, out):
+            continue
+        info = lm.inspect(source)
+        limit = info.max_content_tokens
+        if limit is not None and opts.n_tokens > limit:
+            added = (f", less {' and '.join(info.special_names)}" if info.special_names else "")
+            raise ConfigError(f"{tokens}={opts.n_tokens} is more than --model {spec} takes: it "
+                              f"has {info.max_positions:,} positions (max_position_embeddings)"
+                              f"{added}, so a probe holds at most {limit:,} tokens; give "
+                              f"{limit} or fewer.")
+        lengths = lm.text_probes(info, texts.texts, opts.n_tokens).lengths
+        limits.check_memory(model_bytes(info, opts, lengths),
+                            f"--model {spec} ({limits.format_bytes(info.weight_bytes)} of "
+                            f"float32 weights) with --tokens {opts.n_tokens}, --random "
+                            f"{opts.n_random}, --batch-size {opts.batch_size} and --intervene "
+                            f"{opts.n_intervene}", device)
+        for line in coverage(info, opts, lengths):
+            default_log(f"lm: {spec}: {line}")
+        _INSPECTED[spec] = info
+
+
+def _kept(spec: str, opts: LMOptions, exe: Execution, out: Path) -> bool:
+    """Whether ``out`` keeps this model's whole analysis (and interventions, when asked for)
+    with these settings already, so that the model need not be read at all."""
+    wanted = [(folder_name(spec), settings(spec, opts, exe))]
+    if opts.n_intervene:
+        wanted.append((f"{folder_name(spec)}-interventions",
+                       intervention_settings(spec, opts, exe)))
+    for key, want in wanted:
+        path = out / "cache" / f"{key}.json"
+        try:
+            kept = read_json(path) if path.is_file() else None
+        except ResultsError:
+            return False
+        if not isinstance(kept, dict) or kept.get("settings") != want:
+            return False
+    return True
+
+
+def coverage(info: lm.ModelInfo, opts: LMOptions, lengths: torch.Tensor) -> list[str]:
+    """What these texts (``lengths``: each one's content tokens) are too short for, in one line
+    each: the measurements that will say "not measured" and those that leave probes out."""
+    lines = []
+    front = len(info.prefix)
+    longest = int(lengths.max())
+    short = int((lengths < MIN_MEASURED).sum())
+    if short:
+        lines.append(f"{short} of {len(lengths)} texts have fewer than {MIN_MEASURED} tokens: "
+                     f"they are left out of the metrics without {' '.join(info.special_names)}"
+                     if front else f"{short} of {len(lengths)} texts have fewer than "
+                     f"{MIN_MEASURED} tokens: they are left out of the metrics")
+    if longest + front <= lm.MIN_POSITION:
+        lines.append("the trigger-head finder: " + liv.needs_text(lm.MIN_POSITION + 1,
+                                                                  info.special_names[:front])
+                     + f"; the longest text has {longest}")
+    if opts.n_intervene and info.causal_lm:
+        first = int(lengths[:opts.n_intervene].max())
+        needed = opts.window + max(liv.SINK_TOKENS) + 2
+        if first + front < needed:
+            lines.append(f"StreamingLLM's cache (--window {opts.window}): "
+                         + liv.needs_text(needed, info.special_names[:front])
+                         + f"; the longest of the first {min(opts.n_intervene, len(lengths))} "
+                           f"texts has {first}")
+    return lines
+
+
+def model_bytes(info: lm.ModelInfo, opts: LMOptions, lengths: torch.Tensor) -> int:
+    """Memory of one model's work: its float32 weights, and the larger of the analysis (the
+    probes, one batch's attention weights of every layer, kept by the model and stacked here,
+    and the finder's per-query arrays) and the interventions (the residual stream of every
+    layer cached for the intervention probes, and one batch's logits and attention); the
+    longest probe sets the width."""
+    n_natural = len(lengths)
+    tokens = max(int(lengths.max()), opts.n_tokens) + len(info.prefix) + len(info.suffix)
+    layers, heads = info.n_layers, info.n_heads
+    ids = 8 * tokens * (n_natural + 2 * opts.n_random)
+    batch = min(opts.batch_size, max(n_natural, opts.n_random))
+    weights = 4 * batch * layers * heads * tokens * tokens
+    per_query = 4 * 8 * layers * heads * n_natural * tokens  # the finder's
+    analysis = ids + 4 * weights + per_query
+    n = min(opts.n_intervene, n_natural)
+    batch = min(opts.batch_size, max(n, 1))
+    resid = 4 * layers * n * tokens * info.hidden_size
+    logits = 4 * 3 * batch * tokens * info.vocab_size  # logits, their log-softmax, a copy
+    attention = 4 * 4 * batch * heads * tokens * tokens  # scores, pattern and hooked copies
+    interventions = resid + logits + attention if n else 0
+    return info.weight_bytes + max(analysis, interventions)
 
 
 # ----------------------------------------------------------------------------- analysis
 
 
-def conditions(loaded: lm.LoadedModel) -> list[tuple[str, bool]]:
+def conditions(model: lm.LoadedModel | lm.ModelInfo) -> list[tuple[str, bool]]:
     """(label, add specials) pairs: with and without the tokenizer's BOS / [CLS] ... [SEP]."""
-    if not loaded.prefix and not loaded.suffix:
+    if not model.prefix and not model.suffix:
         return [("no BOS token in this tokenizer", False)]
-    added = " ... ".join(loaded.special_names)
+    added = " ... ".join(model.special_names)
     return [(f"with {added}", True), (f"without {added}", False)]
-
-
-def probe_bytes(loaded: lm.LoadedModel, opts: LMOptions, natural: lm.Probes) -> int:
-    """Memory of the probes and of one batch's attention weights (every layer's, kept by the
-    model and stacked here), beyond the model itself; the longest probe sets the width."""
-    n_natural = len(natural)
-    tokens = max(int(natural.lengths.max()), opts.n_tokens) + 2  # BOS, or [CLS] and [SEP]
-    ids = 8 * tokens * (n_natural + 2 * opts.n_random)
-    batch = min(opts.batch_size, max(n_natural, opts.n_random))
-    weights = 4 * batch * loaded.n_layers * loaded.n_heads * tokens * tokens
-    per_query = 4 * 8 * loaded.n_layers * loaded.n_heads * n_natural * tokens  # the finder's
-    return ids + 4 * weights + per_query
 
 
 def _last_query(loaded: lm.LoadedModel, probes: lm.Probes) -> dict[str, Any]:
@@ -207,9 +310,6 @@ def _probe_sets(loaded: lm.LoadedModel, opts: LMOptions, texts: lm.ProbeTexts, l
     stats = natural.length_stats()
     log(f"lm: {loaded.source.name}: {len(natural)} texts ({texts.label}) of {stats['min']} to "
         f"{stats['max']} tokens (median {stats['median']:g}, cut at {opts.n_tokens})")
-    limits.check_memory(probe_bytes(loaded, opts, natural),
-                        f"--model {loaded.source.name} with --random {opts.n_random} and "
-                        f"--batch-size {opts.batch_size}", loaded.device)
     return {"natural": natural,
             "random": lm.random_probes(loaded, opts.n_random, opts.n_tokens)}
 
@@ -226,27 +326,62 @@ def _measure(loaded: lm.LoadedModel, probes: lm.Probes, batch_size: int, per_que
 def _finder(loaded: lm.LoadedModel, acc: lm.Accumulator, probes: lm.Probes
             ) -> dict[str, Any]:
     """The trigger-conditional heads among the real queries ``acc`` kept, tested against the
-    permutation null (``sinklab.trigger_heads``)."""
+    permutation null (``sinklab.trigger_heads``); with no query late enough to test, what the
+    finder needs."""
     probe, position = acc.query_index()
     tokens = probes.ids[probe, position].numpy()
     found = trigger_heads.scan(acc.query_arrays(), tokens, position, probe,
-                               decode=loaded.tokenizer.decode)
-    return found.to_dict()
+                               decode=loaded.tokenizer.decode).to_dict()
+    if not found["n_queries"]:
+        front = loaded.special_names[:len(loaded.prefix)]
+        found["not_measured"] = liv.needs_text(lm.MIN_POSITION + 1, front)
+    return found
+
+
+def measure_set(loaded: lm.LoadedModel, probes: lm.Probes, probe: str, label: str,
+                specials: bool, batch_size: int, finder: bool) -> dict[str, Any]:
+    """One probe set in one condition: its metrics over the probes long enough to measure
+    (``MIN_MEASURED`` tokens as run, special tokens included), how many were left out, and with
+    ``finder`` the trigger-head scan of its queries; with no probe long enough, what it needs."""
+    probes = lm.with_specials(loaded, probes, specials)
+    measurable = probes.lengths >= MIN_MEASURED
+    left_out = int((~measurable).sum())
+    front = loaded.special_names[:len(loaded.prefix)] if specials else []
+    if not bool(measurable.any()):
+        return {"not_measured": {"probes": probe, "condition": label, "left_out": left_out,
+                                 "why": liv.needs_text(MIN_MEASURED, front)}}
+    probes = probes.subset(measurable)
+    acc = _measure(loaded, probes, batch_size, per_query=finder)
+    lengths = probes.length_stats()
+    queries = int((probes.lengths - 1).sum()) if acc.causal else int(probes.lengths.sum())
+    result = {"probes": probe, "condition": label, "specials": specials,
+              "sequences": len(probes), "left_out": left_out, "queries": queries,
+              "tokens": lengths["max"], "lengths": lengths,
+              "dormant_query": _last_query(loaded, probes), **acc.summary()}
+    return {"result": result,
+            "finder": _finder(loaded, acc, probes) if finder and acc.causal else None}
 
 
 class Loader:
-    """One model, loaded the first time it is needed (a rerun whose analyses are all cached
-    never loads it) and then kept for the other analyses."""
+    """One model, read (``lm.inspect``, done by ``check`` for every model first) and loaded the
+    first time it is needed (a rerun whose analyses are all kept never loads it), then kept for
+    the other analyses."""
 
     def __init__(self, spec: str, exe: Execution, log: Any) -> None:
         self.spec, self.exe, self.log = spec, exe, log
         self.loaded: lm.LoadedModel | None = None
         self.load_s = 0.0
 
+    def info(self) -> lm.ModelInfo:
+        if self.spec not in _INSPECTED:
+            _INSPECTED[self.spec] = lm.inspect(lm.locate(self.spec))
+        return _INSPECTED[self.spec]
+
     def __call__(self) -> lm.LoadedModel:
         if self.loaded is None:
             start = time.perf_counter()
-            self.loaded = lm.load(lm.locate(self.spec), resolve_device(self.exe.device))
+            info = self.info()
+            self.loaded = lm.load(info.source, resolve_device(self.exe.device), info)
             self.load_s = time.perf_counter() - start
             self.log(f"lm: {self.spec}: loaded {self.loaded.n_layers} layers x "
                      f"{self.loaded.n_heads} heads in {self.load_s:.0f} s")
@@ -254,43 +389,49 @@ class Loader:
 
 
 def analyse_model(spec: str, opts: LMOptions, exe: Execution, log: Any,
-                  loader: Loader | None = None) -> dict[str, Any]:
-    """Load one model, run every probe set and condition, and return its results."""
+                  loader: Loader | None = None, stages: liv.Stages | None = None
+                  ) -> dict[str, Any]:
+    """Load one model, run every probe set and condition, and return its results; each (probe
+    set, condition) is kept in ``stages`` as it finishes, and one kept there is not redone."""
     start = time.perf_counter()
     texts = opts.probe_texts()
     source = lm.locate(spec)
     loader = loader or Loader(spec, exe, log)
-    loaded = loader()
-    load_s = loader.load_s
-    device = loaded.device
-    probe_sets = _probe_sets(loaded, opts, texts, log)
+    stages = stages or liv.Unkept()
+    info = loader.info()
     labels = {"natural": texts.label, "random": "random"}
-    first_label = conditions(loaded)[0][0]
-    results, finder = [], None
+    first_label = conditions(info)[0][0]
+    results, unmeasured, finder = [], [], None
+    probe_sets: dict[str, lm.Probes] | None = None
     for probe in PROBE_SETS:
-        for label, specials in conditions(loaded):
-            probes = lm.with_specials(loaded, probe_sets[probe], specials)
-            # the finder reads the natural probes in the model's first condition (with BOS)
-            wanted = probe == "natural" and label == first_label
-            acc = _measure(loaded, probes, opts.batch_size, per_query=wanted)
-            lengths = probes.length_stats()
-            results.append({"probes": probe, "label": labels[probe], "condition": label,
-                            "specials": specials, "sequences": len(probes),
-                            "tokens": lengths["max"], "lengths": lengths,
-                            "dormant_query": _last_query(loaded, probes), **acc.summary()})
-            if wanted and acc.causal:
-                finder = _finder(loaded, acc, probes)
-            log(f"lm: {spec}: {probe} probes, {label}: done "
-                f"({time.perf_counter() - start:.0f} s)")
+        for label, specials in conditions(info):
+            name = f"{probe}: {label}"
+            done = stages.get(name)
+            if done is None:
+                loaded = loader()
+                probe_sets = probe_sets or _probe_sets(loaded, opts, texts, log)
+                # the finder reads the natural probes in the model's first condition (with BOS)
+                done = stages.put(name, measure_set(
+                    loaded, probe_sets[probe], probe, label, specials, opts.batch_size,
+                    finder=probe == "natural" and label == first_label))
+                log(f"lm: {spec}: {probe} probes, {label}: done "
+                    f"({time.perf_counter() - start:.0f} s)")
+            if "not_measured" in done:
+                unmeasured.append({**done["not_measured"], "label": labels[probe]})
+                continue
+            results.append({**done["result"], "label": labels[probe]})
+            finder = done["finder"] if done.get("finder") is not None else finder
     return {
         "model": spec, "key": folder_name(spec), "folder": str(source.folder),
         "hub": {"id": source.hub_id, "commit": source.commit} if source.hub_id else None,
-        "weights": lm.weights_info(source), "architecture": type(loaded.model).__name__,
-        "causal_lm": loaded.causal_lm,
-        "n_layers": loaded.n_layers, "n_heads": loaded.n_heads, "causal": results[0]["causal"],
-        "special_tokens": loaded.special_names, "tokenizer_adds_them": loaded.adds_specials,
-        "load_s": load_s, "total_s": time.perf_counter() - start, "device": str(device),
-        "results": results, "finder_condition": first_label if finder is not None else None,
+        "weights": info.weights,
+        "architecture": info.architecture, "causal_lm": info.causal_lm,
+        "n_layers": info.n_layers, "n_heads": info.n_heads, "causal": results[0]["causal"],
+        "special_tokens": info.special_names, "tokenizer_adds_them": info.adds_specials,
+        "load_s": loader.load_s, "total_s": time.perf_counter() - start,
+        "device": str(resolve_device(exe.device)), "results": results,
+        "not_measured": unmeasured,
+        "finder_condition": first_label if finder is not None else None,
         "trigger_scan": finder,
     }
 
@@ -304,19 +445,31 @@ def intervention_settings(spec: str, opts: LMOptions, exe: Execution) -> dict[st
             "control_seed": liv.CONTROL_SEED}
 
 
-def intervene(analysis: dict[str, Any], opts: LMOptions, loader: Loader, log: Any
-              ) -> dict[str, Any]:
+def intervene(analysis: dict[str, Any], opts: LMOptions, loader: Loader, log: Any,
+              stages: liv.Stages | None = None) -> dict[str, Any]:
     """The interventions on one model (``sinklab.studies.lm_interventions``), on the first
-    ``--intervene`` natural probes in the model's first condition (with its BOS, if any)."""
+    ``--intervene`` natural probes in the model's first condition (with its BOS, if any); a
+    causal model's stages are kept in ``stages`` as they finish."""
+    info = loader.info()
+    label, specials = conditions(info)[0]
+    front = info.special_names[:len(info.prefix)] if specials else []
+    added = len(info.prefix) + len(info.suffix) if specials else 0
+    texts = opts.probe_texts()
+    lengths = lm.text_probes(info, texts.texts, opts.n_tokens).lengths[:opts.n_intervene]
+    common = {"n_probes": len(lengths), "condition": label, "prefix": front,
+              "tokens_min": int(lengths.min()) + added,
+              "tokens_max": int(lengths.max()) + added, "cap_eps": opts.cap_eps,
+              "window": opts.window, "harmless": liv.HARMLESS,
+              "control_seed": liv.CONTROL_SEED, "sink_tokens": list(liv.SINK_TOKENS)}
+    if info.causal_lm and common["tokens_max"] < liv.LOSS_TOKENS:
+        return {**common, "not_measured": liv.needs_text(liv.LOSS_TOKENS, front)}
     loaded = loader()
     refused = liv.supported(loaded)
     if refused is not None:
         return {"refused": refused}
-    texts = opts.probe_texts()
-    label, specials = conditions(loaded)[0]
     probes = lm.with_specials(loaded, lm.text_probes(loaded, texts.texts, opts.n_tokens),
                               specials)
-    n = min(opts.n_intervene, len(probes))
+    n = len(lengths)
     ids, valid = probes.ids[:n], probes.valid[:n]
     ids = ids[:, :int(probes.lengths[:n].max())]  # drop columns only other probes fill
     valid = valid[:, :ids.shape[1]]
@@ -325,14 +478,10 @@ def intervene(analysis: dict[str, Any], opts: LMOptions, loader: Loader, log: An
     if loaded.causal_lm:
         scan = analysis["trigger_scan"]
         out = liv.run_causal(loaded, ids, valid.long(), chosen,
-                             scan["heads"] if scan is not None else [], log)
+                             scan["heads"] if scan is not None else [], log, stages)
     else:
         out = liv.run_encoder(loaded, ids, valid.long(), chosen)
-    lengths = probes.lengths[:n]
-    return {**out, "n_probes": n, "condition": label, "tokens_min": int(lengths.min()),
-            "tokens_max": int(lengths.max()), "cap_eps": opts.cap_eps, "window": opts.window,
-            "harmless": liv.HARMLESS, "control_seed": liv.CONTROL_SEED,
-            "sink_tokens": list(liv.SINK_TOKENS)}
+    return {**out, **common}
 
 
 def settings(spec: str, opts: LMOptions, exe: Execution) -> dict[str, Any]:
@@ -391,20 +540,43 @@ def _tables(models: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[di
 def collect(ctx: Context) -> dict[str, Any]:
     opts: LMOptions = ctx.opts
     texts = opts.probe_texts()
-    models = []
-    for spec in opts.models:
-        loader = Loader(spec, ctx.exe, ctx.log)
-        kept = ctx.cached(folder_name(spec), settings(spec, opts, ctx.exe),
-                          lambda spec=spec, loader=loader: analyse_model(spec, opts, ctx.exe,
-                                                                         ctx.log, loader))
-        model = {**kept, "results": [_described(r) for r in kept["results"]]}
-        if opts.n_intervene:
-            done = ctx.cached(f"{folder_name(spec)}-interventions",
-                              intervention_settings(spec, opts, ctx.exe),
-                              lambda kept=kept, loader=loader: intervene(kept, opts, loader,
-                                                                         ctx.log))
-            model["interventions"] = liv.described(done)
-        models.append(model)
+    models: list[dict[str, Any]] = []
+    kept: list[tuple[str, str, Any]] = []  # (model, part, its Stages; None once it is whole)
+
+    def part(spec: str, name: str, key: str, wanted: dict[str, Any],
+             compute: Callable[[liv.Stages], dict[str, Any]]) -> dict[str, Any]:
+        """One model's analysis or interventions: kept whole in cache/KEY.json, else computed
+        stage by stage (resuming from the stages a stopped run finished)."""
+        stages = ctx.stages(key, wanted)
+        kept.append((spec, name, stages))
+
+        def run() -> dict[str, Any]:
+            if stages.done:
+                ctx.log(f"lm: {spec}: {name} resumed from {len(stages.done)} finished "
+                        f"stage(s) in {stages.path}")
+            return compute(stages)
+
+        result = ctx.cached(key, wanted, run)
+        stages.finish()
+        kept[-1] = (spec, name, None)
+        return result
+
+    try:
+        for spec in opts.models:
+            loader = Loader(spec, ctx.exe, ctx.log)
+            analysis = part(spec, "analysis", folder_name(spec), settings(spec, opts, ctx.exe),
+                            lambda stages, spec=spec, loader=loader: analyse_model(
+                                spec, opts, ctx.exe, ctx.log, loader, stages))
+            model = {**analysis, "results": [_described(r) for r in analysis["results"]]}
+            if opts.n_intervene:
+                done = part(spec, "interventions", f"{folder_name(spec)}-interventions",
+                            intervention_settings(spec, opts, ctx.exe),
+                            lambda stages, analysis=analysis, loader=loader: intervene(
+                                analysis, opts, loader, ctx.log, stages))
+                model["interventions"] = liv.described(done)
+            models.append(model)
+    except KeyboardInterrupt:
+        raise studies.Interrupted(interrupted_text(ctx.out, kept)) from None
     sets, heads = _tables(models)
     return {
         "models": models, "probe_sets": sets, "heads": heads,
@@ -419,9 +591,36 @@ def collect(ctx: Context) -> dict[str, Any]:
         "finder": {"dormant_level": lm.DORMANT_LEVEL, "dormant_share": lm.DORMANT_SHARE,
                    "min_count": lm.MIN_COUNT, "min_position": lm.MIN_POSITION,
                    "follow": lm.FOLLOW, "spread_entropy": lm.SPREAD_ENTROPY},
-        "half": HALF,
+        "min_measured": MIN_MEASURED, "half": HALF,
         "intervened": [m["key"] for m in _intervened({"models": models})],
     }
+
+
+def interrupted_text(out: Path, kept: list[tuple[str, str, Any]]) -> str:
+    """What an interrupted ``sinklab lm`` keeps, truthfully: each model's finished parts (a
+    whole analysis or interventions, or the stages of one that were finished), and that the
+    stage in progress and the report are not."""
+    parts = []
+    for spec, part, stages in kept:
+        if stages is None:
+            parts.append(f"{spec}'s {part}")
+            continue
+        names = list(stages.done)
+        if not names:
+            continue
+        heads = sum(n.startswith("head ") for n in names)
+        targeted = sum(n.startswith("targeted ") for n in names)
+        words = [n for n in names if ":" in n] + \
+            (["the head statistics"] if "head_stats" in names else []) + \
+            (["the global edits"] if "global" in names else []) + \
+            ([f"{heads} head ablation(s)"] if heads else []) + \
+            ([f"{targeted} targeted ablation(s)"] if targeted else [])
+        parts.append(f"of {spec}'s {part}: {', '.join(words)}")
+    where = out / "cache"
+    if not parts:
+        return ("nothing was finished yet, so nothing is kept; no report was written")
+    return (f"kept in {where}: {'; '.join(parts)}; not kept: the stage in progress, and no "
+            "report was written; run the same command again to go on from there")
 
 
 # ------------------------------------------------------------------------------- claims
