@@ -84,6 +84,14 @@ def tiny_sweep(tmp: Path) -> Path:
     return out
 
 
+def rule_file(tmp: Path, name: str, row_kind: str, body: str) -> Path:
+    """A plugin file registering the attention rule ``name``, ``def rule(scores, mask):`` with
+    the one line ``body``."""
+    return write(tmp, "rules.py", "from sinklab.attention import register\n"
+                 f"@register({name!r}, row_kind={row_kind!r})\n"
+                 f"def rule(scores, mask):\n    {body}\n")
+
+
 def tiny_model(tmp: Path, kind: str, tokenizer: bool = True, cut: bool = False) -> Path:
     """A tiny random Hugging Face model folder (``tests/tiny_models``), without its tokenizer
     files or with its weights cut short on request."""
@@ -403,48 +411,31 @@ CASES: dict[str, Case] = {
                       "o/metrics.jsonl: No space left on device (free some space", changes=("o",)),
     # issue 23: plugins checked where they are used, rule arguments against their dtype
     "plugin rule of the wrong shape": Case("plugin rule that breaks the contract", lambda tmp: [
-        "train", "--plugin", str(write(tmp, "rules.py", (
-            "from sinklab.attention import register\n"
-            "@register('p23_shape', row_kind='free')\n"
-            "def rule(scores, mask):\n"
-            "    return (scores.relu() * mask)[..., 0]\n"))),
+        "train", "--plugin", str(rule_file(tmp, "p23_shape", "free",
+                                           "return (scores.relu() * mask)[..., 0]")),
         "model.attention=p23_shape", "--out", str(tmp / "o")],
         "attention rule 'p23_shape' (from plugin {tmp}/rules.py) returned weights of shape "
         "(4, 10) on finite scores of shape (4, 10, 5) and a causal mask of shape (10, 5), not of "
         "the scores' shape (4, 10, 5)."),
     "plugin rule that raises": Case("plugin rule that breaks the contract", lambda tmp: [
-        "train", "--plugin", str(write(tmp, "rules.py", (
-            "from sinklab.attention import register\n"
-            "@register('p23_raises', row_kind='free')\n"
-            "def rule(scores, mask):\n"
-            "    raise RuntimeError('no kernel for this shape\\nsecond line')\n"))),
+        "train", "--plugin", str(rule_file(tmp, "p23_raises", "free", "raise RuntimeError("
+                                           "'no kernel for this shape\\nsecond line')")),
         "model.attention=p23_raises", "--out", str(tmp / "o")],
         "attention rule 'p23_raises' (from plugin {tmp}/rules.py) raised RuntimeError: no kernel "
         "for this shape when called on finite scores of shape (4, 10, 5)"),
     "plugin rule that returns None": Case("plugin rule that breaks the contract", lambda tmp: [
-        "train", "--plugin", str(write(tmp, "rules.py", (
-            "from sinklab.attention import register\n"
-            "@register('p23_none', row_kind='free')\n"
-            "def rule(scores, mask):\n"
-            "    scores.relu() * mask\n"))),
+        "train", "--plugin", str(rule_file(tmp, "p23_none", "free", "scores.relu() * mask")),
         "model.attention=p23_none", "--out", str(tmp / "o")],
         "attention rule 'p23_none' (from plugin {tmp}/rules.py) returned None on finite scores "
         "of shape (4, 10, 5) and a causal mask of shape (10, 5), not a tensor of weights of "
         "shape (4, 10, 5)."),
     "plugin rule that gives NaN": Case("plugin rule that breaks the contract", lambda tmp: [
-        "train", "--plugin", str(write(tmp, "rules.py", (
-            "from sinklab.attention import register\n"
-            "@register('p23_nan', row_kind='free')\n"
-            "def rule(scores, mask):\n"
-            "    return scores.log() * mask\n"))),
+        "train", "--plugin", str(rule_file(tmp, "p23_nan", "free", "return scores.log() * mask")),
         "model.attention=p23_nan", "--out", str(tmp / "o")],
         "attention rule 'p23_nan' (from plugin {tmp}/rules.py) returned "),
     "plugin rule that sees the future": Case("plugin rule that breaks the contract", lambda tmp: [
-        "train", "--plugin", str(write(tmp, "rules.py", (
-            "from sinklab.attention import register\n"
-            "@register('p23_future', row_kind='simplex')\n"
-            "def rule(scores, mask):\n"
-            "    return scores.softmax(-1)\n"))),
+        "train", "--plugin", str(rule_file(tmp, "p23_future", "simplex",
+                                           "return scores.softmax(-1)")),
         "model.attention=p23_future", "--out", str(tmp / "o")],
         "attention rule 'p23_future' (from plugin {tmp}/rules.py) put weight on masked (future) "
         "keys on finite scores of shape (4, 10, 5) and a causal mask of shape (10, 5): the "
@@ -469,20 +460,13 @@ CASES: dict[str, Case] = {
         "d_model=4: every parameter must be finite."),
     "plugin rule in a sweep": Case("plugin rule that breaks the contract", lambda tmp: [
         "sweep", str(write(tmp, "s.toml", TINY_SPEC.replace('"relu"', '"p23_sweep"'))),
-        "--out", str(tmp / "o"), "--plugin", str(write(tmp, "rules.py", (
-            "from sinklab.attention import register\n"
-            "@register('p23_sweep', row_kind='free')\n"
-            "def rule(scores, mask):\n"
-            "    return scores.relu()\n")))],
+        "--out", str(tmp / "o"), "--plugin",
+        str(rule_file(tmp, "p23_sweep", "free", "return scores.relu()"))],
         "{tmp}/s.toml: cell model.attention=p23_sweep,seed=0: attention rule 'p23_sweep' (from "
         "plugin {tmp}/rules.py) put weight on masked (future) keys"),
     "plugin rule in a study": Case("plugin rule that breaks the contract", lambda tmp: [
         "zoo", "--quick", "--rules", "p23_zoo", "--out", str(tmp / "o"), "--plugin",
-        str(write(tmp, "rules.py", (
-            "from sinklab.attention import register\n"
-            "@register('p23_zoo', row_kind='free')\n"
-            "def rule(scores, mask):\n"
-            "    return (scores.relu() * mask).double()\n")))],
+        str(rule_file(tmp, "p23_zoo", "free", "return (scores.relu() * mask).double()"))],
         "attention rule 'p23_zoo' (from plugin {tmp}/rules.py) returned float64 weights on "
         "finite scores of shape (4, 10, 5)"),
     "rule argument beyond float32": Case("value the model's float32 cannot hold", train(

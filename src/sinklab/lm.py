@@ -181,32 +181,23 @@ def _transformers() -> Any:
 
 @dataclass
 class LoadedModel:
-    """A model with its tokenizer, and the special tokens sinklab prepends and appends.
+    """A model loaded with what ``inspect`` read of it (``info``: its tokenizer, the special
+    tokens sinklab prepends and appends, its sizes; each is also an attribute of the loaded
+    model: ``loaded.tokenizer``, ``loaded.n_layers``, ``loaded.prefix``, ...).
 
     ``model`` is what was loaded: a decoder with its LM head (``causal_lm``), so that losses can
     be read from its logits, or an encoder's base model; ``body`` is the base transformer inside
     it, which the analysis runs (the LM head's logits are not needed for attention weights)."""
 
-    source: Source
+    info: ModelInfo
     model: Any
     body: Any
-    causal_lm: bool
-    tokenizer: Any
-    n_layers: int
-    n_heads: int
-    prefix: list[int]  # BOS (decoder) or [CLS] (encoder), where the tokenizer has one
-    suffix: list[int]  # [SEP] for an encoder
-    special_names: list[str]
     device: torch.device
-    adds_specials: bool  # whether a plain tokenizer call already adds them (a known trap)
 
-    @property
-    def vocab_size(self) -> int:
-        return len(self.tokenizer)
-
-    @property
-    def pad_id(self) -> int:
-        return pad_id(self.tokenizer)
+    def __getattr__(self, name: str) -> Any:  # source, tokenizer, n_layers, prefix, pad_id, ...
+        if name == "info":  # not set yet (a copy being made): no recursion
+            raise AttributeError(name)
+        return getattr(self.info, name)
 
 
 def pad_id(tokenizer: Any) -> int:
@@ -454,9 +445,7 @@ def load(source: Source, device: torch.device, info: ModelInfo | None = None) ->
         raise LMError(f"--model {source.name}: transformers could not load it "
                       f"({_first(exc)}).") from None
     model.eval().to(device)
-    return LoadedModel(source, model, model.base_model, info.causal_lm, info.tokenizer,
-                       info.n_layers, info.n_heads, info.prefix, info.suffix,
-                       info.special_names, device, info.adds_specials)
+    return LoadedModel(info, model, model.base_model, device)
 
 
 def _gguf_reader(source: Source) -> Any:
