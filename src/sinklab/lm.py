@@ -200,15 +200,6 @@ class LoadedModel:
         return getattr(self.info, name)
 
 
-def pad_id(tokenizer: Any) -> int:
-    """The id written at padded positions (masked, so any id would do; the tokenizer's own pad
-    token where it has one)."""
-    for token in (tokenizer.pad_token_id, tokenizer.eos_token_id):
-        if token is not None:
-            return int(token)
-    return 0
-
-
 CAUSAL_HEADS = ("ForCausalLM", "LMHeadModel")  # architecture names of decoders with an LM head
 
 
@@ -258,7 +249,17 @@ class ModelInfo:
 
     @property
     def pad_id(self) -> int:
-        return pad_id(self.tokenizer)
+        """The id written at padded positions (masked, so any id would do; the tokenizer's own
+        pad token where it has one)."""
+        for token in (self.tokenizer.pad_token_id, self.tokenizer.eos_token_id):
+            if token is not None:
+                return int(token)
+        return 0
+
+    @property
+    def prefix_names(self) -> list[str]:
+        """The names of the special tokens put in front of a probe (BOS, [CLS]), for messages."""
+        return self.special_names[:len(self.prefix)]
 
     @property
     def max_content_tokens(self) -> int | None:

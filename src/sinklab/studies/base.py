@@ -144,14 +144,10 @@ class Context:
         """``compute()``'s result, kept in ``cache/KEY.json`` with the settings it depends on:
         a rerun with the same settings reads it back instead of computing it again."""
         path = self.out / "cache" / f"{key}.json"
-        if path.is_file():
-            try:
-                kept = read_json(path)
-            except ResultsError:  # a corrupted cache file of ours is computed again
-                kept = None
-            if isinstance(kept, dict) and kept.get("settings") == settings:
-                self.log(f"{self.study.name}: {key}: reused from {path}")
-                return kept["result"]
+        kept = read_kept(path, settings, "result")
+        if kept is not None:
+            self.log(f"{self.study.name}: {key}: reused from {path}")
+            return kept
         result = compute()
         write_json(path, {"settings": settings, "result": result})
         return read_json(path)["result"]
@@ -164,30 +160,34 @@ class Context:
         return Stages(self.out / "cache" / f"{key}.partial.json", settings)
 
 
+def read_kept(path: Path, settings: dict[str, Any], field: str) -> Any:
+    """The ``field`` of a file of kept results (``{"settings": ..., field: ...}``) when it was
+    kept with these ``settings``; None when there is no such file, it was kept with other
+    settings, or it is damaged (then it is computed again, not trusted)."""
+    try:
+        kept = read_json(path) if path.is_file() else None
+    except ResultsError:
+        return None
+    if isinstance(kept, dict) and kept.get("settings") == settings:
+        return kept.get(field)
+    return None
+
+
 class Stages:
-    """Stage results kept on disk as each finishes: ``get(name)`` a kept stage (None when it is
-    not kept, or was kept with other settings), ``put(name, value)`` keeps one (the file is
-    rewritten atomically) and returns it as it reads back (non-finite numbers become None, as
-    in every record)."""
+    """Stage results kept on disk as each finishes: ``keep(name, compute)`` gives a kept stage
+    (kept with the same settings), or computes it, keeps it (the file is rewritten atomically)
+    and returns it as it reads back (non-finite numbers become None, as in every record)."""
 
     def __init__(self, path: Path, settings: dict[str, Any]) -> None:
         self.path, self.settings = path, settings
-        self.done: dict[str, Any] = {}
-        try:
-            kept = read_json(path) if path.is_file() else None
-        except ResultsError:  # a damaged file of stages is computed again, not trusted
-            kept = None
-        if isinstance(kept, dict) and kept.get("settings") == settings and \
-                isinstance(kept.get("stages"), dict):
-            self.done = kept["stages"]
+        kept = read_kept(path, settings, "stages")
+        self.done: dict[str, Any] = kept if isinstance(kept, dict) else {}
 
-    def get(self, name: str) -> Any:
-        return self.done.get(name)
-
-    def put(self, name: str, value: Any) -> Any:
-        self.done[name] = value
-        write_json(self.path, {"settings": self.settings, "stages": self.done})
-        self.done = read_json(self.path)["stages"]
+    def keep(self, name: str, compute: Callable[[], Any]) -> Any:
+        if name not in self.done:
+            self.done[name] = compute()
+            write_json(self.path, {"settings": self.settings, "stages": self.done})
+            self.done = read_json(self.path)["stages"]
         return self.done[name]
 
     def finish(self) -> None:

@@ -42,6 +42,20 @@ SINK_TOKENS = (0, 1, 4)  # StreamingLLM's k: the first k tokens kept beside the 
 HARMLESS = 0.01  # nats per token: a change of the mean loss smaller than this is "harmless"
 CONTROL_SEED = 0  # the random control heads' draw
 TARGETED_HEADS = 6  # at most this many of the finder's heads get the targeted ablation
+LOSS_TOKENS = 2  # a next-token loss needs a token to predict from and one to predict
+
+
+def compared_from(window: int) -> int:
+    """The first query where even the largest k's StreamingLLM cache has dropped keys
+    (``interventions.streaming_positions``: from k + window on): the StreamingLLM rows compare
+    the loss from there on."""
+    return window + max(SINK_TOKENS)
+
+
+def streaming_tokens(window: int) -> int:
+    """The tokens a probe needs (special tokens included) for a StreamingLLM row to compare
+    any loss: a loss at query t needs t + ``LOSS_TOKENS`` of them."""
+    return compared_from(window) + LOSS_TOKENS
 
 
 @dataclass(frozen=True)
@@ -56,23 +70,17 @@ class Settings:
 
 
 class Stages(Protocol):
-    """Where finished stages are kept (``studies.base.Stages``): ``get(name)`` gives a kept
-    stage's result or None, ``put(name, value)`` keeps one and returns it as it will be read
-    back."""
+    """Where finished stages are kept (``studies.base.Stages``): ``keep(name, compute)`` gives
+    the stage's kept result, or computes it and keeps it, returned as it will be read back."""
 
-    def get(self, name: str) -> Any: ...
-
-    def put(self, name: str, value: Any) -> Any: ...
+    def keep(self, name: str, compute: Callable[[], Any]) -> Any: ...
 
 
 class Unkept:
     """Stages kept nowhere: every stage is computed."""
 
-    def get(self, name: str) -> Any:
-        return None
-
-    def put(self, name: str, value: Any) -> Any:
-        return value
+    def keep(self, name: str, compute: Callable[[], Any]) -> Any:
+        return compute()
 
 
 def batches(ids: Tensor, mask: Tensor, size: int) -> Iterator[tuple[Tensor, Tensor]]:
@@ -100,6 +108,14 @@ def masked_mean(values: Tensor, where: Tensor, dim: int) -> list[float]:
 def per_probe(values: Tensor, where: Tensor) -> list[float]:
     """Each probe's mean of ``values`` (B, P) over its positions that ``where`` selects."""
     return masked_mean(values, where, -1)
+
+
+def measured(values: Tensor, where: Tensor) -> dict[str, Any]:
+    """An edit's change per probe (``per_probe``) and what it rests on: the probes with a
+    position measured, and the positions."""
+    kept = per_probe(values, where)
+    return {"per_probe": kept, "n_probes": sum(v == v for v in kept),
+            "n_positions": int(where.sum())}
 
 
 def per_position(values: Tensor, where: Tensor) -> list[float]:
@@ -230,9 +246,8 @@ def run_causal(loaded: lm.LoadedModel, ids: Tensor, mask: Tensor, settings: Sett
     log(f"lm: {loaded.source.name}: interventions: baseline and head statistics "
         f"({time.perf_counter() - start:.0f} s)")
     means = stats.means()
-    kept = stages.get("head_stats")
-    heads = kept if kept is not None else stages.put(
-        "head_stats", {k: v.tolist() for k, v in stats.arrays().items()})
+    heads = stages.keep("head_stats",
+                        lambda: {k: v.tolist() for k, v in stats.arrays().items()})
 
     def change(hooks: Hooks, layer: int | None = None) -> Tensor:
         """Loss change per position (probes, T-1), rerunning from ``layer`` when given."""
@@ -245,19 +260,11 @@ def run_causal(loaded: lm.LoadedModel, ids: Tensor, mask: Tensor, settings: Sett
                                                   hooks=hooks))
         return torch.cat(parts) - baseline
 
-    def measured(delta: Tensor, where: Tensor) -> dict[str, Any]:
-        """An edit's loss change per probe, and what it rests on."""
-        values = per_probe(delta, where)
-        return {"per_probe": values, "n_probes": sum(v == v for v in values),
-                "n_positions": int(where.sum())}
-
-    # the queries (loss index t is query t) where even the largest k's cache has dropped keys
-    # (``interventions.streaming_positions``: from k + window on)
-    compared = settings.window + max(SINK_TOKENS)
+    compared = compared_from(settings.window)  # loss index t is query t
     where = scored.clone()
     where[:, :compared] = False
-    kept = stages.get("global")
-    if kept is None:
+
+    def global_edits() -> dict[str, Any]:
         edits = []
         for key, label, hooks in _global_edits(settings.cap_eps, n_layers):
             delta = change(hooks)
@@ -268,7 +275,9 @@ def run_causal(loaded: lm.LoadedModel, ids: Tensor, mask: Tensor, settings: Sett
             delta = change(iv.streaming(k, settings.window, n_layers))
             streams.append({"k": k, **measured(delta, where),
                             "per_position": per_position(delta, scored)})
-        kept = stages.put("global", {"global": edits, "streaming": streams})
+        return {"global": edits, "streaming": streams}
+
+    kept = stages.keep("global", global_edits)
     log(f"lm: {loaded.source.name}: interventions: global edits and streaming "
         f"({time.perf_counter() - start:.0f} s)")
     out: dict[str, Any] = {"baseline": per_probe(baseline, scored), **kept, "heads": [],
@@ -276,38 +285,38 @@ def run_causal(loaded: lm.LoadedModel, ids: Tensor, mask: Tensor, settings: Sett
                            "n_scored_probes": int(scored.any(1).sum())}
     flagged, control = choose_heads(nan_mean(np.asarray(heads["first"], dtype=float), 0),
                                     settings.n_heads)
+    def ablated(group: str, layer: int, head: int) -> dict[str, Any]:
+        row: dict[str, Any] = {"layer": layer, "head": head, "group": group}
+        for how, hooks in (("zero", iv.ablate_heads([(layer, head)], "zero")),
+                           ("mean", iv.ablate_heads([(layer, head)], "mean",
+                                                    {(layer, head): means[layer][head]})),
+                           ("cap", iv.cap_first_mass(settings.cap_eps, n_layers,
+                                                     layers=[layer], heads=[head]))):
+            row[how] = per_probe(change(hooks, layer), scored)
+        return row
+
     for group, chosen in (("flagged", flagged), ("control", control)):
         for layer, head in chosen:
-            name = f"head {group} {layer} {head}"
-            row = stages.get(name)
-            if row is None:
-                row = {"layer": layer, "head": head, "group": group}
-                for how, hooks in (("zero", iv.ablate_heads([(layer, head)], "zero")),
-                                   ("mean", iv.ablate_heads([(layer, head)], "mean",
-                                                            {(layer, head): means[layer][head]})),
-                                   ("cap", iv.cap_first_mass(settings.cap_eps, n_layers,
-                                                             layers=[layer], heads=[head]))):
-                    row[how] = per_probe(change(hooks, layer), scored)
-                row = stages.put(name, row)
-            out["heads"].append(row)
+            out["heads"].append(stages.keep(f"head {group} {layer} {head}",
+                                            lambda group=group, layer=layer, head=head:
+                                            ablated(group, layer, head)))
     log(f"lm: {loaded.source.name}: interventions: {len(out['heads'])} heads ablated "
         f"({time.perf_counter() - start:.0f} s)")
-    for found in triggers[:TARGETED_HEADS]:
+    def targeted(found: dict[str, Any]) -> dict[str, Any]:
         layer, head = found["layer"], found["head"]
-        name = f"targeted {layer} {head}"
-        entry = stages.get(name)
-        if entry is None:
-            delta = change(iv.ablate_heads([(layer, head)], "zero"), layer)
-            tokens = torch.tensor([t["id"] for t in found["tokens"]])
-            is_trigger = torch.isin(ids[:, :-1], tokens) & scored
-            effect = trigger_heads.targeted_effect(delta.nan_to_num().numpy(),
-                                                   is_trigger.numpy(), scored.numpy())
-            entry = stages.put(name, {"layer": layer, "head": head,
-                                      "tokens": [t["token"] for t in found["tokens"]],
-                                      "summary": effect})
-        out["targeted"].append(entry)
+        delta = change(iv.ablate_heads([(layer, head)], "zero"), layer)
+        tokens = torch.tensor([t["id"] for t in found["tokens"]])
+        is_trigger = torch.isin(ids[:, :-1], tokens) & scored
+        effect = trigger_heads.targeted_effect(delta.nan_to_num().numpy(),
+                                               is_trigger.numpy(), scored.numpy())
+        return {"layer": layer, "head": head, "tokens": [t["token"] for t in found["tokens"]],
+                "summary": effect}
+
+    for found in triggers[:TARGETED_HEADS]:
+        out["targeted"].append(stages.keep(f"targeted {found['layer']} {found['head']}",
+                                           lambda found=found: targeted(found)))
     out.update({"head_stats": heads, "flagged": flagged, "control": control,
-                "compared_from": compared, "streaming_needs": compared + 2,
+                "compared_from": compared, "streaming_needs": streaming_tokens(settings.window),
                 "seconds": time.perf_counter() - start})
     return out
 
@@ -324,10 +333,7 @@ def run_encoder(loaded: lm.LoadedModel, ids: Tensor, mask: Tensor, settings: Set
             parts.append(iv.hidden_change(loaded.model, b_ids, b_mask, hooks=hooks))
             valid.append(b_mask.bool())
         delta, where = torch.cat(parts), torch.cat(valid)
-        values = per_probe(delta, where)
-        out["global"].append({"key": key, "label": label, "per_probe": values,
-                              "n_probes": sum(v == v for v in values),
-                              "n_positions": int(where.sum())})
+        out["global"].append({"key": key, "label": label, **measured(delta, where)})
     out["seconds"] = time.perf_counter() - start
     return out
 
@@ -344,7 +350,6 @@ def supported(loaded: lm.LoadedModel) -> str | None:
 # ------------------------------------------------------------------------------- claims
 
 PROBES = ("probe", "probes")
-LOSS_TOKENS = 2  # a next-token loss needs a token to predict from and one to predict
 
 
 def needs_text(tokens: int, prefix: list[str]) -> str:

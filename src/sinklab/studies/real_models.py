@@ -28,6 +28,7 @@ claims of the paper's story that they test::
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import time
@@ -44,10 +45,17 @@ from sinklab import limits, lm, studies, trigger_heads
 from sinklab.claims import Claim
 from sinklab.config import ConfigError, check_count
 from sinklab.metrics import GU_EPS, GUO_CUTOFF
-from sinklab.results import ResultsError, read_json
 from sinklab.studies import lm_interventions as liv
 from sinklab.studies import register
-from sinklab.studies.base import Context, Execution, FigureSpec, Study, default_log, named
+from sinklab.studies.base import (
+    Context,
+    Execution,
+    FigureSpec,
+    Study,
+    default_log,
+    named,
+    read_kept,
+)
 from sinklab.studies.reference import GU
 from sinklab.train import resolve_device
 
@@ -123,8 +131,6 @@ class LMOptions:
         "flag": "--window", "metavar": "W"})
 
     def __post_init__(self) -> None:
-        from sinklab.studies.base import named  # each option named as it was given
-
         if not self.models:
             raise ConfigError(f"{named(self, 'models')} needs at least one model: smollm2, "
                               "minilm, a path or a cached Hugging Face id.")
@@ -219,41 +225,31 @@ def _kept(spec: str, opts: LMOptions, exe: Execution, out: Path) -> bool:
     if opts.n_intervene:
         wanted.append((f"{folder_name(spec)}-interventions",
                        intervention_settings(spec, opts, exe)))
-    for key, want in wanted:
-        path = out / "cache" / f"{key}.json"
-        try:
-            kept = read_json(path) if path.is_file() else None
-        except ResultsError:
-            return False
-        if not isinstance(kept, dict) or kept.get("settings") != want:
-            return False
-    return True
+    return all(read_kept(out / "cache" / f"{key}.json", want, "result") is not None
+               for key, want in wanted)
 
 
 def coverage(info: lm.ModelInfo, opts: LMOptions, lengths: torch.Tensor) -> list[str]:
     """What these texts (``lengths``: each one's content tokens) are too short for, in one line
     each: the measurements that will say "not measured" and those that leave probes out."""
     lines = []
-    front = len(info.prefix)
+    front, names = len(info.prefix), info.prefix_names
     longest = int(lengths.max())
     short = int((lengths < MIN_MEASURED).sum())
     if short:
+        without = f" without {' '.join(info.special_names)}" if front else ""
         lines.append(f"{short} of {len(lengths)} texts have fewer than {MIN_MEASURED} tokens: "
-                     f"they are left out of the metrics without {' '.join(info.special_names)}"
-                     if front else f"{short} of {len(lengths)} texts have fewer than "
-                     f"{MIN_MEASURED} tokens: they are left out of the metrics")
+                     f"they are left out of the metrics{without}")
     if longest + front <= lm.MIN_POSITION:
-        lines.append("the trigger-head finder: " + liv.needs_text(lm.MIN_POSITION + 1,
-                                                                  info.special_names[:front])
-                     + f"; the longest text has {longest}")
+        lines.append(f"the trigger-head finder: {liv.needs_text(lm.MIN_POSITION + 1, names)}; "
+                     f"the longest text has {longest}")
     if opts.n_intervene and info.causal_lm:
-        first = int(lengths[:opts.n_intervene].max())
-        needed = opts.window + max(liv.SINK_TOKENS) + 2
-        if first + front < needed:
+        first = lengths[:opts.n_intervene]
+        needed = liv.streaming_tokens(opts.window)
+        if int(first.max()) + front < needed:
             lines.append(f"StreamingLLM's cache (--window {opts.window}): "
-                         + liv.needs_text(needed, info.special_names[:front])
-                         + f"; the longest of the first {min(opts.n_intervene, len(lengths))} "
-                           f"texts has {first}")
+                         f"{liv.needs_text(needed, names)}; the longest of the first "
+                         f"{len(first)} texts has {int(first.max())}")
     return lines
 
 
@@ -333,8 +329,7 @@ def _finder(loaded: lm.LoadedModel, acc: lm.Accumulator, probes: lm.Probes
     found = trigger_heads.scan(acc.query_arrays(), tokens, position, probe,
                                decode=loaded.tokenizer.decode).to_dict()
     if not found["n_queries"]:
-        front = loaded.special_names[:len(loaded.prefix)]
-        found["not_measured"] = liv.needs_text(lm.MIN_POSITION + 1, front)
+        found["not_measured"] = liv.needs_text(lm.MIN_POSITION + 1, loaded.prefix_names)
     return found
 
 
@@ -346,7 +341,7 @@ def measure_set(loaded: lm.LoadedModel, probes: lm.Probes, probe: str, label: st
     probes = lm.with_specials(loaded, probes, specials)
     measurable = probes.lengths >= MIN_MEASURED
     left_out = int((~measurable).sum())
-    front = loaded.special_names[:len(loaded.prefix)] if specials else []
+    front = loaded.prefix_names if specials else []
     if not bool(measurable.any()):
         return {"not_measured": {"probes": probe, "condition": label, "left_out": left_out,
                                  "why": liv.needs_text(MIN_MEASURED, front)}}
@@ -402,20 +397,22 @@ def analyse_model(spec: str, opts: LMOptions, exe: Execution, log: Any,
     labels = {"natural": texts.label, "random": "random"}
     first_label = conditions(info)[0][0]
     results, unmeasured, finder = [], [], None
-    probe_sets: dict[str, lm.Probes] | None = None
+    # made once, when the first stage that is not kept needs them (the model loaded then)
+    probe_sets = functools.cache(lambda: _probe_sets(loader(), opts, texts, log))
     for probe in PROBE_SETS:
         for label, specials in conditions(info):
-            name = f"{probe}: {label}"
-            done = stages.get(name)
-            if done is None:
-                loaded = loader()
-                probe_sets = probe_sets or _probe_sets(loaded, opts, texts, log)
+
+            def measured(probe: str = probe, label: str = label, specials: bool = specials
+                         ) -> dict[str, Any]:
                 # the finder reads the natural probes in the model's first condition (with BOS)
-                done = stages.put(name, measure_set(
-                    loaded, probe_sets[probe], probe, label, specials, opts.batch_size,
-                    finder=probe == "natural" and label == first_label))
+                done = measure_set(loader(), probe_sets()[probe], probe, label, specials,
+                                   opts.batch_size,
+                                   finder=probe == "natural" and label == first_label)
                 log(f"lm: {spec}: {probe} probes, {label}: done "
                     f"({time.perf_counter() - start:.0f} s)")
+                return done
+
+            done = stages.keep(f"{probe}: {label}", measured)
             if "not_measured" in done:
                 unmeasured.append({**done["not_measured"], "label": labels[probe]})
                 continue
@@ -452,10 +449,10 @@ def intervene(analysis: dict[str, Any], opts: LMOptions, loader: Loader, log: An
     causal model's stages are kept in ``stages`` as they finish."""
     info = loader.info()
     label, specials = conditions(info)[0]
-    front = info.special_names[:len(info.prefix)] if specials else []
+    front = info.prefix_names if specials else []
     added = len(info.prefix) + len(info.suffix) if specials else 0
-    texts = opts.probe_texts()
-    lengths = lm.text_probes(info, texts.texts, opts.n_tokens).lengths[:opts.n_intervene]
+    natural = lm.text_probes(info, opts.probe_texts().texts, opts.n_tokens)
+    lengths = natural.lengths[:opts.n_intervene]
     common = {"n_probes": len(lengths), "condition": label, "prefix": front,
               "tokens_min": int(lengths.min()) + added,
               "tokens_max": int(lengths.max()) + added, "cap_eps": opts.cap_eps,
@@ -467,8 +464,7 @@ def intervene(analysis: dict[str, Any], opts: LMOptions, loader: Loader, log: An
     refused = liv.supported(loaded)
     if refused is not None:
         return {"refused": refused}
-    probes = lm.with_specials(loaded, lm.text_probes(loaded, texts.texts, opts.n_tokens),
-                              specials)
+    probes = lm.with_specials(loaded, natural, specials)
     n = len(lengths)
     ids, valid = probes.ids[:n], probes.valid[:n]
     ids = ids[:, :int(probes.lengths[:n].max())]  # drop columns only other probes fill

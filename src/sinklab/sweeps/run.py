@@ -53,7 +53,7 @@ from sinklab import plugins as plugins_mod
 from sinklab.config import ConfigError, RunConfig, SinklabError, build_run_config
 from sinklab.plugins import Plugin, PluginError
 from sinklab.sweeps import spec as spec_mod
-from sinklab.sweeps.store import DB, Store, metric_names
+from sinklab.sweeps.store import DB, Store, diverged_reason, metric_names
 from sinklab.train import _shared, resolve_device, train_runs, versions
 
 EXECUTORS = ("local", "ray")
@@ -584,9 +584,7 @@ def record(store: Store, results: list[dict[str, Any]], version: str) -> tuple[i
             failed += 1
             continue
         summary = r["summary"]
-        reason = None
-        if summary.get("status") == "diverged":
-            reason = f"diverged at step {summary.get('steps')}: the loss is not finite"
+        reason = diverged_reason(summary)
         try:
             values = metrics_of(summary)
         except Exception as exc:  # one cell's odd summary must not cost its ensemble-mates
