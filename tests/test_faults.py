@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from sinklab import folders
 from sinklab.sweeps.store import Store
 from test_cli import run_cli
 
@@ -66,6 +67,35 @@ def stop(proc: subprocess.Popen) -> None:
     for pipe in (proc.stdout, proc.stderr):
         if pipe is not None:
             pipe.close()
+
+
+def test_a_writer_that_has_just_taken_the_lock_is_named_by_pid(tmp_path):
+    # the moment between a writer's taking the lock and writing its holder file: the second
+    # writer waits for the name (two sweeps started together once met it here)
+    import json
+    import socket
+
+    from filelock import FileLock
+
+    folder = tmp_path / "o"
+    folder.mkdir()
+    lock = FileLock(str(folder / folders.LOCK), timeout=0)
+    lock.acquire()
+    holder = {"pid": 4242, "host": socket.gethostname(), "command": "sinklab sweep s.toml"}
+    late = threading.Timer(0.3, lambda: (folder / folders.HOLDER).write_text(json.dumps(holder)))
+    late.start()
+    try:
+        with pytest.raises(folders.ResultsError,
+                           match=r"another sinklab process \(pid 4242, `sinklab sweep s.toml`\)"):
+            with folders.hold(folder):
+                pass
+        (folder / folders.HOLDER).unlink()  # a holder that never names itself is said so
+        with pytest.raises(folders.ResultsError, match="it has not recorded its process id"):
+            with folders.hold(folder):
+                pass
+    finally:
+        late.join()
+        lock.release()
 
 
 def test_a_second_writer_is_refused_by_pid_and_a_killed_holder_leaves_no_lock(tmp_path, capsys):

@@ -32,6 +32,7 @@ import os
 import re
 import socket
 import sys
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -240,13 +241,28 @@ def update_marker(folder: Path, **fields: Any) -> dict[str, Any]:
 # ------------------------------------------------------------------------------ locks
 
 
-def _holder_text(folder: Path) -> str:
-    """Who holds the folder's lock, from its holder file, as a phrase."""
+# A writer names itself in its holder file right after it takes the lock; a second writer that
+# finds the lock taken waits this long for the name, so that its refusal can give it.
+HOLDER_WAIT_S = 1.0
+
+
+def _read_holder(folder: Path) -> tuple[dict[str, Any], int, str] | None:
     try:
         holder = json.loads((folder / HOLDER).read_text())
-        pid, host = int(holder["pid"]), str(holder["host"])
+        return holder, int(holder["pid"]), str(holder["host"])
     except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _holder_text(folder: Path) -> str:
+    """Who holds the folder's lock, from its holder file, as a phrase (waiting up to
+    ``HOLDER_WAIT_S`` for a writer that has just taken the lock to write it)."""
+    deadline = time.monotonic() + HOLDER_WAIT_S
+    while (found := _read_holder(folder)) is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if found is None:
         return "another sinklab process (it has not recorded its process id yet)"
+    holder, pid, host = found
     if pid == os.getpid() and host == socket.gethostname():
         return "this same command (the folder is given twice)"
     command = holder.get("command")
