@@ -74,7 +74,8 @@ def toy(repeats: int) -> None:
 
 
 def smollm2(repeats: int) -> None:
-    from sinklab import lm, lm_hooks
+    from sinklab.lm import capture
+    from sinklab.lm import loading as lm
 
     try:
         loaded = lm.load(lm.locate("smollm2"), torch.device("cpu"))
@@ -83,7 +84,7 @@ def smollm2(repeats: int) -> None:
         return
     probes = lm.with_specials(loaded, lm.text_probes(loaded, lm.natural_texts()[:8], 64), True)
     with torch.no_grad():
-        timings = median_ms({name: lambda hooks=hooks: lm_hooks.run(loaded.model, probes.ids,
+        timings = median_ms({name: lambda hooks=hooks: capture.run(loaded.model, probes.ids,
                                                                     hooks=hooks)
                              for name, hooks in variants(loaded.n_layers).items()}, repeats)
     report(f"SmolLM2, {len(probes)} probes of {probes.ids.shape[1]} tokens, with its LM head:",

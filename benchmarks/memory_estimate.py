@@ -1,4 +1,4 @@
-"""The memory estimate behind the size limits (``sinklab.limits``) against measured peaks.
+"""The memory estimate behind the size limits (``sinklab.runs.limits``) against measured peaks.
 
     python benchmarks/memory_estimate.py
 
@@ -31,7 +31,7 @@ CHILD = """
 import json, resource, sys
 import torch
 from sinklab.config import config_from_cli
-from sinklab.limits import run_bytes
+from sinklab.runs.limits import run_bytes
 from sinklab.train import train_runs
 torch.set_num_threads(1)
 overrides, members = json.loads(sys.argv[1]), int(sys.argv[2])

@@ -1,4 +1,4 @@
-"""The worst-case attack (``sinklab.attack``): exact values where theory knows the supremum,
+"""The worst-case attack (``sinklab.theory.attack``): exact values where theory knows the supremum,
 never below a random sample, witnesses that reproduce, starts honoured, bad arguments refused,
 and every kind of model the repo trains."""
 
@@ -12,13 +12,13 @@ import pytest
 import torch
 
 from conftest import small_config
-from sinklab import attack as attack_module
-from sinklab import theory
-from sinklab.attack import KINDS, WorstCase, _length_free, attack
 from sinklab.attention import RULES
 from sinklab.config import RunConfig
 from sinklab.model import AttentionStack
 from sinklab.task import encode, targets
+from sinklab.theory import attack as attack_module
+from sinklab.theory import constructions as theory
+from sinklab.theory.attack import KINDS, WorstCase, _length_free, attack
 
 SEQ, D = 8, 6  # small enough that a full attack takes a fraction of a second
 

@@ -1,4 +1,5 @@
-"""Certified worst-case errors (sinklab.certify): each piece checked against brute force, and the
+"""Certified worst-case errors (sinklab.theory.certify): each piece checked against brute force, and
+the
 necessity bound checked on weights near it."""
 
 from __future__ import annotations
@@ -10,10 +11,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sinklab import certify, theory
 from sinklab.config import build_run_config
 from sinklab.model import AttentionStack
 from sinklab.task import targets
+from sinklab.theory import certify
+from sinklab.theory import constructions as theory
 
 F64 = torch.float64
 
@@ -248,7 +250,7 @@ def test_necessity_is_for_softmax():
 def test_certified_bounds_are_never_below_the_attack(rule):
     """The attack's value (an input's error) never exceeds the certificate at any non-trigger
     row, in either attack mode; the BOS row's exact error is the same for both."""
-    from sinklab import attack
+    from sinklab.theory import attack
 
     cfg, model = random_model(rule, scale=0.7, seed=2)
     cert = certify.certify(model, cfg, time_limit=10)
@@ -324,8 +326,7 @@ def test_an_overflowing_bisection_keeps_its_upper_end(monkeypatch):
     treats an undecided sign as "the root is above" and so stays an upper bound: with the range
     check switched off, no certified row is below the attack's or a sample's error there (it
     was, by 25 %, when NaN counted as below)."""
-    from sinklab import attack
-    from sinklab.studies import bounds
+    from sinklab.theory import attack, bounds
 
     monkeypatch.setattr(certify, "check_range", lambda f, name="": None)
     cfg, model = random_model("softmax", scale=1e12, seed=0)
@@ -341,7 +342,7 @@ def test_a_certificate_below_an_attained_error_is_never_reported(monkeypatch):
     certificate falls short of its own attack (as the bisection's did before it kept its
     upper end: "certified <= 3.7e61" below an attack's 6.5e61; halved here) ends in one
     sentence naming the model, the row and both numbers, never in a certified number."""
-    from sinklab.studies import bounds
+    from sinklab.theory import bounds
 
     real = certify.certify
 
@@ -374,9 +375,9 @@ def test_sinklab_worst_refuses_a_run_it_cannot_measure_before_any_work(tmp_path,
     certificate's range are each refused in one sentence naming the folder, exit 2, checked
     before the first (good) run is measured; and an unsound certificate is one sentence too,
     with no "certified" number printed."""
-    from sinklab import folders
     from sinklab.cli import main
-    from sinklab.studies import bounds
+    from sinklab.runs import folders
+    from sinklab.theory import bounds
     from sinklab.train import train_runs
 
     good, div, big, nan = (tmp_path / n for n in ("good", "div", "big", "nan"))

@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from sinklab import folders
 from sinklab.cli import main
-from sinklab.results import read_json, read_log
+from sinklab.runs import folders
+from sinklab.runs.files import read_json, read_log
 
 
 def run_cli(capsys, *argv):

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from sinklab.config import ConfigError, RunConfig, config_from_cli, parse_overrides
+from sinklab.config import RunConfig, config_from_cli, parse_overrides
+from sinklab.errors import ConfigError
 
 
 def test_paper_defaults_and_auto_values():

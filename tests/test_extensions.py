@@ -10,11 +10,12 @@ import json
 
 import pytest
 
-from sinklab import folders, theory
-from sinklab.results import read_json, write_json
+from sinklab.runs import folders
+from sinklab.runs.files import read_json, write_json
 from sinklab.studies import extensions as ext
 from sinklab.studies import zoo
 from sinklab.studies.base import Execution, adopt_runs
+from sinklab.theory import constructions as theory
 from sinklab.train import check_compatible, save_member
 from test_cli import run_cli
 

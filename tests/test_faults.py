@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from sinklab import folders
+from sinklab.runs import folders
 from sinklab.sweeps.store import Store
 from test_cli import run_cli
 
 HOLD = """import sys, time
 from pathlib import Path
-from sinklab import folders
+from sinklab.runs import folders
 with folders.writing(Path(sys.argv[1]), sys.argv[2]):
     print("held", flush=True)
     time.sleep(300)
@@ -158,8 +158,8 @@ def test_a_folder_caught_while_another_writer_claims_it_is_not_someone_elses(tmp
     """The first writer's holder file and marker are written through temporary files: a second
     writer that looks in that moment sees a folder being claimed (and then waits on its lock),
     not a folder of someone else's; any other file still makes the folder foreign."""
-    from sinklab import folders
-    from sinklab.results import temporary_path
+    from sinklab.runs import folders
+    from sinklab.runs.files import temporary_path
 
     for name in (folders.HOLDER, folders.MARKER):
         folder = tmp_path / name.strip(".")

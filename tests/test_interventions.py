@@ -1,4 +1,4 @@
-"""Interventions on the first key and on heads (sinklab.interventions), measured by next-token
+"""Interventions on the first key and on heads (sinklab.lm.interventions), measured by next-token
 loss on tiny random causal LMs (Llama with grouped-query attention, GPT-2) and by the change of
 the final hidden states on a tiny BERT: the row operations keep what they promise, an
 intervention that should change nothing changes nothing, one that should change the losses
@@ -12,9 +12,10 @@ import dataclasses
 import pytest
 import torch
 
-from sinklab import interventions as iv
-from sinklab import lm, lm_hooks
 from sinklab.hooks import Hooks
+from sinklab.lm import capture
+from sinklab.lm import interventions as iv
+from sinklab.lm import loading as lm
 
 transformers = pytest.importorskip("transformers")
 import tiny_models  # noqa: E402  (needs transformers)
@@ -146,14 +147,14 @@ def test_a_planted_sink_hidden_capped_or_emptied_changes_the_losses(models, kind
 def _kept(model, ids, mask, hooks: Hooks, name: str = "blocks.1.attn.pattern"):
     kept = hooks.merged(Hooks(keep=[name]))
     with torch.no_grad():
-        lm_hooks.run(model, ids, mask, kept)
+        capture.run(model, ids, mask, kept)
     return kept.cache[name]
 
 
 def _dead_head_copy(model, kind: str, layer: int, head: int):
     """A copy of ``model`` whose head (layer, head) writes nothing: its block of W_O is 0."""
     dead = copy.deepcopy(model)
-    part = lm_hooks.anatomy(dead).layers[layer]
+    part = capture.anatomy(dead).layers[layer]
     block = slice(head * part.d_head, (head + 1) * part.d_head)
     with torch.no_grad():
         if part.conv1d:
@@ -182,7 +183,7 @@ def test_head_means_average_the_non_padded_positions_and_stop_early(models):
     model = models["llama"]
     ids, mask = tiny_models.padded_batch("llama")
     calls = []
-    last = lm_hooks.anatomy(model).layers[-1].block
+    last = capture.anatomy(model).layers[-1].block
     handle = last.register_forward_pre_hook(lambda *_: calls.append(1))
     try:
         means = iv.head_means(model, [(ids[:1], mask[:1]), (ids[1:], mask[1:])], [(0, 3)])
@@ -190,7 +191,7 @@ def test_head_means_average_the_non_padded_positions_and_stop_early(models):
         handle.remove()
     assert calls == []  # the pass ended after layer 0
     with torch.no_grad():
-        _, cache = lm_hooks.run_with_cache(model, ids, mask, names=["blocks.0.attn.result"])
+        _, cache = capture.run_with_cache(model, ids, mask, names=["blocks.0.attn.result"])
     expected = cache["blocks.0.attn.result"][..., 3, :][mask.bool()].mean(0)
     assert torch.allclose(means[(0, 3)], expected, atol=1e-6)
 

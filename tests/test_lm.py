@@ -12,8 +12,9 @@ import pytest
 import torch
 
 import tiny_models
-from sinklab import lm, trigger_heads
-from sinklab.results import read_json
+from sinklab.lm import loading as lm
+from sinklab.lm import trigger_heads
+from sinklab.runs.files import read_json
 from test_cli import run_cli
 
 transformers = pytest.importorskip("transformers")
@@ -441,7 +442,7 @@ def test_real_smollm2_sinks_and_a_trigger_head(capfd):
 
 
 def test_markdown_tables_escape_pipes_in_special_tokens():
-    from sinklab.report import table
+    from sinklab.report.markdown import table
 
     text = table(["condition", "n"], [["with <|im_start|>", 3]])
     assert text.splitlines()[2] == "| with <\\|im_start\\|> | 3 |"
@@ -543,7 +544,7 @@ def test_texts_too_short_to_measure_are_named_not_errors(tmp_path, capsys, tiny_
 
 
 def test_a_one_token_probe_has_no_value_ratio():
-    from sinklab.studies import lm_interventions as liv
+    from sinklab.lm import edits as liv
 
     stats = liv.HeadStats(1)
     stats.valid = torch.tensor([[True, False], [True, True]])
@@ -557,7 +558,7 @@ def test_a_one_token_probe_has_no_value_ratio():
 @pytest.mark.parametrize("where", ["analysis", "interventions"])
 def test_a_stopped_run_keeps_its_finished_stages_and_resumes(tmp_path, capsys, monkeypatch,
                                                              tiny_llama, stop, where):
-    from sinklab import interventions
+    from sinklab.lm import interventions
     from sinklab.studies import real_models
 
     args = ["lm", "--model", str(tiny_llama), "--random", "4", "--tokens", "24",

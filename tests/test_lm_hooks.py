@@ -1,4 +1,4 @@
-"""Hooks and the activation cache on Hugging Face models (sinklab.lm_hooks), on tiny random
+"""Hooks and the activation cache on Hugging Face models (sinklab.lm.capture), on tiny random
 Llama (base and causal LM, grouped-query attention), GPT-2 and BERT models built in memory:
 hooks that edit nothing change nothing, the cache agrees with what transformers itself returns,
 edits reach the rest of the pass, and the model is left as it was."""
@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from sinklab import hooks as hooks_mod
-from sinklab import lm, lm_hooks
 from sinklab.hooks import Hooks
+from sinklab.lm import capture
+from sinklab.lm import loading as lm
 
 transformers = pytest.importorskip("transformers")
 import tiny_models  # noqa: E402  (needs transformers)
@@ -53,7 +54,7 @@ def test_a_hook_that_edits_nothing_changes_nothing(models, key, name, edit):
 
     with torch.no_grad():
         plain = _main(model(input_ids=ids, attention_mask=mask))
-        hooked = _main(lm_hooks.run(model, ids, mask, Hooks({name: hook})))
+        hooked = _main(capture.run(model, ids, mask, Hooks({name: hook})))
     assert seen == [name]
     if edit == "none":  # nothing is recomputed: the very same numbers
         assert torch.equal(hooked, plain)
@@ -69,7 +70,7 @@ def test_cache_shapes_and_pattern_equal_output_attentions(models, key):
     cfg = model.config
     heads, width = cfg.num_attention_heads, cfg.hidden_size
     with torch.no_grad():
-        out, cache = lm_hooks.run_with_cache(model, ids, mask, output_attentions=True)
+        out, cache = capture.run_with_cache(model, ids, mask, output_attentions=True)
     assert set(cache) == set(hooks_mod.names(N_LAYERS))
     for layer in range(N_LAYERS):
         shapes = {part: tuple(cache[f"blocks.{layer}.{part}"].shape)
@@ -91,7 +92,7 @@ def test_cache_shapes_and_pattern_equal_output_attentions(models, key):
 def test_the_heads_results_sum_to_the_attention_output(models, key):
     model = models[key]
     ids, mask = _batch(key)
-    parts = lm_hooks.anatomy(model)
+    parts = capture.anatomy(model)
     outputs = {}
     handles = []
     for index, layer in enumerate(parts.layers):
@@ -102,7 +103,7 @@ def test_the_heads_results_sum_to_the_attention_output(models, key):
         handles.append(module.register_forward_hook(keep))
     try:
         with torch.no_grad():
-            _, cache = lm_hooks.run_with_cache(model, ids, mask)
+            _, cache = capture.run_with_cache(model, ids, mask)
     finally:
         for handle in handles:
             handle.remove()
@@ -121,7 +122,7 @@ def test_the_residual_stream_chains_and_matches_hidden_states(models, key):
     model = models[key]
     ids, mask = _batch(key)
     with torch.no_grad():
-        out, cache = lm_hooks.run_with_cache(model, ids, mask, output_hidden_states=True)
+        out, cache = capture.run_with_cache(model, ids, mask, output_hidden_states=True)
     hidden = out.hidden_states
     assert torch.equal(cache["blocks.0.resid_pre"], hidden[0])
     for layer in range(N_LAYERS - 1):
@@ -132,7 +133,7 @@ def test_the_residual_stream_chains_and_matches_hidden_states(models, key):
     if key == "bert":  # no final norm: the last layer's output is the model's
         assert torch.equal(last, hidden[-1])
     else:
-        assert torch.equal(lm_hooks.anatomy(model).final_norm(last), hidden[-1])
+        assert torch.equal(capture.anatomy(model).final_norm(last), hidden[-1])
 
 
 def test_an_edit_reaches_the_rest_of_the_pass(models):
@@ -142,7 +143,7 @@ def test_an_edit_reaches_the_rest_of_the_pass(models):
     hooks = Hooks({"blocks.0.attn.result": lambda t, _: torch.zeros_like(t)},
                   keep=["blocks.0.resid_pre", "blocks.0.resid_post"])
     with torch.no_grad():
-        edited = lm_hooks.run(model, ids, mask, hooks)
+        edited = capture.run(model, ids, mask, hooks)
         plain = model(input_ids=ids, attention_mask=mask)
         block = model.model.layers[0]
         pre = hooks.cache["blocks.0.resid_pre"]
@@ -164,9 +165,9 @@ def test_editing_one_heads_values_changes_that_head_only(models, key):
         return v
     names = ["blocks.0.attn.pattern", "blocks.0.attn.result"]
     with torch.no_grad():
-        _, plain = lm_hooks.run_with_cache(model, ids, mask, names=names)
+        _, plain = capture.run_with_cache(model, ids, mask, names=names)
         hooks = Hooks({"blocks.0.attn.v": zero_head_0}, keep=names)
-        lm_hooks.run(model, ids, mask, hooks)
+        capture.run(model, ids, mask, hooks)
     assert torch.equal(hooks.cache["blocks.0.attn.pattern"], plain["blocks.0.attn.pattern"])
     result, before = hooks.cache["blocks.0.attn.result"], plain["blocks.0.attn.result"]
     assert (result[..., 0, :] == 0).all() and not (before[..., 0, :] == 0).all()
@@ -174,7 +175,7 @@ def test_editing_one_heads_values_changes_that_head_only(models, key):
 
 
 def _state(model):
-    parts = lm_hooks.anatomy(model)
+    parts = capture.anatomy(model)
     modules = list(model.modules())
     return ([layer.attention.config for layer in parts.layers],
             [(len(m._forward_hooks), len(m._forward_pre_hooks)) for m in modules],
@@ -194,16 +195,16 @@ def test_the_model_is_left_as_it_was(models, key):
         raise RuntimeError("a hook failed")
     every = {name: lambda t, _: t * 1.5 for name in hooks_mod.names(N_LAYERS)}
     with torch.no_grad():
-        lm_hooks.run(model, ids, mask, Hooks(every, keep=hooks_mod.names(N_LAYERS)))
+        capture.run(model, ids, mask, Hooks(every, keep=hooks_mod.names(N_LAYERS)))
         with pytest.raises(RuntimeError, match="a hook failed"):
-            lm_hooks.run(model, ids, mask, Hooks({"blocks.1.attn.scores": boom}))
+            capture.run(model, ids, mask, Hooks({"blocks.1.attn.scores": boom}))
         after = _main(model(input_ids=ids, attention_mask=mask))
     new_configs, new_counts, new_impl, new_weights = _state(model)
     assert all(a is b for a, b in zip(configs, new_configs, strict=True))
     assert new_counts == counts and new_impl == impl == "eager"
     assert all(torch.equal(weights[k], new_weights[k]) for k in weights)
     assert torch.equal(after, plain)
-    assert not lm_hooks._ACTIVE
+    assert not capture._ACTIVE
 
 
 def test_only_the_layers_that_need_it_take_the_slow_path(models, monkeypatch):
@@ -212,22 +213,22 @@ def test_only_the_layers_that_need_it_take_the_slow_path(models, monkeypatch):
     used = {}
     handles = [layer.attention.register_forward_pre_hook(
         lambda m, _a, i=i: used.__setitem__(i, m.config._attn_implementation))
-        for i, layer in enumerate(lm_hooks.anatomy(model).layers)]
+        for i, layer in enumerate(capture.anatomy(model).layers)]
     try:
         with torch.no_grad():
-            lm_hooks.run(model, ids, mask, Hooks(keep=["blocks.1.attn.pattern",
+            capture.run(model, ids, mask, Hooks(keep=["blocks.1.attn.pattern",
                                                        "blocks.0.attn.result"]))
     finally:
         for handle in handles:
             handle.remove()
-    assert used == {0: "eager", 1: lm_hooks.IMPLEMENTATION}
+    assert used == {0: "eager", 1: capture.IMPLEMENTATION}
 
     def refuse(*_a, **_k):
         raise AssertionError("hooks were attached")
-    monkeypatch.setattr(lm_hooks, "attached", refuse)
+    monkeypatch.setattr(capture, "attached", refuse)
     with torch.no_grad():  # no hooks, or empty ones: the model's own forward
         for hooks in (None, Hooks()):
-            assert torch.equal(lm_hooks.run(model, ids, mask, hooks).logits,
+            assert torch.equal(capture.run(model, ids, mask, hooks).logits,
                                model(input_ids=ids, attention_mask=mask).logits)
 
 
@@ -240,12 +241,12 @@ def test_other_llama_like_families(family):
     cfg._attn_implementation = "eager"
     torch.manual_seed(0)
     model = cls[1](cfg).eval()
-    assert lm_hooks.supported(model) == "llama"
+    assert capture.supported(model) == "llama"
     ids, mask = tiny_models.padded_batch("llama")
     ids = ids % 50
     with torch.no_grad():
         plain = model(input_ids=ids, attention_mask=mask, output_attentions=True)
-        out, cache = lm_hooks.run_with_cache(model, ids, mask)
+        out, cache = capture.run_with_cache(model, ids, mask)
     assert torch.equal(out.logits, plain.logits)
     assert torch.equal(cache["blocks.1.attn.pattern"], plain.attentions[1])
 
@@ -255,9 +256,9 @@ def test_an_unsupported_architecture_is_one_sentence():
                                  num_attention_heads=4, max_position_embeddings=64,
                                  word_embed_proj_dim=32)
     model = transformers.OPTForCausalLM(cfg).eval()
-    assert lm_hooks.supported(model) is None
+    assert capture.supported(model) is None
     ids = torch.ones(1, 4, dtype=torch.long)
-    for call in (lambda: lm_hooks.run(model, ids), lambda: lm_hooks.run_with_cache(model, ids)):
+    for call in (lambda: capture.run(model, ids), lambda: capture.run_with_cache(model, ids)):
         with pytest.raises(lm.LMError) as err:
             call()
         message = str(err.value)
@@ -269,11 +270,11 @@ def test_an_unknown_name_is_one_sentence(models):
     model = models["gpt2"]
     ids, mask = _batch("gpt2")
     with pytest.raises(ValueError) as err:
-        lm_hooks.run_with_cache(model, ids, mask, names=["blocks.2.resid_pre"])
+        capture.run_with_cache(model, ids, mask, names=["blocks.2.resid_pre"])
     assert "layers 0 to 1" in str(err.value)
     _one_sentence(str(err.value))
     with pytest.raises(ValueError) as err:
-        lm_hooks.run(model, ids, mask, Hooks({"blocks.0.attn.z": lambda t, _: None}))
+        capture.run(model, ids, mask, Hooks({"blocks.0.attn.z": lambda t, _: None}))
     assert "attn.pattern" in str(err.value)
     _one_sentence(str(err.value))
 
@@ -283,8 +284,8 @@ def test_a_tiny_folder_loads_and_hooks(tmp_path, kind):
     path = tiny_models.folder(kind, tmp_path / kind)
     loaded = lm.load(lm.locate(str(path)), torch.device("cpu"))
     assert (loaded.n_layers, loaded.n_heads) == (N_LAYERS, 4)
-    assert lm_hooks.supported(loaded.model) == kind
+    assert capture.supported(loaded.model) == kind
     ids = loaded.tokenizer(lm.natural_texts()[0], return_tensors="pt")["input_ids"][:, :12]
     with torch.no_grad():
-        _, cache = lm_hooks.run_with_cache(loaded.model, ids, names=["blocks.1.attn.pattern"])
+        _, cache = capture.run_with_cache(loaded.model, ids, names=["blocks.1.attn.pattern"])
     assert cache["blocks.1.attn.pattern"].shape == (1, 4, ids.shape[1], ids.shape[1])

@@ -13,8 +13,9 @@ import pytest
 import torch
 from torch import Tensor
 
-from sinklab import lm, metrics
-from sinklab.results import read_json
+from sinklab import metrics
+from sinklab.lm import loading as lm
+from sinklab.runs.files import read_json
 from test_cli import run_cli
 from test_lm import _model_record, _tiny_model
 

@@ -168,7 +168,7 @@ def test_every_metric_declares_what_it_measures():
         assert m.name == name and m.kind in metrics.KINDS and m.per in metrics.PER
         assert m.description and "\n" not in m.description
         assert not m.listed or m.scalar
-    from sinklab.sweeps.results import columns
+    from sinklab.sweeps.listing import columns
 
     assert columns() == ["converged", "steps", "linf_error", "bos_max", "sink_heads"]
     with pytest.raises(ValueError, match="metric 'mse' is registered twice"):
@@ -180,7 +180,7 @@ def test_every_metric_declares_what_it_measures():
 
 def test_a_trained_run_summary_holds_every_metric_of_the_table(tmp_path):
     from conftest import small_config
-    from sinklab.results import read_json
+    from sinklab.runs.files import read_json
     from sinklab.train import train_runs
 
     cfg = small_config(model={"n_layers": 2, "n_heads": 2}, train={"max_steps": 5},
@@ -195,7 +195,7 @@ def test_a_trained_run_summary_holds_every_metric_of_the_table(tmp_path):
 
 def test_a_metric_registered_anywhere_reaches_summaries_the_store_and_results(tmp_path,
                                                                                capsys):
-    from sinklab.results import read_json
+    from sinklab.runs.files import read_json
     from sinklab.sweeps.store import Store
     from test_cli import run_cli
 

@@ -127,7 +127,8 @@ def test_standard_block_initialisation_and_members():
 
 
 def test_standard_block_needs_a_residual_target():
-    from sinklab.config import ConfigError, build_run_config
+    from sinklab.config import build_run_config
+    from sinklab.errors import ConfigError
 
     assert build_run_config({"model": {"block": "standard"}}).task.target == "residual"
     with pytest.raises(ConfigError, match="task.target='plain' is not allowed with "

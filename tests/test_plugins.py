@@ -21,7 +21,8 @@ import torch
 from conftest import EXAMPLE_PLUGIN, PLUGIN_RULES
 from sinklab import attention, kernels, plugins
 from sinklab.attention import RULES, rule_info
-from sinklab.config import ConfigError, build_run_config
+from sinklab.config import build_run_config
+from sinklab.errors import ConfigError
 from sinklab.hooks import Hooks
 from sinklab.model import AttentionStack, run_with_cache
 from sinklab.sweeps import run as sweep_run

@@ -18,7 +18,8 @@ from unittest import mock
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sinklab.config import SECTIONS, ConfigError, RunConfig, allowed_keys, config_from_cli
+from sinklab.config import SECTIONS, RunConfig, allowed_keys, config_from_cli
+from sinklab.errors import ConfigError
 from sinklab.sweeps.spec import Spec, cells, load_spec
 
 KEYS = allowed_keys()

@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sinklab import folders
 from sinklab.claims import CONTRADICTED, SUPPORTED, UNDETERMINED
 from sinklab.config import build_run_config
-from sinklab.results import read_json, write_json
+from sinklab.runs import folders
+from sinklab.runs.files import read_json, write_json
 from sinklab.studies import reproduction as rp
 from sinklab.studies.base import Execution, Job, run_all
 from test_cli import run_cli

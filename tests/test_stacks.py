@@ -1,4 +1,4 @@
-"""The plain-target stacks of ``sinklab theory`` (``sinklab.studies.stacks``): configs, the BOS
+"""The plain-target stacks of ``sinklab theory`` (``sinklab.theory.stacks``): configs, the BOS
 measurements on a hand-built sink, records of real (tiny) runs, claims and the report fragment."""
 
 from __future__ import annotations
@@ -11,16 +11,18 @@ import pytest
 import torch
 from matplotlib.figure import Figure
 
-from sinklab import report as md
-from sinklab import theory
 from sinklab.claims import CONTRADICTED, SUPPORTED, UNDETERMINED
-from sinklab.config import ConfigError, build_run_config
+from sinklab.config import build_run_config
+from sinklab.errors import ConfigError
 from sinklab.metrics import SINK_HEAD_THRESHOLD
 from sinklab.model import AttentionStack
-from sinklab.results import read_json, read_log
-from sinklab.studies import reference, render, stacks
+from sinklab.report import markdown as md
+from sinklab.runs.files import read_json, read_log
+from sinklab.studies import reference, render
 from sinklab.studies.base import Execution
 from sinklab.task import BOS
+from sinklab.theory import constructions as theory
+from sinklab.theory import stacks
 from sinklab.train import STATUS, train_runs
 
 SEEDS, STEPS, SEQUENCES = 2, 30, 16

@@ -11,10 +11,11 @@ from dataclasses import dataclass, field
 import pytest
 
 from sinklab import claims as cl
-from sinklab import folders, studies
+from sinklab import studies
 from sinklab.cli import main
 from sinklab.config import build_run_config, check_count
-from sinklab.results import read_json
+from sinklab.runs import folders
+from sinklab.runs.files import read_json
 from sinklab.studies.base import (
     Cell,
     Context,

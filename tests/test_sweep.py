@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from sinklab.config import ConfigError
+from sinklab.errors import ConfigError
 from sinklab.sweeps import spec as spec_mod
 from sinklab.sweeps.store import Store
 from test_cli import run_cli
@@ -637,8 +637,8 @@ def test_values_that_print_alike_and_long_names_get_folders_of_their_own(tmp_pat
 
 
 def test_ensembles_are_split_to_fit_the_memory_limit(monkeypatch):
-    from sinklab import limits
     from sinklab.config import build_run_config
+    from sinklab.runs import limits
     from sinklab.sweeps.run import plan_jobs
 
     rows = [{"name": f"s{s}", "config": build_run_config({"train": {"seed": s}}).to_dict()}
@@ -654,7 +654,7 @@ def test_ensembles_are_split_to_fit_the_memory_limit(monkeypatch):
 
 
 def test_the_default_worker_count_shrinks_to_fit_and_an_explicit_one_is_refused(monkeypatch):
-    from sinklab import limits
+    from sinklab.runs import limits
 
     job = 100 * 2**20
     monkeypatch.setenv("SINKLAB_MAX_MEMORY", str(2 * job + 2 * limits.WORKER_BYTES))

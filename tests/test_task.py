@@ -202,7 +202,7 @@ def test_train_stream_with_trigger_frequency_keeps_members_apart():
 def test_trigger_frequency_values_are_checked(key, value, allowed):
     import re
 
-    from sinklab.config import ConfigError
+    from sinklab.errors import ConfigError
 
     with pytest.raises(ConfigError, match=f"task.{key}=.*{re.escape(allowed)}"):
         TaskConfig(**{key: value})

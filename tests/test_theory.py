@@ -14,16 +14,18 @@ import pytest
 import torch
 
 from conftest import small_config
-from sinklab import folders, theory
 from sinklab.attention import causal_mask
 from sinklab.claims import CONTRADICTED, SUPPORTED, UNDETERMINED
-from sinklab.config import ConfigError, build_run_config
+from sinklab.config import build_run_config
+from sinklab.errors import ConfigError
 from sinklab.metrics import row_types
 from sinklab.model import AttentionStack, cap_bos
-from sinklab.results import read_json
+from sinklab.runs import folders
+from sinklab.runs.files import read_json
 from sinklab.studies import reproduction
 from sinklab.studies import theorem as th
 from sinklab.studies.base import Execution
+from sinklab.theory import constructions as theory
 from sinklab.train import train_runs
 from test_cli import run_cli
 
@@ -536,7 +538,7 @@ def test_head_claims_from_the_split():
 
 
 def test_theory_out_inside_the_reproduce_folder_is_refused(tmp_path, monkeypatch):
-    from sinklab.results import ResultsError
+    from sinklab.errors import ResultsError
     from sinklab.studies import theorem
     from sinklab.studies.base import Execution
 
@@ -552,8 +554,7 @@ def test_denied_floor_is_what_row_one_must_carry(bos):
     """With BOS removed the floor is row 1's exact supremum: its witness attains it and no
     attacked input exceeds it. With a cap the floor eps w* - nu is a lower bound that the
     witness's error reaches."""
-    from sinklab import attack
-    from sinklab.studies import bounds
+    from sinklab.theory import attack, bounds
 
     cfg = build_run_config({"task": {"seq_len": 6, "d_model": 6, "eval_trigger": 5},
                             "model": {"attention": "softmax", "bos": bos,

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import small_config
-from sinklab.results import read_json, read_log
+from sinklab.runs.files import read_json, read_log
 from sinklab.train import MemberAdam, build_ensemble, train_ensemble, train_runs
 
 
@@ -149,7 +149,7 @@ def test_saved_model_reloads_to_the_same_metrics(tmp_path):
     torch.testing.assert_close(torch.tensor(metrics["bos_mass_nontrigger"]),
                                torch.tensor(summary["bos_mass_nontrigger"]))
     (tmp_path / "model.pt").write_bytes(b"not a checkpoint")
-    from sinklab.results import ResultsError
+    from sinklab.errors import ResultsError
 
     with pytest.raises(ResultsError, match="model.pt is 16 bytes, not the .* it had when the run "
                                            "finished"):
@@ -174,7 +174,7 @@ def test_thread_choice_keeps_the_numbers_and_restores_the_caller_setting(monkeyp
 
 
 def test_same_seed_same_bytes_and_the_completion_record_comes_last(tmp_path, monkeypatch):
-    from sinklab import folders
+    from sinklab.runs import folders
 
     cfg = small_config(model={"n_layers": 2, "n_heads": 2}, train={"max_steps": 12},
                        eval={"n_sequences": 16})
@@ -206,7 +206,8 @@ def test_same_seed_same_bytes_and_the_completion_record_comes_last(tmp_path, mon
 def test_a_truncated_npz_is_one_sentence(tmp_path):
     import numpy as np
 
-    from sinklab.results import ResultsError, read_npz, write_npz
+    from sinklab.errors import ResultsError
+    from sinklab.runs.files import read_npz, write_npz
 
     path = tmp_path / "attention.npz"
     write_npz(path, mean=np.ones((2, 3)), std=np.zeros((2, 3)))

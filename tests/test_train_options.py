@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from conftest import small_config
-from sinklab import folders
-from sinklab.config import ConfigError, build_run_config, derive_seed
-from sinklab.results import ResultsError, read_json, read_log
+from sinklab.config import build_run_config, derive_seed
+from sinklab.errors import ConfigError, ResultsError
+from sinklab.runs import folders
+from sinklab.runs.files import read_json, read_log
 from sinklab.task import TrainStream
 from sinklab.train import (
     CONVERGED,

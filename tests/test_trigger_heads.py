@@ -1,4 +1,4 @@
-"""The trigger-head scan with its permutation null (sinklab.trigger_heads) on synthetic query
+"""The trigger-head scan with its permutation null (sinklab.lm.trigger_heads) on synthetic query
 arrays: planted heads are found at the p-value floor, unplanted ones are not (and false finds
 over many seeds stay within the correction), position effects are not taken for token
 effects, the null's moments are exact; and targeted_effect on constructed loss changes."""
@@ -8,9 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sinklab import lm, trigger_heads
-from sinklab.config import SinklabError
-from sinklab.trigger_heads import FEATURES, TriggerScanError, scan, targeted_effect
+from sinklab.errors import SinklabError
+from sinklab.lm import loading as lm
+from sinklab.lm import trigger_heads
+from sinklab.lm.trigger_heads import FEATURES, TriggerScanError, scan, targeted_effect
 
 N_PROBES, N_POSITIONS, VOCAB = 40, 32, 50  # queries at positions 1..N_POSITIONS
 PLANTED = (7, 11)  # the planted trigger tokens
@@ -266,8 +267,8 @@ def test_the_finder_on_a_tiny_model_with_a_planted_trigger_head(triggered):
     import torch
 
     import tiny_models
-    from sinklab import lm_hooks
     from sinklab.hooks import Hooks
+    from sinklab.lm import capture
 
     model = tiny_models.model("llama")
     gen = torch.Generator().manual_seed(0)
@@ -280,7 +281,7 @@ def test_the_finder_on_a_tiny_model_with_a_planted_trigger_head(triggered):
     name = f"blocks.{PLANTED_HEAD[0]}.attn.pattern"
     hooks = Hooks({name: _planted_pattern(ids, triggered)}, keep=[
         f"blocks.{layer}.attn.pattern" for layer in range(2)])
-    lm_hooks.run(model, ids, hooks=hooks)
+    capture.run(model, ids, hooks=hooks)
     weights = torch.stack([hooks.cache[f"blocks.{layer}.attn.pattern"] for layer in range(2)])
     arrays = {k: v.numpy() for k, v in lm.query_features(weights).items()}
     tokens = ids[:, 1:].reshape(-1).numpy()

@@ -10,14 +10,15 @@ import csv
 import pytest
 import torch
 
-from sinklab import metrics, theory
+from sinklab import metrics
 from sinklab.attention import RULES, rule_info
 from sinklab.config import build_run_config
 from sinklab.metrics import default_source
 from sinklab.model import AttentionStack
-from sinklab.results import read_json
+from sinklab.runs.files import read_json
 from sinklab.studies import zoo
 from sinklab.task import sample_batch
+from sinklab.theory import constructions as theory
 from test_cli import run_cli
 
 

@@ -2,7 +2,8 @@
 
 Built from a config (no files, no download): 2 layers, 4 heads, width 32, the Llama with
 grouped-query attention (2 key/value heads). ``folder`` also saves a word-level tokenizer over
-the probe passages' words, so that ``sinklab.lm.locate`` / ``load`` read it like a real model::
+the probe passages' words, so that ``sinklab.lm.loading.locate`` / ``load`` read it like a real
+model::
 
     model = tiny_models.model("gpt2")                  # GPT2LMHeadModel, eval mode
     path = tiny_models.folder("bert", tmp_path / "b")  # a Hugging Face model folder
@@ -15,7 +16,7 @@ from typing import Any
 
 import torch
 
-from sinklab import lm
+from sinklab.lm import loading as lm
 
 KINDS = ("llama", "gpt2", "bert")
 SIZES = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,

@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from sinklab import __version__, studies
-from sinklab.config import SECTIONS, SinklabError
+from sinklab.config import SECTIONS
+from sinklab.errors import SinklabError
 
 # sinklab's own commands; every other subcommand is a registered study (sinklab.studies)
 RESERVED = frozenset({"train", "plot", "sweep", "results", "report", "rules", "worst"})
@@ -192,8 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="For each finished run folder: the largest error per row type (BOS, "
                     "non-trigger rows before and after the trigger, the trigger row) on sampled "
                     "test sequences, the attack's lower bound on the supremum over every input "
-                    "(sinklab.attack), and for 1-layer, 1-head softmax and ReLU models the "
-                    "certified upper bound at the non-trigger rows (sinklab.certify), with ReLU's "
+                    "(sinklab.theory.attack), and for 1-layer, 1-head softmax and ReLU models the "
+                    "certified upper bound at the non-trigger rows (sinklab.theory.certify), with "
+                    "ReLU's "
                     "largest non-trigger score (<= 0: those rows are zero for every input).")
     wp.add_argument("runs", nargs="+", type=given, metavar="RUN", help="a finished run folder")
     wp.add_argument("--attack-steps", type=int, default=100, metavar="N",
@@ -269,9 +271,9 @@ def _add_study(sub: Any, common: argparse.ArgumentParser, study: Any) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from sinklab import folders, limits
     from sinklab.config import check_count, config_from_cli
-    from sinklab.results import ResultsError
+    from sinklab.errors import ResultsError
+    from sinklab.runs import folders, limits
     from sinklab.train import train_runs
 
     cfg = config_from_cli(args.overrides, args.config)
@@ -362,14 +364,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_results(args: argparse.Namespace) -> int:
-    from sinklab.sweeps.results import list_results
+    from sinklab.sweeps.listing import list_results
 
     return list_results(Path(args.dir), args.status, args.where,
                         Path(args.csv) if args.csv else None)
 
 
 def cmd_report(args: argparse.Namespace, argv: list[str]) -> int:
-    from sinklab.gather import run_report
+    from sinklab.report.gather import run_report
 
     command = "sinklab " + " ".join(shlex.quote(a) for a in argv)
     result = run_report(Path(args.dir), Path(args.out) if args.out else None, command)
@@ -382,8 +384,9 @@ def cmd_report(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def cmd_worst(args: argparse.Namespace) -> int:
-    from sinklab.config import ConfigError, check_count
-    from sinklab.studies.bounds import worst_runs
+    from sinklab.config import check_count
+    from sinklab.errors import ConfigError
+    from sinklab.theory.bounds import worst_runs
 
     check_count("--attack-steps", args.attack_steps)
     check_count("--restarts", args.restarts)

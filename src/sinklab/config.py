@@ -28,14 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from sinklab.attention import PLUGIN_HINT, RULES, check_contract, rule_info
-
-
-class SinklabError(Exception):
-    """An error caused by the user's input; the CLI prints its message as one sentence."""
-
-
-class ConfigError(SinklabError, ValueError):
-    """A configuration value, key or file that is not allowed."""
+from sinklab.errors import ConfigError
 
 
 def _check(ok: bool, message: str) -> None:

@@ -1,6 +1,6 @@
 """Stable activation names, and hooks that read or edit them during a forward pass.
 
-The toy models (``sinklab.model``) and real Hugging Face models (``sinklab.lm_hooks``) name
+The toy models (``sinklab.model``) and real Hugging Face models (``sinklab.lm.capture``) name
 their activations in the interpretability field's vocabulary (TransformerLens's, without the
 ``hook_`` prefix), layer ``l`` counted from 0:
 

@@ -19,9 +19,9 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from sinklab import folders
 from sinklab.metrics import SINK_HEAD_THRESHOLD
-from sinklab.results import read_json, read_npz, replace_from, temporary_path
+from sinklab.runs import folders
+from sinklab.runs.files import read_json, read_npz, replace_from, temporary_path
 
 DPI = 80  # small PNGs: the docs commit them
 

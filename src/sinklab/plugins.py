@@ -52,14 +52,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sinklab import attention
-from sinklab.config import ConfigError, SinklabError
+from sinklab.errors import ConfigError, PluginError
 
 GROUP = "sinklab.rules"  # the entry point group
 ENV = "SINKLAB_PLUGINS"  # comma-separated plugins loaded by every command
-
-
-class PluginError(SinklabError):
-    """A plugin that cannot be loaded; the message names it and what went wrong."""
 
 
 @dataclass(frozen=True)

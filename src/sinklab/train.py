@@ -35,25 +35,13 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from sinklab import folders, limits, metrics
-from sinklab.config import (
-    ConfigError,
-    RunConfig,
-    build_run_config,
-    check_device,
-    derive_seed,
-    setting,
-)
+from sinklab import metrics
+from sinklab.config import RunConfig, build_run_config, check_device, derive_seed, setting
+from sinklab.errors import ConfigError, ResultsError
 from sinklab.evaluate import eval_batch, evaluate
 from sinklab.model import AttentionStack
-from sinklab.results import (
-    MetricsLog,
-    ResultsError,
-    read_json,
-    write_atomic,
-    write_json,
-    write_npz,
-)
+from sinklab.runs import folders, limits
+from sinklab.runs.files import MetricsLog, read_json, write_atomic, write_json, write_npz
 from sinklab.task import TrainStream
 
 CONVERGED, MAX_STEPS, DIVERGED, PLATEAU = 1, 2, 3, 4
@@ -414,11 +402,11 @@ def train_ensemble(
     with ``train.save_every`` its weights at every multiple of it and at its stop step
     (``checkpoint_path``: the weights at step s are those of the log row of step s), and
     ``attention.npz``, ``model.pt`` and ``summary.json`` when it stops, then its completion
-    record, last (``sinklab.folders.seal``). No figure is drawn: ``sinklab plot`` draws
+    record, last (``sinklab.runs.folders.seal``). No figure is drawn: ``sinklab plot`` draws
     ``attention.png`` from these files later (``sinklab.plots.plot_runs``).
     ``progress=None`` shows a bar only when stderr is a terminal. A tiny step trains with one
     thread (``step_threads``); the caller's thread setting is restored afterwards. An ensemble
-    that would not fit in memory (``sinklab.limits``) is refused before anything is allocated.
+    that would not fit in memory (``sinklab.runs.limits``) is refused before anything is allocated.
     """
     cfgs = list(cfgs)
     check_compatible(cfgs)

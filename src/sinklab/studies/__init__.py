@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import importlib
 
-from sinklab import folders
+from sinklab.runs import folders
 from sinklab.studies.base import Study
 
 

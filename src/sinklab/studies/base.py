@@ -7,7 +7,7 @@ Jinja2 template). ``run_study`` does everything else, the same way for every stu
 
 1. checks the options (each named as it was given: ``named``) and the ``--docs`` target
    before anything is written;
-2. claims and locks the output folder (``sinklab.folders``), whose marker names the study, its
+2. claims and locks the output folder (``sinklab.runs.folders``), whose marker names the study, its
    report and its title, so that ``sinklab report`` finds any study's folder without a table
    (a corrupted marker of the study's own folder is rebuilt first: ``rebuild_marker``);
 3. plans the unfinished runs into ensembles and trains them (local processes or Ray), keeping
@@ -45,18 +45,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sinklab import folders, limits
 from sinklab.claims import Claim
-from sinklab.config import (
-    ConfigError,
-    RunConfig,
-    SinklabError,
-    build_run_config,
-    check_count,
-    coerce,
-    read_toml_text,
-)
-from sinklab.results import ResultsError, read_json, write_atomic, write_json
+from sinklab.config import RunConfig, build_run_config, check_count, coerce, read_toml_text
+from sinklab.errors import ConfigError, ResultsError, SinklabError
+from sinklab.runs import folders, limits
+from sinklab.runs.files import read_json, write_atomic, write_json
 from sinklab.train import resolve_device, versions
 
 Log = Callable[[str], None]

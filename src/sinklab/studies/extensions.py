@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from sinklab import claims as cl
-from sinklab import limits, metrics
+from sinklab import metrics
 from sinklab.claims import Claim
 from sinklab.config import (
     RunConfig,
@@ -39,7 +39,8 @@ from sinklab.config import (
 )
 from sinklab.evaluate import eval_batch, evaluate
 from sinklab.metrics import SINK_HEAD_THRESHOLD
-from sinklab.results import read_json, read_log, read_npz
+from sinklab.runs import limits
+from sinklab.runs.files import read_json, read_log, read_npz
 from sinklab.studies import register
 from sinklab.studies import zoo as zoo_study
 from sinklab.studies.base import (

@@ -4,7 +4,8 @@ heads in them tested against a permutation null, and interventions on them measu
 For each model (``--model``, repeatable: smollm2, minilm, a path, or a Hugging Face id already in
 the local cache) it runs two probe sets, natural text and random-token sequences, each with and
 without the tokenizer's BOS (or [CLS] ... [SEP]) added, through the model loaded from local
-files (``sinklab.lm``). The natural text is the project's English passages, or the user's own
+files (``sinklab.lm.loading``). The natural text is the project's English passages, or the user's
+own
 texts (``--probes FILE``, ``--text``), each keeping its own length up to ``--tokens``.
 
 Before anything is loaded or written (``check``), every model is read without its weights
@@ -19,7 +20,7 @@ interrupted or failed run resumes from its last finished stage. The
 records hold every (layer, head) value and every probe's rates; the claims compare a decoder's
 Gu sink rate on random tokens with the range Gu et al. report for open LMs, with the probe as
 the unit. Then, on the first ``--intervene`` natural probes, the interventions of
-``sinklab.studies.lm_interventions`` (kept in ``cache/{model}-interventions.json``) and the
+``sinklab.lm.edits`` (kept in ``cache/{model}-interventions.json``) and the
 claims of the paper's story that they test::
 
     sinklab lm --model smollm2 --model minilm --out results/lm
@@ -41,11 +42,15 @@ import numpy as np
 import torch
 
 from sinklab import claims as cl
-from sinklab import limits, lm, studies, trigger_heads
+from sinklab import studies
 from sinklab.claims import Claim
-from sinklab.config import ConfigError, check_count
+from sinklab.config import check_count
+from sinklab.errors import ConfigError
+from sinklab.lm import edits as liv
+from sinklab.lm import loading as lm
+from sinklab.lm import trigger_heads
 from sinklab.metrics import GU_EPS, GUO_CUTOFF
-from sinklab.studies import lm_interventions as liv
+from sinklab.runs import limits
 from sinklab.studies import register
 from sinklab.studies.base import (
     Context,
@@ -322,7 +327,7 @@ def _measure(loaded: lm.LoadedModel, probes: lm.Probes, batch_size: int, per_que
 def _finder(loaded: lm.LoadedModel, acc: lm.Accumulator, probes: lm.Probes
             ) -> dict[str, Any]:
     """The trigger-conditional heads among the real queries ``acc`` kept, tested against the
-    permutation null (``sinklab.trigger_heads``); with no query late enough to test, what the
+    permutation null (``sinklab.lm.trigger_heads``); with no query late enough to test, what the
     finder needs."""
     probe, position = acc.query_index()
     tokens = probes.ids[probe, position].numpy()
@@ -444,7 +449,7 @@ def intervention_settings(spec: str, opts: LMOptions, exe: Execution) -> dict[st
 
 def intervene(analysis: dict[str, Any], opts: LMOptions, loader: Loader, log: Any,
               stages: liv.Stages | None = None) -> dict[str, Any]:
-    """The interventions on one model (``sinklab.studies.lm_interventions``), on the first
+    """The interventions on one model (``sinklab.lm.edits``), on the first
     ``--intervene`` natural probes in the model's first condition (with its BOS, if any); a
     causal model's stages are kept in ``stages`` as they finish."""
     info = loader.info()

@@ -24,8 +24,8 @@ from typing import Any
 import jinja2
 
 from sinklab import claims as claims_mod
-from sinklab import report as md
 from sinklab.claims import Claim
+from sinklab.report import markdown as md
 
 
 def _fixed(value: Any, digits: int = 2) -> str:

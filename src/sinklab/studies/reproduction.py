@@ -16,11 +16,11 @@ from typing import Any
 import numpy as np
 
 from sinklab import claims as cl
-from sinklab import limits
 from sinklab.claims import Claim
 from sinklab.config import RunConfig, build_run_config, check_count
 from sinklab.metrics import SINK_HEAD_THRESHOLD
-from sinklab.results import read_npz
+from sinklab.runs import limits
+from sinklab.runs.files import read_npz
 from sinklab.studies import register
 from sinklab.studies.base import Cell, Context, Execution, FigureSpec, Study, named
 from sinklab.studies.reference import PAPER, REFERENCE_SEEDS

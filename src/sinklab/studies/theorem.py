@@ -34,13 +34,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from sinklab import certify, folders, limits, theory
 from sinklab import claims as cl
 from sinklab.claims import Claim
-from sinklab.config import ConfigError, check_count
+from sinklab.config import check_count
+from sinklab.errors import ConfigError, ResultsError
 from sinklab.metrics import SINK_HEAD_THRESHOLD
-from sinklab.results import ResultsError, read_log
-from sinklab.studies import bounds, register, reproduction, stacks
+from sinklab.runs import folders, limits
+from sinklab.runs.files import read_log
+from sinklab.studies import register, reproduction
 from sinklab.studies.base import (
     Cell,
     Context,
@@ -50,6 +51,8 @@ from sinklab.studies.base import (
     named,
     read_records,
 )
+from sinklab.theory import bounds, certify, stacks
+from sinklab.theory import constructions as theory
 from sinklab.train import plateau_rule_text
 
 RULES = ("softmax", "relu")

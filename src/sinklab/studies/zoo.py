@@ -24,14 +24,15 @@ import numpy as np
 import torch
 
 from sinklab import claims as cl
-from sinklab import folders, limits
 from sinklab.attention import RULES, rule_info
 from sinklab.claims import Claim
-from sinklab.config import ConfigError, RunConfig, build_run_config, check_count, derive_seed
+from sinklab.config import RunConfig, build_run_config, check_count, derive_seed
+from sinklab.errors import ConfigError
 from sinklab.evaluate import eval_batch, evaluate
 from sinklab.metrics import GU_EPS, OFF_ROW, default_source, row_sums
 from sinklab.model import AttentionStack
-from sinklab.results import read_json
+from sinklab.runs import folders, limits
+from sinklab.runs.files import read_json
 from sinklab.studies import register
 from sinklab.studies.base import Cell, Context, Execution, FigureSpec, Study, named
 from sinklab.task import CONTENT_START, sample_batch

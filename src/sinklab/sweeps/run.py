@@ -21,8 +21,9 @@ before it builds a config, so a rule of one's own trains on spawned processes an
 alike; the store records them (meta ``plugins``), and resuming without them is refused in one
 sentence that names them.
 
-The sweep folder is locked while a driver writes it (``sinklab.folders``), and every ensemble is
-checked against the memory limit (``sinklab.limits``) before anything runs.
+The sweep folder is locked while a driver writes it (``sinklab.runs.folders``), and every ensemble
+is
+checked against the memory limit (``sinklab.runs.limits``) before anything runs.
 """
 
 from __future__ import annotations
@@ -48,10 +49,11 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from sinklab import folders, limits
 from sinklab import plugins as plugins_mod
-from sinklab.config import ConfigError, RunConfig, SinklabError, build_run_config
-from sinklab.plugins import Plugin, PluginError
+from sinklab.config import RunConfig, build_run_config
+from sinklab.errors import ConfigError, PluginError, SinklabError
+from sinklab.plugins import Plugin
+from sinklab.runs import folders, limits
 from sinklab.sweeps import spec as spec_mod
 from sinklab.sweeps.store import DB, Store, diverged_reason, metric_names
 from sinklab.train import _shared, resolve_device, train_runs, versions
@@ -181,7 +183,7 @@ def ensemble_cost(cfg: RunConfig, members: int) -> float:
 
 
 def _sizes(jobs: list[Job]) -> list[int]:
-    """Each job's memory (``sinklab.limits.run_bytes``)."""
+    """Each job's memory (``sinklab.runs.limits.run_bytes``)."""
     return [limits.run_bytes(build_run_config(job[0][1]), len(job)) for job in jobs]
 
 

@@ -30,11 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sinklab import limits
 from sinklab.attention import PLUGIN_HINT, RULES
 from sinklab.config import (
     SECTIONS,
-    ConfigError,
     RunConfig,
     allowed_keys,
     build_run_config,
@@ -45,6 +43,8 @@ from sinklab.config import (
     set_key,
     value_text,
 )
+from sinklab.errors import ConfigError
+from sinklab.runs import limits
 
 TOP_KEYS = ("description", "seeds", "base", "grid")
 

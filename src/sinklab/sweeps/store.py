@@ -33,9 +33,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sinklab import folders
+from sinklab.errors import ResultsError
 from sinklab.metrics import METRICS
-from sinklab.results import ResultsError, read_json, write_atomic
+from sinklab.runs import folders
+from sinklab.runs.files import read_json, write_atomic
 from sinklab.sweeps.spec import Cell, Spec, folder_name
 
 KIND = "sinklab sweep"

@@ -50,7 +50,9 @@ from typing import Any
 
 import numpy as np
 
-from sinklab import claims, lm
+from sinklab import claims
+from sinklab.errors import LMError
+from sinklab.lm import loading as lm
 
 N_PERM = 1000  # permutations when n_perm is left unset (more when the correction needs them)
 HEADROOM = 2  # ... at least enough that a lone head at the floor has adjusted p <= alpha / this
@@ -61,7 +63,7 @@ BATCH = 64  # permutations whose shuffles are drawn at once (BATCH x queries flo
 _TIE = 1e-5  # a permuted statistic this close (relative) counts as equal: sums are float32
 
 
-class TriggerScanError(lm.LMError):
+class TriggerScanError(LMError):
     """Bad arguments to the trigger-head scan."""
 
 

@@ -39,7 +39,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sinklab.results import ResultsError, write_json
+from sinklab.errors import ResultsError
+from sinklab.runs.files import write_json
 
 MARKER = "sinklab.json"
 LOCK = ".sinklab.lock"

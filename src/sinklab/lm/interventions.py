@@ -30,9 +30,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from sinklab import lm_hooks
+from sinklab.errors import LMError
 from sinklab.hooks import Hook, Hooks, split
-from sinklab.lm import LMError
+from sinklab.lm import capture
 
 # ------------------------------------------------------------------------ row operations
 
@@ -251,7 +251,7 @@ def head_means(model: nn.Module, batches: Iterable[Batch], heads: Sequence[tuple
         hooks = Hooks({f"blocks.{layer}.attn.result": read(layer) for layer in wanted})
         try:
             with torch.no_grad():
-                lm_hooks.run(model, _device_of(model, ids), _device_of(model, mask), hooks,
+                capture.run(model, _device_of(model, ids), _device_of(model, mask), hooks,
                              **_no_cache(model))
         except _Stop:
             pass
@@ -272,11 +272,11 @@ def _device_of(model: nn.Module, tensor: Tensor | None) -> Tensor | None:
 
 def _no_cache(model: nn.Module) -> dict[str, Any]:
     """Decoders build a key/value cache by default; a single pass does not need one."""
-    return {} if lm_hooks.anatomy(model).family == "bert" else {"use_cache": False}
+    return {} if capture.anatomy(model).family == "bert" else {"use_cache": False}
 
 
-def _causal_lm(model: nn.Module) -> lm_hooks.Anatomy:
-    parts = lm_hooks.anatomy(model)
+def _causal_lm(model: nn.Module) -> capture.Anatomy:
+    parts = capture.anatomy(model)
     if parts.family == "bert" or model.get_output_embeddings() is None:
         kind = "an encoder" if parts.family == "bert" else "a base model without its head"
         raise LMError(f"loss-based interventions need a causal LM with its LM head; "
@@ -303,7 +303,7 @@ def token_losses(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | N
     applied (``losses_of``); an encoder or a base model without a head is an LMError."""
     _causal_lm(model)
     with torch.no_grad():
-        out = lm_hooks.run(model, _device_of(model, input_ids), _device_of(model, attention_mask),
+        out = capture.run(model, _device_of(model, input_ids), _device_of(model, attention_mask),
                            hooks, use_cache=False)
     return losses_of(out.logits, input_ids, attention_mask)
 
@@ -313,11 +313,11 @@ def hidden_change(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | 
     """How far ``hooks`` move the final hidden states: ||h_hooked - h|| / ||h|| per position
     (B, T), NaN at padding. For encoders (and any supported model), where there is no
     next-token loss; a model with a head is measured at its base model's output."""
-    body = lm_hooks.anatomy(model).body
+    body = capture.anatomy(model).body
     ids, mask = _device_of(model, input_ids), _device_of(model, attention_mask)
     with torch.no_grad():
         plain = body(input_ids=ids, attention_mask=mask).last_hidden_state
-        hooked = lm_hooks.run(body, ids, mask, hooks).last_hidden_state
+        hooked = capture.run(body, ids, mask, hooks).last_hidden_state
     change = (hooked - plain).norm(dim=-1) / plain.norm(dim=-1)
     if mask is None:
         return change
@@ -375,7 +375,7 @@ def layer_inputs(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | N
                        losses_of(out.logits, input_ids, attention_mask))
 
 
-def _uniform_call(model: nn.Module, parts: lm_hooks.Anatomy, input_ids: Tensor,
+def _uniform_call(model: nn.Module, parts: capture.Anatomy, input_ids: Tensor,
                   attention_mask: Tensor | None) -> Call:
     """The arguments the model passes its layers besides the hidden states, read from the
     start of a forward pass that ends at layer 0 (embeddings, mask and positions only); every
@@ -437,7 +437,7 @@ def losses_from_layer(model: nn.Module, start: LayerInputs | Tensor, layer: int,
                              f"not match input_ids of shape {tuple(input_ids.shape)}.")
         call = _uniform_call(model, parts, input_ids, attention_mask)
         h, calls = _device_of(model, start), [call] * parts.n_layers
-    with torch.no_grad(), lm_hooks.attached(model, hooks):
+    with torch.no_grad(), capture.attached(model, hooks):
         for index in range(layer, parts.n_layers):
             args, kwargs, by_name = calls[index]
             block = parts.layers[index].block

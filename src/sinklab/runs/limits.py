@@ -23,7 +23,8 @@ import os
 import re
 from typing import Any
 
-from sinklab.config import ConfigError, RunConfig
+from sinklab.config import RunConfig
+from sinklab.errors import ConfigError
 from sinklab.task import TrainStream
 
 MEMORY_ENV = "SINKLAB_MAX_MEMORY"

@@ -4,8 +4,8 @@ The paper's story is that a sink is how softmax attention does nothing: a head t
 zero parks its weight on a token whose value is (near) zero. For a causal LM this module reads,
 per (layer, head), the first token's attention mass, the norm of the first token's value vector
 against the other tokens' (Guo et al.'s value-state drain) and the norm of the head's output
-at each query, all from one hooked pass (``sinklab.lm_hooks``), and it measures by the
-next-token loss what happens when the model is edited (``sinklab.interventions``):
+at each query, all from one hooked pass (``sinklab.lm.capture``), and it measures by the
+next-token loss what happens when the model is edited (``sinklab.lm.interventions``):
 
 - every layer at once: the first key hidden from every query, the first value zeroed, the first
   key's mass capped at 1 - eps, and StreamingLLM's cache (the first k tokens plus a window);
@@ -34,9 +34,12 @@ import torch
 from torch import Tensor
 
 from sinklab import claims as cl
-from sinklab import interventions as iv
-from sinklab import lm, lm_hooks, metrics, trigger_heads
+from sinklab import metrics
 from sinklab.hooks import Hooks
+from sinklab.lm import capture
+from sinklab.lm import interventions as iv
+from sinklab.lm import loading as lm
+from sinklab.lm import trigger_heads
 
 SINK_TOKENS = (0, 1, 4)  # StreamingLLM's k: the first k tokens kept beside the window
 HARMLESS = 0.01  # nats per token: a change of the mean loss smaller than this is "harmless"
@@ -340,10 +343,10 @@ def run_encoder(loaded: lm.LoadedModel, ids: Tensor, mask: Tensor, settings: Set
 
 def supported(loaded: lm.LoadedModel) -> str | None:
     """Why the interventions cannot run on this model, or None when they can."""
-    family = lm_hooks.supported(loaded.model)
+    family = capture.supported(loaded.model)
     if family is None:
         return (f"{type(loaded.model).__name__} is not an architecture sinklab's hooks attach "
-                f"to ({lm_hooks.SUPPORTED_TEXT}), so no intervention was made.")
+                f"to ({capture.SUPPORTED_TEXT}), so no intervention was made.")
     return None
 
 

@@ -3,7 +3,7 @@
 The theorem's multi-layer statement is about stacks without a residual stream, x <- MHA_l(x),
 whose target is 0 off the trigger and mean(x_1..x_j) at it (``task.target=plain``); the paper's
 experiments use residual targets instead. This module declares the 2x2 and 4x4 softmax and ReLU
-runs of that setting, trained to a step cap or the plateau rule (``sinklab.theory.
+runs of that setting, trained to a step cap or the plateau rule (``sinklab.theory.constructions.
 PLATEAU_PATIENCE``), measures where each trained stack puts its BOS weight (per layer, head and
 query position, at non-trigger and at trigger rows), and decides the existential claim: some
 head sinks, and every non-trigger position has a sinking head somewhere in the stack. The
@@ -25,16 +25,18 @@ import numpy as np
 import torch
 
 from sinklab import claims as cl
-from sinklab import metrics, theory
+from sinklab import metrics
 from sinklab.claims import Claim
-from sinklab.config import ConfigError, RunConfig, build_run_config
+from sinklab.config import RunConfig, build_run_config
+from sinklab.errors import ConfigError
 from sinklab.metrics import SINK_HEAD_THRESHOLD
 from sinklab.model import AttentionStack
-from sinklab.results import read_log
-from sinklab.studies import bounds
+from sinklab.runs.files import read_log
 from sinklab.studies.base import Cell, Context, Execution, FigureSpec
 from sinklab.studies.reproduction import EXPERIMENTS
 from sinklab.task import Batch
+from sinklab.theory import bounds
+from sinklab.theory import constructions as theory
 from sinklab.train import load_model, plateau_rule_text
 
 PLAIN_EXPERIMENTS = ("2x2", "4x4")

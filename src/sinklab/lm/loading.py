@@ -41,12 +41,7 @@ import torch
 from torch import Tensor
 
 from sinklab import metrics
-from sinklab.config import SinklabError
-
-
-class LMError(SinklabError):
-    """A real model that cannot be found or loaded, or a missing optional dependency."""
-
+from sinklab.errors import LMError
 
 EXTRA = "pip install 'sinklab[lm]'"
 # name -> (package holding the files, file or folder inside it, how to install the package)

@@ -27,7 +27,8 @@ import torch
 
 from sinklab import metrics
 from sinklab.attention import RULES, has_parameters
-from sinklab.config import ConfigError, RunConfig, build_run_config, value_text
+from sinklab.config import RunConfig, build_run_config, value_text
+from sinklab.errors import ConfigError
 from sinklab.model import AttentionStack
 from sinklab.task import BOS, TRIGGER, Batch, sample_batch
 
@@ -215,7 +216,7 @@ def denied_config(rule: str, setting: str, eps: float | None, seed: int, max_ste
 
 def floor(rows: list[dict[str, Any]]) -> dict[str, float]:
     """The best training-batch L-infinity error and MSE (loss) among a run's logged checkpoints
-    (``sinklab.results.read_log`` rows)."""
+    (``sinklab.runs.files.read_log`` rows)."""
     good = [r for r in rows if r.get("loss") is not None and math.isfinite(r["loss"])]
     if not good:
         return {"best_linf": float("nan"), "best_mse": float("nan")}
@@ -228,7 +229,7 @@ def floor(rows: list[dict[str, Any]]) -> dict[str, float]:
 
 def frontier_points(rows: list[dict[str, Any]]) -> list[dict[str, float]]:
     """(step, training-batch L-infinity error, min and max non-trigger BOS mass over heads) per
-    checkpoint of a training log (``sinklab.results.read_log`` rows)."""
+    checkpoint of a training log (``sinklab.runs.files.read_log`` rows)."""
     points = []
     for r in rows:
         if r.get("train_linf") is None or not math.isfinite(r["train_linf"]):

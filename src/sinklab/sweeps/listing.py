@@ -12,10 +12,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sinklab import folders
-from sinklab.config import ConfigError
+from sinklab.errors import ConfigError
 from sinklab.metrics import METRICS
-from sinklab.results import write_atomic
+from sinklab.runs import folders
+from sinklab.runs.files import write_atomic
 from sinklab.sweeps.store import STATUSES, Store, is_diverged, shown_metrics, to_csv
 
 CSV_HEAD = b"name,status,reason"  # how every CSV of cells begins (sweeps.store.to_csv)

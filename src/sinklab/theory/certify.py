@@ -4,7 +4,8 @@ The task's input set is every sequence with content in [-1, 1]^(d-3) at every no
 a trigger anywhere in 2..L-1. For a model with one layer and one head (softmax or the paper's
 ReLU / i), this module gives, at every non-trigger row, an *upper* bound on the supremum error
 over that whole set, together with an input that attains a lower bound (``certify``); an attack
-(``sinklab.attack``) gives lower bounds for any model. It also computes the largest score a ReLU
+(``sinklab.theory.attack``) gives lower bounds for any model. It also computes the largest score a
+ReLU
 model's non-trigger queries can give any key (``relu_max_score``), which certifies that those rows
 are zero for every input when it is <= 0, and the quantities of the necessity bound proved in
 docs/theory.md (``necessity``).
@@ -50,7 +51,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from sinklab.config import RunConfig, SinklabError
+from sinklab.config import RunConfig
+from sinklab.errors import SinklabError
 from sinklab.model import AttentionStack
 from sinklab.task import BOS, CONTENT_START, TRIGGER
 

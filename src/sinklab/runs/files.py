@@ -3,7 +3,7 @@
 A run directory holds ``config.json``, ``metrics.jsonl`` (one JSON object per logged step, read
 with ``read_log``), ``summary.json``, ``attention.npz`` (mean and std maps over the evaluation
 set), ``model.pt`` (the final weights), figures, and ``sinklab.json``, whose completion record
-(written last, see ``sinklab.folders``) marks a finished run. Binary files are written byte for
+(written last, see ``sinklab.runs.folders``) marks a finished run. Binary files are written byte for
 byte the same for the same arrays, so two identical runs leave identical files.
 """
 
@@ -21,11 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from sinklab.config import SinklabError
-
-
-class ResultsError(SinklabError):
-    """A results file or folder that is missing, corrupted or not sinklab's."""
+from sinklab.errors import ResultsError
 
 
 def _clean(obj: Any) -> Any:
@@ -85,7 +81,7 @@ def write_json(path: Path, obj: Any) -> None:
 def read_json(path: Path, remedy: str = "delete it to redo that result") -> Any:
     """Read a JSON file, turning a missing or corrupted file into one clear ResultsError; a
     corrupted file's message ends with ``remedy``, what to do about it (a caller that knows
-    better than deleting the file says so: a folder's marker, ``sinklab.folders``, is never
+    better than deleting the file says so: a folder's marker, ``sinklab.runs.folders``, is never
     read here)."""
     if not path.is_file():
         raise ResultsError(f"{path} is a folder, not a JSON file." if path.is_dir()

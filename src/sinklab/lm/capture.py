@@ -45,9 +45,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from sinklab.errors import LMError
 from sinklab.hooks import Hooks
 from sinklab.hooks import names as all_names
-from sinklab.lm import LMError
 
 LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3")  # eager_attention_forward as Llama's
 FAMILIES = {"llama": "Llama, Mistral, Qwen2, Qwen3", "gpt2": "GPT-2", "bert": "BERT"}

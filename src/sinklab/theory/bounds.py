@@ -4,8 +4,8 @@ For the 1x1 models the theory study trains itself (``frontier/{rule}_seed{s}``, 
 protocol with the weights saved every ``save_every`` steps), this module computes:
 
 - per row type and position, the error on sampled test sequences, the attack's lower bound on
-  the supremum over every input (``sinklab.attack``) and, at non-trigger rows, the certified
-  upper bound (``sinklab.certify``);
+  the supremum over every input (``sinklab.theory.attack``) and, at non-trigger rows, the certified
+  upper bound (``sinklab.theory.certify``);
 - for ReLU, the largest score a non-trigger query can give any key (``certify.relu_max_score``):
   <= 0 certifies that those rows are zero for every input;
 - for softmax, the necessity bound of docs/theory.md at every saved checkpoint, with its slack,
@@ -37,13 +37,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from sinklab import attack, certify, theory
 from sinklab import claims as cl
 from sinklab.claims import Claim
-from sinklab.config import RunConfig, SinklabError, build_run_config
+from sinklab.config import RunConfig, build_run_config
+from sinklab.errors import SinklabError
 from sinklab.model import AttentionStack
 from sinklab.studies.base import Cell, Context, Execution
 from sinklab.task import encode
+from sinklab.theory import attack, certify
+from sinklab.theory import constructions as theory
 
 RULES = ("softmax", "relu")
 SAMPLED = 2000  # test sequences of the sampled errors (every trigger position)
@@ -160,7 +162,7 @@ def worst_run(run: Path) -> tuple[RunConfig, AttentionStack]:
     whose weights are not finite, or (1-layer, 1-head softmax or ReLU) whose weights are beyond
     the certificate's float64 range (``certify.check_range``)."""
     from sinklab.plugins import check_run
-    from sinklab.results import read_json
+    from sinklab.runs.files import read_json
     from sinklab.train import load_model
 
     check_run(run)  # a plugin's rule, not loaded now: one sentence naming --plugin

@@ -23,8 +23,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sinklab import folders, report, studies
-from sinklab.results import ResultsError, write_atomic
+from sinklab import studies
+from sinklab.errors import ResultsError
+from sinklab.report import markdown as report
+from sinklab.runs import folders
+from sinklab.runs.files import write_atomic
 from sinklab.sweeps.store import DB, Store, is_diverged, shown_metrics
 from sinklab.train import versions
 
