@@ -12,7 +12,7 @@ TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup reproduce quick theory zoo lm test lint bench docs clean
+.PHONY: setup reproduce quick theory zoo lm test test-fast lint bench docs clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -46,8 +46,15 @@ zoo: $(STAMP)
 lm: $(STAMP)
 	$(BIN)/sinklab lm --model smollm2 --model minilm --out results/lm
 
+# Every test (what CI runs), then the ten slowest. Pytest's exit status passes through, so a run
+# that selects no test (status 5) fails too.
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --durations=10
+
+# The fast tier, for while you work (under 2 minutes on two cores): every module of the package,
+# without the tests marked slow or real_model (pyproject.toml), which `make test` runs.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow and not real_model"
 
 # Training speed against a reference-style loop (docs/performance.md), and the memory estimate
 # behind the size limits against measured peaks.

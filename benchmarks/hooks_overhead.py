@@ -74,15 +74,17 @@ def toy(repeats: int) -> None:
 
 
 def smollm2(repeats: int) -> None:
-    from sinklab.lm import capture
+    from sinklab.errors import LMError
+    from sinklab.lm import capture, sources
     from sinklab.lm import loading as lm
 
     try:
-        loaded = lm.load(lm.locate("smollm2"), torch.device("cpu"))
-    except lm.LMError as exc:
+        loaded = lm.load(sources.locate("smollm2"), torch.device("cpu"))
+    except LMError as exc:
         print(f"SmolLM2 skipped: {exc}")
         return
-    probes = lm.with_specials(loaded, lm.text_probes(loaded, lm.natural_texts()[:8], 64), True)
+    texts = sources.natural_texts()[:8]
+    probes = lm.with_specials(loaded, lm.text_probes(loaded, texts, 64), True)
     with torch.no_grad():
         timings = median_ms({name: lambda hooks=hooks: capture.run(loaded.model, probes.ids,
                                                                     hooks=hooks)

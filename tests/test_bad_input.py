@@ -661,7 +661,8 @@ def test_debug_shows_the_traceback(tmp_path, capsys, monkeypatch):
     def broken(args):
         raise RuntimeError("a bug\nover two lines")
 
-    monkeypatch.setattr(cli, "cmd_rules", lambda: broken(None))
+    monkeypatch.setitem(cli.COMMANDS, "rules",
+                        cli.Command(cli.COMMANDS["rules"].add, lambda args, argv: broken(args)))
     assert main(["rules"]) == cli.EXIT_INTERNAL
     err = capsys.readouterr().err
     assert err == ("sinklab: error: internal error (RuntimeError: a bug); run again with --debug "

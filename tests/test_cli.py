@@ -133,6 +133,7 @@ def test_plot_draws_finished_runs_and_leaves_them_finished(tmp_path, capsys):
     assert not any((r / "attention.png").exists() for r in runs[1:])
 
 
+@pytest.mark.slow
 def test_train_draws_no_figure(tmp_path):
     # `sinklab train --seeds N` finishes its runs without drawing: matplotlib is never imported,
     # nor scipy.stats (the claims' statistics, which only the studies' reports need)

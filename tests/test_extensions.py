@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+from sinklab import measure
 from sinklab.runs import folders
 from sinklab.runs.files import read_json, write_json
 from sinklab.studies import extensions as ext
@@ -81,14 +82,14 @@ def _as_run(model_and_cfg, path):
 
 def test_length_generalisation_of_exact_constructions(tmp_path):
     relu = _as_run(theory.relu_construction(), tmp_path / "relu")
-    rows = ext.length_evaluation(relu)
+    rows = measure.length_evaluation(relu, ext.EVAL_LENGTHS)
     assert [(r["seq_len"], r["trigger"]) for r in rows] == [
         (16, 7), (16, 15), (32, 7), (32, 31), (64, 7), (64, 63)]
     for r in rows:  # the construction has no notion of length: exact everywhere, no sink
         assert r["linf_nontrigger"] == 0 and r["linf_trigger"] < 1e-5 and r["bos_max"] == 0
 
     sink = _as_run(theory.softmax_sink(8.0), tmp_path / "sink")
-    rows = [r for r in ext.length_evaluation(sink) if r["trigger"] == 7]
+    rows = [r for r in measure.length_evaluation(sink, ext.EVAL_LENGTHS) if r["trigger"] == 7]
     errors = [r["linf_nontrigger"] for r in rows]
     bos = [r["bos_max"] for r in rows]
     # BOS's fixed logit gap is shared by more keys as L grows: less BOS weight, more error
@@ -99,14 +100,14 @@ def test_length_generalisation_of_exact_constructions(tmp_path):
 
 def test_mixed_evaluation_splits_errors_by_trigger_count(tmp_path):
     relu = _as_run(theory.relu_construction(), tmp_path / "relu")
-    mixed = ext.mixed_evaluation(relu)
+    mixed = measure.mixed_evaluation(relu, ext.MIXED, ext.MIXED_SEQUENCES)
     assert mixed["n_none"] + mixed["n_one"] + mixed["n_several"] == ext.MIXED_SEQUENCES
     assert min(mixed["n_none"], mixed["n_one"], mixed["n_several"]) > 200
     # the ReLU construction averages at every trigger row, however many there are
     assert mixed["linf_none"] == 0 and mixed["linf_one"] < 1e-5 and mixed["linf_several"] < 1e-5
     assert mixed["bos_max"] == 0
     sink = _as_run(theory.softmax_sink(4.0), tmp_path / "sink")
-    mixed = ext.mixed_evaluation(sink)
+    mixed = measure.mixed_evaluation(sink, ext.MIXED, ext.MIXED_SEQUENCES)
     assert mixed["linf_none"] > 0.05 and mixed["bos_max"] > 0.5  # a leaky sink leaks everywhere
 
 

@@ -174,6 +174,7 @@ def test_a_folder_caught_while_another_writer_claims_it_is_not_someone_elses(tmp
         folders.check_writable(mine, "sweep")
 
 
+@pytest.mark.slow
 def test_two_sweeps_started_together_one_runs_one_is_refused(tmp_path):
     path, out = spec(tmp_path), tmp_path / "sw"
     procs = [sinklab("sweep", str(path), "--out", str(out), "--workers", "1") for _ in range(2)]

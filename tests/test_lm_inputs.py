@@ -15,6 +15,7 @@ from torch import Tensor
 
 from sinklab import metrics
 from sinklab.lm import loading as lm
+from sinklab.lm import settings, sources
 from sinklab.runs.files import read_json
 from test_cli import run_cli
 from test_lm import _model_record, _tiny_model
@@ -23,7 +24,8 @@ transformers = pytest.importorskip("transformers")
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 # words of the tiny tokenizer's vocabulary (test_lm._tokenizer) that are one token each
-WORDS = [w for w in sorted({w for line in lm.natural_texts() for w in line.lower().split()})[:400]
+WORDS = [w for w in sorted({w for line in sources.natural_texts()
+                            for w in line.lower().split()})[:400]
          if w.isalpha()]
 
 
@@ -55,6 +57,7 @@ def tiny_llama(tmp_path):
     return _tiny_model(tmp_path / "tiny-llama", "llama")
 
 
+@pytest.mark.slow
 def test_a_hugging_face_id_is_read_from_the_cache(tmp_path, capsys, offline_hub, tiny_llama):
     snapshot = _cache(offline_hub, "tiny-org/tiny-llama", tiny_llama)
     out = tmp_path / "lm"
@@ -80,21 +83,21 @@ def test_a_hugging_face_id_is_read_from_the_cache(tmp_path, capsys, offline_hub,
 
 def test_how_a_model_name_is_resolved(tmp_path, offline_hub, monkeypatch, tiny_llama):
     _cache(offline_hub, "tiny-solo", tiny_llama)  # a bare NAME, as the oldest hub models
-    source = lm.locate("tiny-solo")
+    source = sources.locate("tiny-solo")
     assert (source.hub_id, source.commit) == ("tiny-solo", COMMIT)
     assert (source.folder / "config.json").is_file()
     # an existing path comes before an id of the same spelling
     local = tmp_path / "tiny-org" / "tiny-llama"
     shutil.copytree(tiny_llama, local)
     _cache(offline_hub, "tiny-org/tiny-llama", tiny_llama)
-    assert lm.locate("tiny-org/tiny-llama") == lm.Source("tiny-org/tiny-llama",
+    assert sources.locate("tiny-org/tiny-llama") == sources.Source("tiny-org/tiny-llama",
                                                          Path("tiny-org/tiny-llama"))
     # HF_HOME/hub when HF_HUB_CACHE is not set, read when asked (not when sinklab was imported)
     monkeypatch.delenv("HF_HUB_CACHE")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "home"))
-    assert lm.hub_cache() == tmp_path / "home" / "hub"
+    assert sources.hub_cache() == tmp_path / "home" / "hub"
     _cache(tmp_path / "home" / "hub", "home-org/tiny", tiny_llama)
-    assert lm.locate("home-org/tiny").folder.parent.parent.name == "models--home-org--tiny"
+    assert sources.locate("home-org/tiny").folder.parent.parent.name == "models--home-org--tiny"
 
 
 def test_a_model_not_in_the_cache_is_one_sentence(tmp_path, capsys, offline_hub):
@@ -111,31 +114,33 @@ def test_a_model_not_in_the_cache_is_one_sentence(tmp_path, capsys, offline_hub)
     (junk / "README.md").write_text("nothing")
     _cache(offline_hub, "org/junk", junk)
     with pytest.raises(lm.LMError, match="has neither a config.json nor a .gguf file"):
-        lm.locate("org/junk")
+        sources.locate("org/junk")
     (junk / "a.gguf").write_bytes(b"")
     (junk / "b.gguf").write_bytes(b"")
     _cache(offline_hub, "org/two", junk)
     with pytest.raises(lm.LMError, match=r"holds 2 .gguf files \(a.gguf, b.gguf\); give the"):
-        lm.locate("org/two")
+        sources.locate("org/two")
 
 
 def test_reading_a_probe_file(tmp_path):
     text = tmp_path / "mine.txt"
     text.write_bytes("\ufeff first text\r\n\n  \nsecond, with a \u2028 inside\n".encode())
     # a byte-order mark and CRLF endings are not text; leading spaces and U+2028 are
-    assert lm.read_probes(text) == [" first text", "second, with a \u2028 inside"]
+    assert sources.read_probes(text) == [" first text", "second, with a \u2028 inside"]
     jsonl = tmp_path / "mine.jsonl"
     jsonl.write_text('{"body": "one", "id": 1}\n\n{"body": "", "id": 2}\n{"body": "two"}\n')
-    assert lm.read_probes(jsonl, "body") == ["one", "two"]  # empty texts skipped
-    texts = lm.probe_texts(jsonl, "body", ("three",))
+    assert sources.read_probes(jsonl, "body") == ["one", "two"]  # empty texts skipped
+    texts = sources.probe_texts(jsonl, "body", ("three",))
     assert texts.texts == ("one", "two", "three") and texts.source == "file+text"
     assert texts.label == "mine.jsonl and your texts" and texts.file == str(jsonl)
-    assert lm.probe_texts(texts=("a",)).label == "your texts"
-    project = lm.probe_texts()
-    assert project.source == "project" and project.texts == tuple(lm.natural_texts())
-    assert project.digest() != texts.digest() == lm.probe_texts(jsonl, "body", ("three",)).digest()
+    assert sources.probe_texts(texts=("a",)).label == "your texts"
+    project = sources.probe_texts()
+    assert project.source == "project" and project.texts == tuple(sources.natural_texts())
+    assert project.digest() != texts.digest() == \
+        sources.probe_texts(jsonl, "body", ("three",)).digest()
 
 
+@pytest.mark.slow
 def test_your_texts_replace_the_natural_probes(tmp_path, capsys, tiny_llama):
     lengths = [3, 17, 9, 25, 12]  # words, one token each in the tiny tokenizer
     file = tmp_path / "probes.jsonl"
@@ -150,7 +155,7 @@ def test_your_texts_replace_the_natural_probes(tmp_path, capsys, tiny_llama):
     records = read_json(out / "records.json")["records"]
     assert records["probes"] == {"source": "file+text", "label": "probes.jsonl and your texts",
                                  "file": str(file), "n_natural": 6, "n_file": 5, "n_text": 1,
-                                 "max_tokens": 20, "random_seed": lm.RANDOM_SEED}
+                                 "max_tokens": 20, "random_seed": settings.RANDOM_SEED}
     result = _model_record(out, "tiny-llama")
     runs = {(r["probes"], r["specials"]): r for r in result["results"]}
     cut = [min(n, 20) for n in lengths + [6]]  # each text cut to --tokens, no longer padded
@@ -212,7 +217,7 @@ def _leaves(value, path=""):
 
 @pytest.mark.parametrize("kind", ["llama", "gpt2", "bert"])
 def test_a_padded_batch_equals_each_text_alone(tmp_path, kind):
-    loaded = lm.load(lm.locate(str(_tiny_model(tmp_path / kind, kind))), torch.device("cpu"))
+    loaded = lm.load(sources.locate(str(_tiny_model(tmp_path / kind, kind))), torch.device("cpu"))
     texts = [" ".join(WORDS[i:i + n]) for i, n in enumerate([5, 23, 2, 14, 9, 30])]
     probes = lm.with_specials(loaded, lm.text_probes(loaded, texts, 24), True)
     assert len(set(probes.lengths.tolist())) == 6  # six lengths: five probes are padded

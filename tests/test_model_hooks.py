@@ -17,8 +17,9 @@ import torch
 from sinklab import kernels
 from sinklab.attention import RULES, causal_mask
 from sinklab.config import ModelConfig, TaskConfig
+from sinklab.first_key import cap_first_mass, mask_first_key
 from sinklab.hooks import LAYER_NAMES, Hooks, names
-from sinklab.model import AttentionStack, cap_bos_hook, hide_bos, run_with_cache
+from sinklab.model import AttentionStack, run_with_cache
 from sinklab.task import sample_batch
 
 SEQ, D, BATCH = 10, 8, 4
@@ -422,19 +423,17 @@ def test_a_capped_bos_equals_the_cap_written_out(heads):
 
 @pytest.mark.parametrize("bos", ["removed", "ablated", "capped"])
 def test_the_bos_hooks_on_a_visible_model_are_the_bos_model(bos):
-    """``hide_bos`` and ``cap_bos_hook`` given to a visible model with the same weights compute
-    the bos model's forward pass and gradients bit for bit."""
+    """``first_key``'s builders given to a visible model with the same weights compute the bos
+    model's forward pass and gradients bit for bit."""
     model = make("2x2-relu", attention="softmax", bos=bos, bos_cap_eps=0.3)
     visible = make("2x2-relu", attention="softmax")
     b = batch(residual=True)
     x = b.x.expand(1, *b.x.shape)
-    denied = denied_by_hand(b, ablated=bos == "ablated")[None]
-    mask = causal_mask(SEQ)
+    rows = denied_by_hand(b, ablated=bos == "ablated")[None, :, None]  # (E, B, 1, Q)
     if bos == "capped":
-        hooks = Hooks({f"blocks.{i}.attn.pattern": cap_bos_hook(denied, mask, 0.3)
-                       for i in range(2)})
+        hooks = cap_first_mass(0.3, 2, rows=rows, visible=causal_mask(SEQ), excess="product")
     else:
-        hooks = Hooks({f"blocks.{i}.attn.scores": hide_bos(denied) for i in range(2)})
+        hooks = mask_first_key(2, rows=rows)
     results = []
     for m, h in ((model, None), (visible, hooks)):
         out = m(x, return_weights=True, hooks=h)

@@ -290,6 +290,7 @@ def check_plugin_sweep(out: Path) -> None:
         store.close()
 
 
+@pytest.mark.slow
 def test_a_sweep_of_plugin_rules_on_spawned_workers(tmp_path, capsys, monkeypatch):
     spec, out = tmp_path / "spec.toml", tmp_path / "sw"
     spec.write_text(PLUGIN_SPEC)

@@ -58,3 +58,81 @@ def test_readme_names_the_command_behind_the_reproduction():
     records = json.loads((ROOT / "docs" / "reproduction.json").read_text())
     assert records["meta"]["command"] in text
     assert f"{records['options']['seeds']} seeds per configuration" in text
+
+
+# README and the reference pages written by hand must name only what exists: the modules and
+# names they tell researchers to import, and the files and sections they link to. The reports in
+# docs/ are generated from the studies' templates.
+PAGES = ("README.md", "docs/usage.md", "docs/formats.md", "docs/limits.md", "docs/api.md",
+         "docs/studies.md", "docs/sweeps.md")
+# dotted names that are not Python: the folder marker, the lock files, the plugins' entry-point
+# group
+NOT_PYTHON = ("sinklab.json", "sinklab.lock", "sinklab.rules")
+DOTTED = re.compile(r"(?<![\w./-])sinklab(?:\.\w+)+")
+FROM_IMPORT = re.compile(r"^from (sinklab[\w.]*) import \(?([\w, \n]+?)\)?$", re.MULTILINE)
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def _page(name: str) -> str:
+    return (ROOT / name).read_text()
+
+
+def _resolves(dotted: str) -> bool:
+    """Whether ``dotted`` (sinklab.a.b.c) is a module, or a name reachable from one."""
+    import importlib
+
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError as exc:
+            if exc.name is not None and not dotted.startswith(exc.name):
+                raise  # a module that exists failed to import something else
+            continue
+        try:
+            for attr in parts[cut:]:
+                obj = getattr(obj, attr)
+        except AttributeError:
+            return False
+        return True
+    return False
+
+
+def _named(text: str) -> set[str]:
+    names = {n for n in DOTTED.findall(text)
+             if not any(n == p or n.startswith(p + ".") for p in NOT_PYTHON)}
+    for module, imported in FROM_IMPORT.findall(text):
+        names |= {f"{module}.{n.strip()}" for n in imported.split(",") if n.strip()}
+    return names
+
+
+def test_readme_and_docs_name_only_modules_and_names_that_exist():
+    wrong = {page: sorted(n for n in _named(_page(page)) if not _resolves(n)) for page in PAGES}
+    wrong = {page: names for page, names in wrong.items() if names}
+    assert not wrong, f"pages name modules or names that sinklab does not have: {wrong}"
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a Markdown heading: lower case, punctuation dropped, spaces to -."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _anchors(text: str) -> set[str]:
+    text = re.sub(r"^```.*?^```", "", text, flags=re.DOTALL | re.MULTILINE)
+    return {_slug(h) for h in re.findall(r"^#+ (.+)$", text, re.MULTILINE)}
+
+
+def test_readme_and_docs_link_only_to_files_and_sections_that_exist():
+    broken = []
+    for page in PAGES:
+        here = (ROOT / page).parent
+        for target in LINK.findall(_page(page)):
+            if re.match(r"\w+://", target):
+                continue
+            path, _, anchor = target.partition("#")
+            file = (here / path).resolve() if path else ROOT / page
+            if not file.exists():
+                broken.append(f"{page}: {target} (no such file)")
+            elif anchor and file.suffix == ".md" and anchor not in _anchors(file.read_text()):
+                broken.append(f"{page}: {target} (no such section)")
+    assert not broken, f"broken links: {broken}"

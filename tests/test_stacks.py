@@ -19,30 +19,31 @@ from sinklab.model import AttentionStack
 from sinklab.report import markdown as md
 from sinklab.runs.files import read_json, read_log
 from sinklab.studies import reference, render
+from sinklab.studies import theorem as th
 from sinklab.studies.base import Execution
 from sinklab.task import BOS
 from sinklab.theory import constructions as theory
-from sinklab.theory import stacks
+from sinklab.theory import stacks, verdicts
 from sinklab.train import STATUS, train_runs
 
 SEEDS, STEPS, SEQUENCES = 2, 30, 16
 
 
 def test_configs_are_plain_stacks_with_the_plateau_rule():
-    for experiment in stacks.PLAIN_EXPERIMENTS:
-        for rule in stacks.PLAIN_RULES:
+    for experiment in verdicts.PLAIN_EXPERIMENTS:
+        for rule in verdicts.PLAIN_RULES:
             cfg = stacks.plain_config(experiment, rule, 3, 123, "cpu")
             assert cfg.task.target == "plain" and not cfg.residual
             assert (cfg.model.n_layers, cfg.model.n_heads) == \
                 tuple(int(n) for n in experiment.split("x"))
             assert cfg.model.attention == rule
-            assert cfg.train.patience == theory.PLATEAU_PATIENCE > 0
+            assert cfg.train.patience == verdicts.PLATEAU_PATIENCE > 0
             assert (cfg.train.max_steps, cfg.train.seed, cfg.train.log_every) == (123, 3, 100)
             # not the paper's multi-layer rate, which is for residual stacks
-            assert cfg.train.lr == stacks.PLAIN_LR != build_run_config(
+            assert cfg.train.lr == verdicts.PLAIN_LR != build_run_config(
                 {"model": {"n_layers": cfg.model.n_layers, "n_heads": cfg.model.n_heads}}
             ).train.lr
-            assert cfg.to_dict()["train"]["patience"] == theory.PLATEAU_PATIENCE
+            assert cfg.to_dict()["train"]["patience"] == verdicts.PLATEAU_PATIENCE
 
 
 def test_unknown_experiment_is_one_sentence():
@@ -51,21 +52,21 @@ def test_unknown_experiment_is_one_sentence():
 
 
 def test_cells_one_ensemble_per_experiment_and_rule():
-    cells = stacks.plain_cells(SEEDS, STEPS, Execution(device="cpu"))
+    cells = th.plain_cells(SEEDS, STEPS, Execution(device="cpu"))
     assert len(cells) == len({c.name for c in cells}) == 2 * 2 * SEEDS
     groups: dict = {}
     for c in cells:
         groups.setdefault(c.group, []).append(c)
         assert c.name == stacks.plain_name(c.group[1], c.group[2], c.config.train.seed)
         assert c.config.task.target == "plain" and c.config.train.max_steps == STEPS
-    assert sorted(groups) == sorted(("plain", e, r) for e in stacks.PLAIN_EXPERIMENTS
-                                    for r in stacks.PLAIN_RULES)
+    assert sorted(groups) == sorted(("plain", e, r) for e in verdicts.PLAIN_EXPERIMENTS
+                                    for r in verdicts.PLAIN_RULES)
     assert all(sorted(c.config.train.seed for c in g) == list(range(SEEDS))
                for g in groups.values())
 
 
 def test_stops_are_the_statuses_training_writes():
-    assert sorted(stacks.STOPS) == sorted(STATUS.values())
+    assert sorted(verdicts.STOPS) == sorted(STATUS.values())
 
 
 def test_protocol_quotes_the_configs():
@@ -155,8 +156,8 @@ def trained(tmp_path_factory):
     """Every plain run of the study, tiny: 30 steps, 2 seeds, a patience of 5 steps so that the
     plateau rule can fire."""
     out = tmp_path_factory.mktemp("plain")
-    for experiment in stacks.PLAIN_EXPERIMENTS:
-        for rule in stacks.PLAIN_RULES:
+    for experiment in verdicts.PLAIN_EXPERIMENTS:
+        for rule in verdicts.PLAIN_RULES:
             cfgs = [stacks.plain_config(experiment, rule, s, STEPS, "cpu")
                     for s in range(SEEDS)]
             cfgs = [dataclasses.replace(c, train=dataclasses.replace(c.train, patience=5))
@@ -177,7 +178,7 @@ def test_records_of_trained_runs(trained):
         summary = read_json(out / name / "summary.json")
         assert (r["status"], r["steps"], r["test_linf"]) == \
             (summary["status"], summary["steps"], summary["linf_error"])
-        assert r["status"] in stacks.STOPS and r["steps"] <= STEPS
+        assert r["status"] in verdicts.STOPS and r["steps"] <= STEPS
         assert r["best_train_linf"] == min(row["train_linf"]
                                            for row in read_log(out / name / "metrics.jsonl"))
         layers, heads = (int(n) for n in r["experiment"].split("x"))
@@ -189,18 +190,18 @@ def test_records_of_trained_runs(trained):
     assert all(r["sink_heads"] == [] for r in runs)
     groups = plain["groups"]
     assert [(g["experiment"], g["rule"]) for g in groups] == \
-        [(e, r) for e in stacks.PLAIN_EXPERIMENTS for r in stacks.PLAIN_RULES]
-    assert all(sum(g[s] for s in stacks.STOPS) == g["n"] == SEEDS for g in groups)
+        [(e, r) for e in verdicts.PLAIN_EXPERIMENTS for r in verdicts.PLAIN_RULES]
+    assert all(sum(g[s] for s in verdicts.STOPS) == g["n"] == SEEDS for g in groups)
     assert {r["status"] for r in runs} <= {"plateau", "max_steps"}
 
 
 def test_figure_draws_a_line_per_seed(trained):
     _, plain = trained
     records = {"plain": plain}
-    (spec,) = stacks.PLAIN_FIGURES
+    (spec,) = th.PLAIN_FIGURES
     assert spec.when(records, None) and not spec.when({}, None)
     rows, cols = spec.grid(records, None)
-    assert (rows, cols) == (len(stacks.PLAIN_EXPERIMENTS), len(stacks.PLAIN_RULES))
+    assert (rows, cols) == (len(verdicts.PLAIN_EXPERIMENTS), len(verdicts.PLAIN_RULES))
     axes = Figure().subplots(rows, cols, squeeze=False)
     spec.draw(axes, records, None)
     for ax in axes.flat:
@@ -230,22 +231,22 @@ def fake_run(experiment: str, rule: str, seed: int, sink: bool = True, converged
 
 
 def runs_of(n: int, **kwargs) -> list[dict]:
-    return [fake_run(e, r, s, **kwargs) for e in stacks.PLAIN_EXPERIMENTS
-            for r in stacks.PLAIN_RULES for s in range(n)]
+    return [fake_run(e, r, s, **kwargs) for e in verdicts.PLAIN_EXPERIMENTS
+            for r in verdicts.PLAIN_RULES for s in range(n)]
 
 
 def by_key(runs: list[dict]) -> dict:
-    return {c.key: c for c in stacks.plain_claims(runs)}
+    return {c.key: c for c in verdicts.plain_claims(runs)}
 
 
 def test_claim_keys_and_outcomes():
     claims = by_key([{**r, "sink_heads": [] if r["rule"] == "relu" else r["sink_heads"]}
                      for r in runs_of(10)])
-    for e in stacks.PLAIN_EXPERIMENTS:
+    for e in verdicts.PLAIN_EXPERIMENTS:
         for key in ("some_head_sinks", "every_position_covered"):
             assert claims[f"plain.{e}.softmax.{key}"].outcome == SUPPORTED
         assert claims[f"plain.{e}.relu.no_sink_head"].outcome == SUPPORTED
-    assert len(claims) == 3 * len(stacks.PLAIN_EXPERIMENTS)
+    assert len(claims) == 3 * len(verdicts.PLAIN_EXPERIMENTS)
 
 
 def test_one_seed_without_a_sink_contradicts():
@@ -286,7 +287,7 @@ def test_claims_rest_on_the_seeds_that_solve_the_task():
 
 
 def render_fragment(plain: dict) -> str:
-    claims = stacks.plain_claims(plain["runs"])
+    claims = verdicts.plain_claims(plain["runs"])
     keyed = {c.key: c for c in claims}
     template = render.ENV.get_template("theorem_plain.md.j2")
     return template.render(
@@ -299,7 +300,7 @@ def render_fragment(plain: dict) -> str:
 def synthetic(n: int, **kwargs) -> dict:
     runs = runs_of(n, **kwargs)
     return {"protocol": stacks.plain_protocol(n, 777), "sequences": 99, "runs": runs,
-            "groups": stacks.plain_groups(runs)}
+            "groups": verdicts.plain_groups(runs)}
 
 
 def test_fragment_renders_from_the_records():
@@ -307,7 +308,7 @@ def test_fragment_renders_from_the_records():
     text = render_fragment(plain)
     assert text.startswith("## 7. The multi-layer claim without residual targets")
     assert "L1H2, L3H1" in text and "15/15" in text
-    assert "777 steps" in text and f"{theory.PLATEAU_PATIENCE:,} steps" in text
+    assert "777 steps" in text and f"{verdicts.PLATEAU_PATIENCE:,} steps" in text
     assert "99 test sequences" in text
     assert text.count("| 2x2 | softmax | ") == 3 + 1  # a row per seed, one in the stops table
     assert "Every plain-target 4x4 softmax seed that reached the stop rule has some head" \

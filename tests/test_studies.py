@@ -5,6 +5,7 @@ records, claims and report, and appears in ``sinklab report``."""
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 from dataclasses import dataclass, field
 
@@ -187,7 +188,7 @@ def test_a_study_folder_is_locked_and_kept_apart(tiny, tmp_path, capsys):
     def hold() -> None:
         import subprocess
         import sys
-        code = (f"import sys, time; from sinklab import folders\n"
+        code = (f"import sys, time; from sinklab.runs import folders\n"
                 f"with folders.hold(__import__('pathlib').Path({str(out)!r})):\n"
                 f"    print('held', flush=True); sys.stdin.readline()\n")
         proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
@@ -324,6 +325,34 @@ def test_docs_copies_are_known_by_their_mark_never_by_their_title(tiny, tmp_path
         in err and err.count("\n") == 1, err
     assert mine.read_text() == "# Tiny study\n\nmy own notes, not to be overwritten\n"
     assert sorted(p.name for p in mine.parent.iterdir()) == ["mine.md"]
+
+
+def test_render_writes_a_docs_copy_again_from_its_records_alone(tiny, tmp_path, capsys):
+    out, docs = tmp_path / "tiny", tmp_path / "docs" / "tiny.md"
+    _ok(capsys, ["tiny", "--out", str(out), "--seeds", "1", "--steps", "2", "--rules", "relu",
+                 "--workers", "1", "--docs", str(docs)])
+    text = docs.read_text()
+    shutil.rmtree(out)  # nothing but the copy and its records is read
+    docs.write_text(text.replace("Tiny study", "An edited title", 1))
+    assert main(["render", str(docs)]) == 0
+    said = capsys.readouterr().out
+    assert docs.read_text() == text
+    assert said == f"wrote {docs} (tiny): the claims decided again from its records are the ones " \
+                   "recorded\n"
+    # records whose claims the code no longer decides that way: the report follows the code
+    records = json.loads(docs.with_suffix(".json").read_text())
+    records["claims"][0]["outcome"] = "contradicted" if \
+        records["claims"][0]["outcome"] != "contradicted" else "supported"
+    docs.with_suffix(".json").write_text(json.dumps(records))
+    assert main(["render", str(docs)]) == 0
+    assert "not the ones recorded" in capsys.readouterr().out and docs.read_text() == text
+    # a file that is no report copy, or one without its records, is refused in one sentence
+    mine = tmp_path / "notes.md"
+    mine.write_text("# Tiny study\n\nmy notes\n")
+    code = main(["render", str(mine)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "is not a report sinklab copied" in err, err
+    assert mine.read_text() == "# Tiny study\n\nmy notes\n"
 
 
 def test_docs_inside_a_sinklab_folder_is_refused_before_any_work(tiny, tmp_path, capsys):

@@ -204,6 +204,7 @@ task.seq_len = 8
     assert code == 0 and (tmp_path / "cells.csv").read_text() == (out / "results.csv").read_text()
 
 
+@pytest.mark.slow
 def test_a_broken_sweep_store_or_marker_says_what_to_do_and_that_works(tmp_path, capsys):
     spec, out = write(tmp_path, TINY.replace("seeds = 2", "seeds = 1")), tmp_path / "sw"
     assert run_cli(capsys, "sweep", str(spec), "--out", str(out), "--workers", "1")[0] == 0
@@ -259,6 +260,7 @@ def test_other_folders_are_refused_and_left_alone(tmp_path, capsys):
     assert code == 2 and "is not a sweep folder" in err
 
 
+@pytest.mark.slow
 def test_a_diverging_cell_fails_with_its_reason_and_the_rest_finish(tmp_path, capsys):
     spec = write(tmp_path, """seeds = 1
 [base]
@@ -572,6 +574,7 @@ def test_progress_is_a_live_line_on_a_terminal_and_log_lines_otherwise(monkeypat
 # ------------------------------------------------------------------ what must not break
 
 
+@pytest.mark.slow
 def test_a_diverging_multi_head_cell_keeps_its_healthy_mates_and_resumes(tmp_path, capsys):
     # A 4x4 softmax cell at lr 10 diverges; its BOS masses are NaN (null in its summary). Its
     # ensemble-mate at lr 1e-4 is recorded as done, and a resume does not trip over either.

@@ -26,6 +26,7 @@ from sinklab.studies import reproduction
 from sinklab.studies import theorem as th
 from sinklab.studies.base import Execution
 from sinklab.theory import constructions as theory
+from sinklab.theory import verdicts
 from sinklab.train import train_runs
 from test_cli import run_cli
 
@@ -418,7 +419,7 @@ def test_theory_bad_input_is_one_sentence(tmp_path, capsys, extra, message):
 
 def test_theory_options_defaults_quick_and_their_runs():
     opts = th.TheoryOptions()
-    assert (opts.seeds, opts.steps, opts.eps) == (3, th.DENIED_STEPS, theory.DENIED_EPS)
+    assert (opts.seeds, opts.steps, opts.eps) == (3, th.DENIED_STEPS, verdicts.DENIED_EPS)
     assert (opts.plain_steps, opts.save_every) == (th.PLAIN_STEPS, th.SAVE_EVERY)
     quick = th.TheoryOptions(quick=True)
     assert (quick.seeds, quick.steps) == (th.QUICK_SEEDS, th.QUICK_DENIED_STEPS)
@@ -431,7 +432,7 @@ def test_theory_options_defaults_quick_and_their_runs():
     cell = next(c for c in own if c.name == "denied/relu_removed_seed1")
     assert cell.config == theory.denied_config("relu", "removed", None, 1, th.DENIED_STEPS,
                                                "auto")
-    assert cell.config.train.patience == theory.PLATEAU_PATIENCE  # they train to a plateau
+    assert cell.config.train.patience == verdicts.PLATEAU_PATIENCE  # they train to a plateau
     frontier = next(c for c in own if c.name == "frontier/softmax_seed2")
     assert frontier.config.train.save_every == th.SAVE_EVERY
     # the reproduction's runs, exactly as `sinklab reproduce` names and configures them

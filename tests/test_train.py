@@ -244,3 +244,54 @@ def test_a_log_written_before_the_rename_reads_linf_as_train_linf(tmp_path):
     rows = read_log(path)
     assert [r["train_linf"] for r in rows] == [0.9, 0.4]
     assert all("linf" not in r for r in rows)
+
+
+def test_a_finished_writer_seals_what_it_wrote_and_an_unfinished_one_is_not_finished(tmp_path):
+    """The run-folder writer on its own: a finished folder's completion record lists exactly
+    the files the writer wrote (the stop step's checkpoint too), with their hashes; a folder
+    whose writer was only closed, as an interrupt leaves it, is not a finished run."""
+    import hashlib
+
+    import numpy as np
+
+    from sinklab.errors import ResultsError
+    from sinklab.runs import folders
+    from sinklab.train import RunWriter, checkpoint_path, load_model
+
+    cfg = small_config(train={"save_every": 4})
+    model = build_ensemble([cfg, small_config(train={"seed": 1, "save_every": 4})],
+                           torch.device("cpu"))
+    done, left = RunWriter.start(tmp_path / "done", cfg), RunWriter.start(tmp_path / "left", cfg)
+    for writer in (done, left):
+        writer.log({"step": 0, "loss": 0.5})
+        writer.checkpoint(model, 1, 0)
+    left.close()
+    maps = np.full((1, 1, cfg.task.seq_len, cfg.task.seq_len), 0.25)
+    done.finish(model, 1, 6, {"status": "max_steps"}, mean=maps, std=maps)
+
+    def written(folder):
+        return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")
+                      if p.is_file() and p.name != "sinklab.json")
+
+    folder = tmp_path / "done"
+    assert written(folder) == ["attention.npz", "checkpoints/step000000.pt",
+                               "checkpoints/step000006.pt", "config.json", "metrics.jsonl",
+                               "model.pt", "summary.json"]
+    record = folders.read_marker(folder)["complete"]["files"]
+    assert sorted(record) == written(folder)
+    assert all(entry["sha256"] == hashlib.sha256((folder / name).read_bytes()).hexdigest()
+               for name, entry in record.items())
+    assert folders.check_complete(folder)
+    assert read_log(folder / "metrics.jsonl") == [{"step": 0, "loss": 0.5}]
+    assert read_json(folder / "summary.json") == {"status": "max_steps"}
+    loaded_cfg, loaded = load_model(folder)  # member 1's weights, without the member axis
+    assert loaded_cfg == cfg
+    assert all(torch.equal(p[0], q[1]) for p, q in zip(loaded.parameters(), model.parameters()))
+    assert checkpoint_path(folder, 6).read_bytes() == (folder / "model.pt").read_bytes()
+
+    unfinished = tmp_path / "left"
+    assert written(unfinished) == ["checkpoints/step000000.pt", "config.json", "metrics.jsonl"]
+    assert "complete" not in folders.read_marker(unfinished)
+    assert not folders.check_complete(unfinished)
+    with pytest.raises(ResultsError, match="holds no finished run"):
+        load_model(unfinished)

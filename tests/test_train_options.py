@@ -216,6 +216,7 @@ def test_patience_stops_a_run_that_cannot_fit_with_status_plateau(tmp_path):
         == "max_steps"
 
 
+@pytest.mark.slow
 def test_converged_wins_when_patience_leaves_room_and_the_rule_is_exact(tmp_path):
     """A ReLU model that reaches tol: with patience one step longer than its longest stretch
     without a new best it converges as it does without the rule (same bytes); with patience

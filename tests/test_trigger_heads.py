@@ -10,7 +10,7 @@ import pytest
 
 from sinklab.errors import SinklabError
 from sinklab.lm import loading as lm
-from sinklab.lm import trigger_heads
+from sinklab.lm import settings, trigger_heads
 from sinklab.lm.trigger_heads import FEATURES, TriggerScanError, scan, targeted_effect
 
 N_PROBES, N_POSITIONS, VOCAB = 40, 32, 50  # queries at positions 1..N_POSITIONS
@@ -67,7 +67,7 @@ def test_a_planted_head_is_found_with_its_tokens_at_the_p_value_floor():
     head = result.heads[0]
     assert head["p_value"] == result.min_p and head["p_adjusted"] <= result.alpha
     assert sorted(t["id"] for t in head["tokens"]) == sorted(PLANTED)
-    kept = positions >= lm.MIN_POSITION
+    kept = positions >= settings.MIN_POSITION
     for t in head["tokens"]:
         assert t["token"] == f"tok{t['id']}"
         assert t["count"] == ((tokens == t["id"]) & kept).sum()

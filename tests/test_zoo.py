@@ -10,10 +10,10 @@ import csv
 import pytest
 import torch
 
-from sinklab import metrics
+from sinklab import measure, metrics
 from sinklab.attention import RULES, rule_info
 from sinklab.config import build_run_config
-from sinklab.metrics import default_source
+from sinklab.definitions import default_source
 from sinklab.model import AttentionStack
 from sinklab.runs.files import read_json
 from sinklab.studies import zoo
@@ -113,7 +113,7 @@ def test_no_position_free_model_beats_the_floor_even_when_trained(rule):
     for scale in (0.02, 0.3):
         cfg, model = _position_free_model(rule, generator, scale)
         floor = zoo.capacity_bounds(cfg)["position_free"]["mse_floor"]
-        assert zoo.capacity_mse(cfg, model) >= floor
+        assert measure.capacity_mse(cfg, model, zoo.CAPACITY_SEQUENCES) >= floor
     cfg, model = _position_free_model(rule, generator, 0.1)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     data = torch.Generator().manual_seed(1)
@@ -123,10 +123,10 @@ def test_no_position_free_model_beats_the_floor_even_when_trained(rule):
         opt.zero_grad()
         loss.backward()
         opt.step()
-    assert zoo.capacity_mse(cfg, model) >= floor
+    assert measure.capacity_mse(cfg, model, zoo.CAPACITY_SEQUENCES) >= floor
     # the paper's ReLU divides by the query's position and so escapes: its exact construction
     cfg, model = theory.relu_construction()
-    assert zoo.capacity_mse(cfg, model) < 1e-9
+    assert measure.capacity_mse(cfg, model, zoo.CAPACITY_SEQUENCES) < 1e-9
 
 
 def test_relative_gu_rate_ignores_rows_under_the_floor():
@@ -140,7 +140,7 @@ def test_relative_gu_rate_ignores_rows_under_the_floor():
     w[..., 7, 1:8] = 0.24 / 7
     unfloored = metrics.sink_rate(w[0], relative=True).mean().item()
     assert unfloored == 1.0  # every sample counts as a sink without the floor
-    got = zoo.gu_relative(w, trigger)
+    got = measure.gu_relative(w, trigger)
     assert got["rate"] == 0.0
     assert got["rows"] == B * L and got["rows_ignored"] == B * (L - 1) and got["rows_zero"] == 0
     # a softmax head parked on BOS keeps every row and is a sink in every sample
@@ -148,12 +148,12 @@ def test_relative_gu_rate_ignores_rows_under_the_floor():
     soft[..., :, 0] = 1.0
     soft[..., 7, :] = 0.0
     soft[..., 7, 1:8] = 1 / 7
-    got = zoo.gu_relative(soft, trigger)
+    got = measure.gu_relative(soft, trigger)
     assert got == {"rate": 100.0, "rows_ignored": 0, "rows_zero": 0, "rows": B * L}
     # all-zero rows are ignored and counted as exactly zero
     relu = torch.zeros(1, B, 1, L, L)
     relu[..., 7, 1:8] = 0.5
-    got = zoo.gu_relative(relu, trigger)
+    got = measure.gu_relative(relu, trigger)
     assert got["rate"] == 0.0 and got["rows_ignored"] == got["rows_zero"] == B * (L - 1)
 
 
@@ -286,9 +286,9 @@ def test_relative_gu_rate_keeps_only_rows_that_are_on():
     assert default_source(0.0095, row_nt["nontrigger"].item(), row_nt["trigger"].item(),
                           "free") == "zero row"
     assert metrics.sink_rate(w[0], relative=True).mean().item() == 1.0  # without the floor
-    got = zoo.gu_relative(w, trigger)
+    got = measure.gu_relative(w, trigger)
     assert got["rate"] == 0.0 and got["rows_ignored"] == B * (L - 1)
     w[..., :, 0] = 0.5  # the same rows, now on and all on BOS
     w[..., 7, 0] = 0.0
-    got = zoo.gu_relative(w, trigger)
+    got = measure.gu_relative(w, trigger)
     assert got["rate"] == 100.0 and got["rows_ignored"] == 0

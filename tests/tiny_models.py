@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from sinklab.lm import loading as lm
+from sinklab.lm import sources
 
 KINDS = ("llama", "gpt2", "bert")
 SIZES = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -27,7 +27,7 @@ ENCODER_SPECIALS = ["[UNK]", "[CLS]", "[SEP]", "[PAD]"]
 
 def vocabulary(kind: str) -> dict[str, int]:
     """Token -> id: the special tokens of ``kind``, then up to 400 words of the probes."""
-    words = sorted({w for line in lm.natural_texts() for w in line.lower().split()})[:400]
+    words = sorted({w for line in sources.natural_texts() for w in line.lower().split()})[:400]
     specials = ENCODER_SPECIALS if kind == "bert" else DECODER_SPECIALS
     return {w: i for i, w in enumerate(specials + words)}
 

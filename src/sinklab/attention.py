@@ -94,7 +94,8 @@ class ParamRule(nn.Module):
 RuleSpec = AttentionRule | type[ParamRule]
 
 # What a row of weights can sum to, which decides how a rule can output "zero" (sinklab zoo,
-# ``sinklab.metrics.default_source``): "simplex": exactly 1; "implicit sink": at most 1, the rest
+# ``sinklab.definitions.default_source``):
+# "simplex": exactly 1; "implicit sink": at most 1, the rest
 # going to a key with value 0; "gated": the gate's value (softmax times a gate in (0, 1));
 # "free": anything >= 0.
 ROW_KINDS = ("simplex", "implicit sink", "gated", "free")

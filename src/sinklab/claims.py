@@ -26,10 +26,19 @@ from typing import Any
 import numpy as np
 
 
+def nan_mean(values: np.ndarray, axis: int) -> np.ndarray:
+    """The mean over ``axis`` of the finite entries (nan where there are none), without
+    numpy's warning for an empty slice."""
+    ok = np.isfinite(values)
+    count = ok.sum(axis)
+    total = np.where(ok, values, 0.0).sum(axis)
+    return np.where(count > 0, total / np.maximum(count, 1), np.nan)
+
+
 def _stats() -> Any:
     """scipy.stats, imported at first use: importing it takes about a second, which every
     sinklab command would otherwise pay at start-up (the studies import this module)."""
-    from scipy import stats
+    from scipy import stats  # scipy: not for the help texts (see above)
 
     return stats
 

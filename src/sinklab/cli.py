@@ -29,15 +29,23 @@ import shlex
 import sqlite3
 import sys
 import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
 from sinklab import __version__, studies
-from sinklab.config import SECTIONS
-from sinklab.errors import SinklabError
+from sinklab.config import SECTIONS, check_count, config_from_cli
+from sinklab.errors import Interrupted, ResultsError, SinklabError
+from sinklab.runs import folders, limits
+from sinklab.studies.base import (
+    Execution,
+    build_options,
+    option_fields,
+    render_docs,
+    run_study,
+)
 
-# sinklab's own commands; every other subcommand is a registered study (sinklab.studies)
-RESERVED = frozenset({"train", "plot", "sweep", "results", "report", "rules", "worst"})
 EXIT_INPUT, EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_INTERNAL = 2, 1, 130, 3
 DEBUG_ENV = "SINKLAB_DEBUG"
 
@@ -110,6 +118,16 @@ def build_parser() -> argparse.ArgumentParser:
                         metavar="MODULE", help=PLUGIN_HELP)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
+    for study in studies.all_studies():
+        if study.name in COMMANDS:
+            raise ValueError(f"a study or command named {study.name!r} exists already")
+        _add_study(sub, common, study)
+    for command in COMMANDS.values():
+        command.add(sub, common)
+    return parser
+
+
+def _add_train(sub: Any, common: argparse.ArgumentParser) -> None:
     train = sub.add_parser(
         "train", parents=[common],
         help="train one model (or --seeds N of them) and write run folders",
@@ -131,6 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                        help="show a progress bar (default: only on a terminal)")
 
+
+def _add_plot(sub: Any, common: argparse.ArgumentParser) -> None:
     pl = sub.add_parser(
         "plot", parents=[common],
         help="draw finished runs' attention maps (attention.png in each run folder)",
@@ -143,9 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("runs", nargs="+", type=given, metavar="RUN",
                     help="a finished run folder, or a folder of seed runs")
 
-    for study in studies.all_studies():
-        _add_study(sub, common, study)
 
+def _add_sweep(sub: Any, common: argparse.ArgumentParser) -> None:
     sw = sub.add_parser(
         "sweep", parents=[common],
         help="run a declared grid of runs (TOML spec), resumably, locally or on Ray",
@@ -162,6 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--retry-failed", action="store_true",
                     help="run the cells that failed before again")
 
+
+def _add_results(sub: Any, common: argparse.ArgumentParser) -> None:
     rs = sub.add_parser(
         "results", parents=[common],
         help="list and filter the cells of a sweep folder",
@@ -176,6 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("--csv", type=given, default=None, metavar="FILE",
                     help="write the cells as CSV instead (a new file, or one this command wrote)")
 
+
+def _add_report(sub: Any, common: argparse.ArgumentParser) -> None:
     rp = sub.add_parser(
         "report", parents=[common],
         help="gather every result under a folder into one HTML page and REPORT.md",
@@ -187,6 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--out", type=given, default=None, metavar="FOLDER",
                     help="where to write REPORT.html and REPORT.md (default: DIR/report)")
 
+
+def _add_worst(sub: Any, common: argparse.ArgumentParser) -> None:
     wp = sub.add_parser(
         "worst", parents=[common],
         help="the worst-case error of finished runs over every input",
@@ -206,13 +231,28 @@ def build_parser() -> argparse.ArgumentParser:
                     help="time cap of one model's certificate (default: 30; the gap left is "
                          "printed)")
 
+
+def _add_rules(sub: Any, common: argparse.ArgumentParser) -> None:
     sub.add_parser("rules", parents=[common], help="list the attention rules",
                    description="List the registered attention rules: what a row of weights can "
                                "sum to, whether the rule learns parameters, the plugin it comes "
                                "from (for a rule of your own, loaded with --plugin MODULE), its "
                                "description and its keyword arguments "
                                "(model.attention_args.NAME=VALUE) with their types and defaults.")
-    return parser
+
+
+def _add_render(sub: Any, common: argparse.ArgumentParser) -> None:
+    rd = sub.add_parser(
+        "render", parents=[common],
+        help="write reports in docs/ again from the records beside them",
+        description="Write each FILE, a report a study copied with --docs FILE (known by the mark "
+                    "on its last line), again from the records beside it (FILE.json): after a "
+                    "change of the study's template or of the code that decides its claims. "
+                    "Nothing is trained or measured and the figures are left as they are; the "
+                    "claims are decided again from the records, and a line says whether they "
+                    "are the ones recorded with them.")
+    rd.add_argument("docs", nargs="+", type=given, metavar="FILE",
+                    help="a report in docs/, e.g. docs/zoo.md")
 
 
 def _add_executor_options(parser: argparse.ArgumentParser) -> None:
@@ -230,8 +270,6 @@ def _add_study(sub: Any, common: argparse.ArgumentParser, study: Any) -> None:
     """A study's subcommand, generated from its declaration: one flag per option (its field's
     ``metadata``: ``help``, and optionally ``flag``, ``metavar``, ``append``), ``--config``
     with a [NAME] table, ``NAME.OPTION=VALUE`` overrides, and the options every study shares."""
-    from sinklab.studies.base import option_fields
-
     parser = sub.add_parser(
         study.name, parents=[common], help=study.help,
         description=f"{study.description} Options: defaults < --config FILE ([{study.name}] "
@@ -270,11 +308,8 @@ def _add_study(sub: Any, common: argparse.ArgumentParser, study: Any) -> None:
                              "folder of the same name")
 
 
-def cmd_train(args: argparse.Namespace) -> int:
-    from sinklab.config import check_count, config_from_cli
-    from sinklab.errors import ResultsError
-    from sinklab.runs import folders, limits
-    from sinklab.train import train_runs
+def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
+    from sinklab.train import train_runs  # torch: not for the help texts
 
     cfg = config_from_cli(args.overrides, args.config)
     check_count("--seeds", args.seeds)
@@ -321,8 +356,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     return code
 
 
-def cmd_plot(args: argparse.Namespace) -> int:
-    from sinklab.plots import plot_runs
+def cmd_plot(args: argparse.Namespace, argv: list[str]) -> int:
+    from sinklab.plots import plot_runs  # matplotlib: not for the help texts
 
     for run, figure in plot_runs([Path(r) for r in args.runs]):
         if figure is None:
@@ -335,8 +370,6 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 def cmd_study(study: Any, args: argparse.Namespace, argv: list[str]) -> int:
     """Run a study: its options from the flags, --config and overrides (``studies.base``)."""
-    from sinklab.studies.base import Execution, build_options, option_fields, run_study
-
     flags = {f.name: getattr(args, f"opt_{f.name}") for f in option_fields(study.options)}
     opts = build_options(study, args.config, args.overrides, flags)
     exe = Execution(workers=getattr(args, "workers", None), device=args.device,
@@ -349,8 +382,8 @@ def cmd_study(study: Any, args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
-def cmd_sweep(args: argparse.Namespace) -> int:
-    from sinklab.sweeps.run import SweepOptions, run_sweep
+def cmd_sweep(args: argparse.Namespace, argv: list[str]) -> int:
+    from sinklab.sweeps.run import SweepOptions, run_sweep  # torch: not for the help texts
 
     opts = SweepOptions(executor=args.executor, workers=args.workers,
                         ray_address=args.ray_address, retry_failed=args.retry_failed)
@@ -363,15 +396,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_results(args: argparse.Namespace) -> int:
-    from sinklab.sweeps.listing import list_results
+def cmd_results(args: argparse.Namespace, argv: list[str]) -> int:
+    from sinklab.sweeps.listing import list_results  # torch: not for the help texts
 
     return list_results(Path(args.dir), args.status, args.where,
                         Path(args.csv) if args.csv else None)
 
 
 def cmd_report(args: argparse.Namespace, argv: list[str]) -> int:
-    from sinklab.report.gather import run_report
+    from sinklab.report.gather import run_report  # torch: not for the help texts
 
     command = "sinklab " + " ".join(shlex.quote(a) for a in argv)
     result = run_report(Path(args.dir), Path(args.out) if args.out else None, command)
@@ -383,20 +416,23 @@ def cmd_report(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
-def cmd_worst(args: argparse.Namespace) -> int:
-    from sinklab.config import check_count
-    from sinklab.errors import ConfigError
-    from sinklab.theory.bounds import worst_runs
+def cmd_worst(args: argparse.Namespace, argv: list[str]) -> int:
+    from sinklab.theory.bounds import worst_runs  # torch: not for the help texts
 
-    check_count("--attack-steps", args.attack_steps)
-    check_count("--restarts", args.restarts)
-    if not 0 < args.certify_seconds <= 3600:
-        raise ConfigError(f"--certify-seconds={args.certify_seconds!r} is not allowed: it must "
-                          "be a number of seconds in (0, 3600].")
-    # every RUN is checked first (a diverged run, weights beyond the certificate's range)
+    # the options, then every RUN (a diverged run, weights beyond the certificate's range) are
+    # checked before any run is measured
     for line in worst_runs([Path(run) for run in args.runs], steps=args.attack_steps,
                            restarts=args.restarts, seconds=args.certify_seconds):
         print(line, flush=True)
+    return 0
+
+
+def cmd_render(args: argparse.Namespace, argv: list[str]) -> int:
+    for docs in args.docs:
+        name, same = render_docs(Path(docs))
+        print(f"wrote {docs} ({name}): the claims decided again from its records are "
+              + ("the ones recorded" if same else "not the ones recorded; the report now says "
+                 "what the code decides"))
     return 0
 
 
@@ -408,8 +444,8 @@ def _shown(module: str) -> str:
     return module if relative.startswith("..") else relative
 
 
-def cmd_rules() -> int:
-    from sinklab.attention import RULES
+def cmd_rules(args: argparse.Namespace, argv: list[str]) -> int:
+    from sinklab.attention import RULES  # torch: the rules are torch functions
 
     for name, info in sorted(RULES.items()):
         learned = "learned parameters" if info.parameters else "no parameters"
@@ -464,6 +500,27 @@ def describe_error(exc: BaseException) -> tuple[str, int]:
             "traceback, and please report it."), EXIT_INTERNAL
 
 
+@dataclass(frozen=True)
+class Command:
+    """One of sinklab's own commands: what adds its subcommand to the parser, and what runs
+    it. Every other subcommand is a registered study (``sinklab.studies``)."""
+
+    add: Callable[[Any, argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace, list[str]], int]
+
+
+COMMANDS = {  # in the order ``sinklab --help`` lists them, after the studies
+    "train": Command(_add_train, cmd_train),
+    "plot": Command(_add_plot, cmd_plot),
+    "sweep": Command(_add_sweep, cmd_sweep),
+    "results": Command(_add_results, cmd_results),
+    "report": Command(_add_report, cmd_report),
+    "worst": Command(_add_worst, cmd_worst),
+    "render": Command(_add_render, cmd_render),
+    "rules": Command(_add_rules, cmd_rules),
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
@@ -480,26 +537,14 @@ def main(argv: list[str] | None = None) -> int:
     debug = args.debug or os.environ.get(DEBUG_ENV, "").strip().lower() not in (
         "", "0", "false", "no", "off")
     try:
-        from sinklab.plugins import load_all
+        from sinklab.plugins import load_all  # torch: a plugin registers torch rules
 
         load_all(args.plugins_first + getattr(args, "plugins", []))
-        if args.command == "train":
-            return cmd_train(args)
-        if args.command == "plot":
-            return cmd_plot(args)
-        if args.command not in RESERVED:
-            return cmd_study(studies.get(args.command), args, argv)
-        if args.command == "sweep":
-            return cmd_sweep(args)
-        if args.command == "results":
-            return cmd_results(args)
-        if args.command == "report":
-            return cmd_report(args, argv)
-        if args.command == "worst":
-            return cmd_worst(args)
-        return cmd_rules()
+        if args.command in COMMANDS:
+            return COMMANDS[args.command].run(args, argv)
+        return cmd_study(studies.get(args.command), args, argv)
     except KeyboardInterrupt as exc:  # a study may say exactly what it keeps
-        kept = str(exc) if isinstance(exc, studies.Interrupted) and str(exc) else \
+        kept = str(exc) if isinstance(exc, Interrupted) and str(exc) else \
             "finished runs are kept on disk"
         print(f"sinklab: interrupted; {kept}.", file=sys.stderr)
         return EXIT_INTERRUPTED

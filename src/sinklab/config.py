@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sinklab.attention import PLUGIN_HINT, RULES, check_contract, rule_info
 from sinklab.errors import ConfigError
 
 
@@ -164,6 +163,9 @@ class ModelConfig:
     attention_args: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        # torch: the rules are torch functions, and this module also serves the help texts
+        from sinklab.attention import PLUGIN_HINT, RULES, check_contract, rule_info
+
         _check_finite(self, "model")
         _check(self.attention in RULES,
                f"model.attention={self.attention!r} is not a known attention rule: choose one of "
@@ -486,6 +488,8 @@ def _coerce_args(raw: Any, rule: str) -> Any:
     """The rule's keyword arguments from a file or the command line, each coerced to the type
     the rule declares; names it does not declare (and a rule that does not exist) are left for
     ``ModelConfig`` to refuse in one sentence."""
+    from sinklab.attention import RULES, rule_info  # torch: see ModelConfig.__post_init__
+
     if not isinstance(raw, dict) or rule not in RULES:
         return raw
     declared = rule_info(rule).kwargs

@@ -21,3 +21,8 @@ class LMError(SinklabError):
 
 class PluginError(SinklabError):
     """A plugin that cannot be loaded; the message names it and what went wrong."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """A study stopped by an interrupt, with what it keeps in words (``sinklab.cli`` prints
+    them, instead of the words for studies that keep finished runs)."""

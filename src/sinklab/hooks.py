@@ -22,6 +22,9 @@ for one forward pass::
     hooks = Hooks({"blocks.0.attn.pattern": cap}, keep=["blocks.0.resid_post"])
     model(x, hooks=hooks)
     hooks.cache["blocks.0.resid_post"]
+
+``on_layers(part, hook, n_layers)`` puts one hook on ``blocks.{l}.{part}`` of every layer (or of
+the layers asked for).
 """
 
 from __future__ import annotations
@@ -122,3 +125,16 @@ class Hooks:
         for name, hooks in other.edits.items():
             edits.setdefault(name, []).extend(hooks)
         return Hooks(edits, set(self.keep) | set(other.keep))
+
+
+def on_layers(part: str, hook: Hook, n_layers: int, layers: Iterable[int] | None = None
+              ) -> Hooks:
+    """``hook`` on ``blocks.{l}.{part}`` for each of ``layers`` (None: all ``n_layers``)."""
+    if isinstance(n_layers, bool) or not isinstance(n_layers, int) or n_layers < 1:
+        raise ValueError(f"n_layers must be a positive integer, not {n_layers!r}.")
+    chosen = list(range(n_layers)) if layers is None else list(layers)
+    for layer in chosen:
+        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < n_layers:
+            raise ValueError(f"layer {layer!r} is not a layer of the model: layers are 0 to "
+                             f"{n_layers - 1}.")
+    return Hooks({f"blocks.{layer}.{part}": hook for layer in chosen})

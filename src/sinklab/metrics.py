@@ -39,10 +39,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from sinklab.definitions import GU_EPS, GUO_CUTOFF, SINK_HEAD_THRESHOLD
 from sinklab.task import trigger_mask
-
-SINK_HEAD_THRESHOLD = 0.9  # a head "sinks" when its non-trigger BOS mass is at least this
-GU_EPS = 0.3  # Gu et al. (ICLR 2025) sink-rate threshold
 
 
 def row_types(trigger: Tensor, seq_len: int) -> tuple[Tensor, Tensor]:
@@ -177,7 +175,6 @@ def sink_rate(weights: Tensor, eps: float = GU_EPS, relative: bool = False,
     return (a0 > eps).to(weights.dtype).mean(-2)
 
 
-GUO_CUTOFF = 0.89  # Guo et al. (2024): a head is dormant when its last query puts this on BOS
 
 
 def dormant_rate(weights: Tensor, cutoff: float = GUO_CUTOFF,
@@ -251,29 +248,6 @@ def sink_heads(bos_nontrigger: Tensor, threshold: float = SINK_HEAD_THRESHOLD) -
     return (bos_nontrigger >= threshold).sum(dim=(-2, -1))
 
 
-OFF_ROW = 0.2  # a non-trigger row is "off" when its sum is below this fraction of the trigger row's
-BOS_SHARE = 0.5  # ... and "on BOS" when at least this share of its weight is on BOS
-
-
-def default_source(bos: float, row_nontrigger: float, row_trigger: float, row_kind: str) -> str:
-    """Where one head's "output zero" at non-trigger rows comes from, read off its weights.
-
-    From the head's mean non-trigger BOS mass, mean non-trigger and trigger row sums, and the
-    rule's ``row_kind`` (``sinklab.attention.rule_info(rule).row_kind``):
-
-    - "BOS" when the row is on (sum at least ``OFF_ROW`` of the trigger row's, or the rule's
-      rows always sum to 1) and at least ``BOS_SHARE`` of it is on BOS;
-    - when the row is off: "closed gate" for a gated rule, "sink logit" for a rule with an
-      implicit sink key, "zero row" for a rule with free row sums;
-    - "content" otherwise: the head spreads its weight over content tokens, so its output at
-      non-trigger rows is not zero by itself (it must be nulled or cancelled downstream).
-    """
-    off = row_kind != "simplex" and row_nontrigger < OFF_ROW * max(row_trigger, 1e-12)
-    if off:
-        return {"gated": "closed gate", "implicit sink": "sink logit"}.get(row_kind, "zero row")
-    if bos >= BOS_SHARE * max(row_nontrigger, 1e-12):
-        return "BOS"
-    return "content"
 
 
 # --------------------------------------------------------------------------- the metric table

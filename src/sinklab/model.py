@@ -38,10 +38,12 @@ or per-head results are wanted computes each head's products and sums them. To z
     model(x, hooks=hooks).out
     hooks.cache["blocks.0.resid_post"]
 
-``model.bos`` is a hook too. The stack reads the denied queries off its input and adds, before
-the user's hooks, a scores hook on every layer that hides key 0 from them (``removed``,
-``ablated``: ``hide_bos``), or a pattern hook that caps its share (``capped``:
-``cap_bos_hook``); both work in the folded path's own layout and order of operations.
+``model.bos`` is a hook too, built by ``sinklab.first_key`` (the implementation the real-model
+interventions use). The stack reads the denied queries off its input and adds, before the
+user's hooks, a scores hook on every layer that masks key 0 from them (``removed``,
+``ablated``: ``first_key.mask_first_key``, -inf at key 0, so a ReLU row is not renormalised),
+or a pattern hook that caps its share at 1 - ``model.bos_cap_eps`` of the row's sum
+(``capped``: ``first_key.cap_first_mass`` with the causal mask, ``cap_bos``).
 """
 
 from __future__ import annotations
@@ -56,7 +58,8 @@ from torch import Tensor, nn
 from sinklab import kernels
 from sinklab.attention import build_rule, causal_mask
 from sinklab.config import ModelConfig
-from sinklab.hooks import PER_HEAD, Hook, Hooks
+from sinklab.first_key import cap_first, cap_first_mass, mask_first_key
+from sinklab.hooks import PER_HEAD, Hooks
 from sinklab.hooks import names as activation_names
 from sinklab.task import TRIGGER
 
@@ -176,50 +179,10 @@ class Attention(nn.Module):
         return kernels.engine(self.rule_name, seq_len, d_model, device, dtype, self.rule_args)
 
 
-def hide_bos(denied: Tensor, dtype: torch.dtype = torch.float32) -> Hook:
-    """A scores hook that hides the BOS key from the ``denied`` rows: -inf is added to their
-    score at key 0, so every rule gives it weight 0.
-
-    ``denied`` (E, B, Q), True at the queries whose BOS key is hidden; the scores it edits are
-    (E, B, H, Q, K) of ``dtype``, every head alike. Adding a 0 / -inf tensor (rather than filling
-    the scores) leaves the backward pass nothing to do for it; it is built once, for every layer.
-    """
-    n_members, batch, seq = denied.shape
-    hide = torch.zeros(n_members, batch, 1, seq, seq, dtype=dtype, device=denied.device)
-    hide[..., 0].masked_fill_(denied[:, :, None], float("-inf"))
-
-    def hook(scores: Tensor, name: str) -> Tensor:
-        return scores + hide
-
-    return hook
-
-
-def cap_bos_hook(denied: Tensor, mask: Tensor, eps: float) -> Hook:
-    """A pattern hook that limits the BOS share of the ``denied`` rows to 1 - eps (``cap_bos``).
-
-    ``denied`` (E, B, Q) as in ``hide_bos``; ``mask`` the (Q, K) causal mask the rule was given;
-    the weights it edits are (E, B, H, Q, K). They are capped as the 3-d rows (E * B, Q * H, K)
-    the model lays them out in, which is both the fastest form of ``cap_bos`` and the one whose
-    sums over keys are taken exactly as in the folded products.
-    """
-    n_members, batch, seq = denied.shape
-    flags = denied.reshape(n_members * batch, seq)
-
-    def hook(pattern: Tensor, name: str) -> Tensor:
-        n_heads = pattern.shape[2]
-        if n_heads == 1:  # one head: (head, query) is the (query, head) order
-            rows = pattern.reshape(n_members * batch, seq, -1)
-            return cap_bos(rows, flags, mask, eps).view(pattern.shape)
-        rows = pattern.transpose(2, 3).reshape(n_members * batch, seq * n_heads, -1)
-        capped = cap_bos(rows, flags.repeat_interleave(n_heads, dim=1),
-                         mask.repeat_interleave(n_heads, dim=0), eps)
-        return capped.view(n_members, batch, seq, n_heads, -1).transpose(2, 3)
-
-    return hook
-
-
 def cap_bos(weights: Tensor, rows: Tensor, mask: Tensor, eps: float) -> Tensor:
-    """Limit the BOS share of the selected rows to 1 - eps, keeping each row's sum.
+    """``model.bos="capped"``'s cap: the BOS share of the selected ``rows`` limited to 1 - eps,
+    each row keeping its sum (``first_key.cap_first`` with the causal ``mask`` as the visible
+    keys and eps S rounded as ``"product"``).
 
     At a selected row with sum S whose BOS weight w_0 exceeds (1 - eps) S, BOS gets (1 - eps) S
     and the other visible keys share eps S in proportion to their weights (equally, if they all
@@ -227,19 +190,7 @@ def cap_bos(weights: Tensor, rows: Tensor, mask: Tensor, eps: float) -> Tensor:
     ``weights`` (..., rows, keys), ``rows`` a boolean mask broadcasting to (..., rows), ``mask``
     the (rows, keys) causal mask the rule was given.
     """
-    bos = weights[..., 0]
-    rest = weights[..., 1:].sum(dim=-1)  # summed directly: 1 - w_0 would cancel
-    total = bos + rest
-    limit = (1 - eps) * total
-    over = rows & (bos > limit)
-    visible = mask.clone()  # the visible keys other than BOS
-    visible[..., 0] = False
-    share = torch.where(rest > 0, eps * total / rest.clamp(min=torch.finfo(weights.dtype).tiny),
-                        0.0)
-    even = torch.where(rest > 0, 0.0, eps * total / visible.sum(-1).clamp(min=1))
-    others = weights * share[..., None] + even[..., None] * visible
-    capped = torch.cat([limit[..., None], others[..., 1:]], dim=-1)
-    return torch.where(over[..., None], capped, weights)
+    return cap_first(weights, eps, rows, visible=mask, excess="product")
 
 
 class LayerNorm(nn.Module):
@@ -369,19 +320,19 @@ class AttentionStack(nn.Module):
         BOS key is visible.
 
         The denied queries are every one but BOS itself and, unless ``ablated``, the trigger's,
-        flagged in the input. ``removed`` and ``ablated`` hide BOS from them in every layer's
-        scores (``hide_bos``); ``capped`` caps its share of every layer's pattern
-        (``cap_bos_hook``).
+        flagged in the input. ``removed`` and ``ablated`` mask BOS from them in every layer's
+        scores (``first_key.mask_first_key``); ``capped`` caps its share of every layer's
+        pattern (``first_key.cap_first_mass``, as ``cap_bos``).
         """
         if self.cfg.bos == "visible":
             return None
         denied = (x[..., TRIGGER] == 0) | (self.cfg.bos == "ablated")  # (E, B, T)
         denied[..., 0] = False
+        rows = denied[:, :, None]  # (E, B, 1, Q): every head alike
         if self.cfg.bos == "capped":
-            part, hook = "attn.pattern", cap_bos_hook(denied, mask, self.cfg.bos_cap_eps)
-        else:
-            part, hook = "attn.scores", hide_bos(denied, x.dtype)
-        return Hooks({f"blocks.{layer}.{part}": hook for layer in range(len(self.blocks))})
+            return cap_first_mass(self.cfg.bos_cap_eps, len(self.blocks), rows=rows,
+                                  visible=mask, excess="product")
+        return mask_first_key(len(self.blocks), rows=rows, dtype=x.dtype)
 
     def forward(self, x: Tensor, *, return_weights: bool = False,
                 hooks: Hooks | None = None) -> ModelOutput:

@@ -19,7 +19,7 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from sinklab.metrics import SINK_HEAD_THRESHOLD
+from sinklab.definitions import SINK_HEAD_THRESHOLD
 from sinklab.runs import folders
 from sinklab.runs.files import read_json, read_npz, replace_from, temporary_path
 

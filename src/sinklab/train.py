@@ -13,9 +13,10 @@ axis and one forward, backward and optimiser step serves them all. Each member:
   (``train.patience``, stated by ``plateau_rule_text``), and as "max_steps" after
   ``train.max_steps``.
 
-A member is finished, evaluated and written as soon as it stops, so an interrupted ensemble keeps
-every member that had already finished. With ``train.save_every`` its weights are also saved
-along the way, as ``checkpoints/step{s:06d}.pt`` (``list_checkpoints``, ``load_checkpoint``).
+A member is finished, evaluated and written (``RunWriter``) as soon as it stops, so an
+interrupted ensemble keeps every member that had already finished. With ``train.save_every`` its
+weights are also saved along the way, as ``checkpoints/step{s:06d}.pt`` (``list_checkpoints``,
+``load_checkpoint``).
 """
 
 from __future__ import annotations
@@ -31,11 +32,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from sinklab import metrics
+from sinklab import __version__, metrics
 from sinklab.config import RunConfig, build_run_config, check_device, derive_seed, setting
 from sinklab.errors import ConfigError, ResultsError
 from sinklab.evaluate import eval_batch, evaluate
@@ -157,11 +159,7 @@ def keep_freed_memory() -> bool:
 
 def versions() -> dict[str, str]:
     """Package versions recorded beside every result."""
-    import numpy
-
-    from sinklab import __version__
-
-    return {"sinklab": __version__, "torch": torch.__version__, "numpy": numpy.__version__,
+    return {"sinklab": __version__, "torch": torch.__version__, "numpy": np.__version__,
             "python": sys.version.split()[0]}
 
 
@@ -329,6 +327,62 @@ def _clear_checkpoints(run_dir: Path) -> None:
         folder.rmdir()
 
 
+class RunWriter:
+    """Writes one run's folder while its member trains, so that the folder always shows how far
+    the run got (``sinklab.runs.folders``, ``sinklab.runs.files``).
+
+    ``start`` marks the folder (``sinklab.json``), removes an earlier attempt's checkpoints and
+    writes ``config.json``; ``log`` appends a ``metrics.jsonl`` row, flushed; ``checkpoint``
+    saves the member's weights at a step (``checkpoint_path``); ``finish`` writes
+    ``attention.npz``, ``model.pt``, the stop step's checkpoint (with ``train.save_every``),
+    ``summary.json``, and the completion record, last. A folder whose writer never finished (the
+    training was interrupted, killed or failed) keeps its marker, config, log and checkpoints
+    but has no completion record, so it is never taken for a finished run.
+
+        writer = RunWriter.start(run_dir, cfg)
+        writer.log({"step": 0, "loss": 0.5, ...})
+        writer.finish(model, 0, step, summary, mean=mean, std=std)
+    """
+
+    def __init__(self, run_dir: Path, cfg: RunConfig, metrics_log: MetricsLog) -> None:
+        self.run_dir, self.cfg, self._log = run_dir, cfg, metrics_log
+
+    @classmethod
+    def start(cls, run_dir: Path, cfg: RunConfig) -> RunWriter:
+        """Mark ``run_dir`` as a run folder and write its config; return its writer."""
+        run_dir = Path(run_dir)
+        folders.mark(run_dir, "run")
+        _clear_checkpoints(run_dir)
+        write_json(run_dir / "config.json", cfg.to_dict())
+        return cls(run_dir, cfg, MetricsLog(run_dir / "metrics.jsonl"))
+
+    def log(self, row: dict[str, Any]) -> None:
+        """Append one step's row to ``metrics.jsonl``."""
+        self._log.write(row)
+
+    def checkpoint(self, model: AttentionStack, member: int, step: int) -> None:
+        """Save ``model``'s member ``member`` as the weights after ``step`` updates."""
+        save_member(model, member, checkpoint_path(self.run_dir, step))
+
+    def finish(self, model: AttentionStack, member: int, step: int, summary: dict[str, Any],
+               mean: np.ndarray, std: np.ndarray) -> None:
+        """Write the results of a run that stopped at ``step``: member ``member`` of ``model``
+        holds its final weights, ``mean`` and ``std`` (layers, heads, L, L) are its attention
+        maps; then seal the folder (``sinklab.runs.folders.seal``)."""
+        write_npz(self.run_dir / "attention.npz", mean=mean, std=std)
+        save_member(model, member, self.run_dir / "model.pt")
+        save_every = self.cfg.train.save_every
+        if save_every and step % save_every:  # a multiple was saved with the others this step
+            self.checkpoint(model, member, step)
+        write_json(self.run_dir / "summary.json", summary)
+        self.close()
+        folders.seal(self.run_dir)  # last: the run is finished once this is written
+
+    def close(self) -> None:
+        """Close ``metrics.jsonl`` (again is harmless)."""
+        self._log.close()
+
+
 def load_model(run_dir: Path, device: str = "cpu") -> tuple[RunConfig, AttentionStack]:
     """The config and trained model (an ensemble of one) of a finished run folder, whose files
     are first checked against its completion record."""
@@ -397,13 +451,13 @@ def train_ensemble(
 ) -> tuple[list[dict[str, Any]], AttentionStack]:
     """Train one model per config as one ensemble; return the summaries and the ensemble.
 
-    With ``run_dirs``, run e marks its folder (``sinklab.json``) and writes ``config.json`` at
-    the start, a ``metrics.jsonl`` row every ``train.log_every`` steps and at its stop step,
-    with ``train.save_every`` its weights at every multiple of it and at its stop step
-    (``checkpoint_path``: the weights at step s are those of the log row of step s), and
-    ``attention.npz``, ``model.pt`` and ``summary.json`` when it stops, then its completion
-    record, last (``sinklab.runs.folders.seal``). No figure is drawn: ``sinklab plot`` draws
-    ``attention.png`` from these files later (``sinklab.plots.plot_runs``).
+    With ``run_dirs`` (one per config), a ``RunWriter`` writes run e's folder as it trains: the
+    marker and ``config.json`` at the start, a ``metrics.jsonl`` row every ``train.log_every``
+    steps and at its stop step, with ``train.save_every`` its weights at every multiple of it and
+    at its stop step (``checkpoint_path``: the weights at step s are those of the log row of step
+    s), and ``attention.npz``, ``model.pt`` and ``summary.json`` when it stops, then its
+    completion record, last (``sinklab.runs.folders.seal``). No figure is drawn: ``sinklab plot``
+    draws ``attention.png`` from these files later (``sinklab.plots.plot_runs``).
     ``progress=None`` shows a bar only when stderr is a terminal. A tiny step trains with one
     thread (``step_threads``); the caller's thread setting is restored afterwards. An ensemble
     that would not fit in memory (``sinklab.runs.limits``) is refused before anything is allocated.
@@ -412,20 +466,16 @@ def train_ensemble(
     check_compatible(cfgs)
     cfg = cfgs[0]
     n = len(cfgs)
+    if run_dirs is not None and len(run_dirs) != n:
+        raise ValueError(f"run_dirs has {len(run_dirs)} entries and cfgs {n}; give one run folder "
+                         "per config.")
     device = resolve_device(cfg.train.device)
     limits.check_run(cfg, n, device=device)
     keep_freed_memory()
     model = build_ensemble(cfgs, device)
     test = eval_batch(cfg, device)
     engine = model.engine(cfg.task.seq_len)  # what computes the attention (sinklab.kernels)
-
-    logs: list[MetricsLog | None] = [None] * n
-    if run_dirs is not None:
-        for e, run_dir in enumerate(run_dirs):
-            folders.mark(Path(run_dir), "run")
-            _clear_checkpoints(Path(run_dir))
-            write_json(Path(run_dir) / "config.json", cfgs[e].to_dict())
-            logs[e] = MetricsLog(Path(run_dir) / "metrics.jsonl")
+    writers = [] if run_dirs is None else [RunWriter.start(d, c) for d, c in zip(run_dirs, cfgs)]
 
     gens = [torch.Generator(device=device).manual_seed(derive_seed(c.train.seed, "data"))
             for c in cfgs]
@@ -437,26 +487,13 @@ def train_ensemble(
     summaries: list[dict[str, Any] | None] = [None] * n
     start = time.perf_counter()
     tol, max_steps, log_every = cfg.train.tol, cfg.train.max_steps, cfg.train.log_every
-    save_every = cfg.train.save_every if run_dirs is not None else 0
+    save_every = cfg.train.save_every if writers else 0
     plateau = Plateau(cfg.train.patience, n, device, opt.flat.dtype) if cfg.train.patience \
         else None
     show = sys.stderr.isatty() if progress is None else progress
     bar = tqdm(total=max_steps, desc=description, unit="step", disable=not show, leave=False)
     threads = torch.get_num_threads()
     torch.set_num_threads(step_threads(cfg, n, device))
-
-    def log_rows(members: list[int], step: int, loss: Tensor, linf: Tensor, patterns: list[Tensor],
-                 trigger: Tensor, status: dict[int, int]) -> None:
-        bos = torch.stack([metrics.bos_mass_nontrigger(w, trigger) for w in patterns], dim=1)
-        for e in members:
-            if logs[e] is None:
-                continue
-            row = {"step": step,
-                   "loss": loss[e].item(), "train_linf": linf[e].item(),
-                   "bos_mass_nontrigger": bos[e].tolist()}
-            if e in status:
-                row["status"] = STATUS[status[e]]
-            logs[e].write(row)
 
     def finish(members: list[int], step: int, status: dict[int, int], loss: Tensor,
                linf: Tensor) -> None:
@@ -471,30 +508,11 @@ def train_ensemble(
             time_s=torch.full((len(members),), train_time, dtype=torch.float64))
         evals, maps = evaluate(finished, test, training)  # every metric (sinklab.metrics)
         for i, e in enumerate(members):
-            args = {"attention_args": cfg.model.attention_args} if cfg.model.attention_args \
-                else {}  # absent when empty: a default run's summary is what it always was
-            summary = {
-                "attention": cfg.model.attention, **args, "n_layers": cfg.model.n_layers,
-                "n_heads": cfg.model.n_heads, "seq_len": cfg.task.seq_len,
-                "d_model": cfg.task.d_model, "seed": cfgs[e].train.seed, "lr": cfgs[e].train.lr,
-                "status": STATUS[status[e]],
-                **evals[i],
-                "eval": {"n_sequences": cfg.eval.n_sequences, "trigger": cfg.task.eval_trigger,
-                         "seed": cfg.eval.seed},
-                "wall_time_s": time.perf_counter() - start,
-                "device": str(device), "engine": engine,
-                "versions": versions(),
-            }
-            summaries[e] = summary
-            if run_dirs is not None:
-                folder = Path(run_dirs[e])
-                write_npz(folder / "attention.npz", mean=maps["mean"][i], std=maps["std"][i])
-                save_member(finished, i, folder / "model.pt")
-                if save_every and step % save_every:  # else saved with the others at this step
-                    save_member(finished, i, checkpoint_path(folder, step))
-                write_json(folder / "summary.json", summary)
-                logs[e].close()
-                folders.seal(folder)  # last: the run is finished once this is written
+            summaries[e] = _summary(cfg, cfgs[e], STATUS[status[e]], evals[i],
+                                    time.perf_counter() - start, device, engine)
+            if writers:
+                writers[e].finish(finished, i, step, summaries[e], mean=maps["mean"][i],
+                                  std=maps["std"][i])
 
     try:
         for step in range(max_steps + 1):
@@ -513,11 +531,11 @@ def train_ensemble(
             stopping = active & done if step < max_steps else active
             if save_every and step % save_every == 0:  # before any member is sealed
                 for e in active.nonzero().flatten().tolist():
-                    save_member(model, e, checkpoint_path(Path(run_dirs[e]), step))
+                    writers[e].checkpoint(model, e, step)
             if stopping.any():  # one host read per step: free on a CPU
                 codes = stop_codes(linf, loss, tol, stalled)
                 status = {e: int(codes[e]) for e in stopping.nonzero().flatten().tolist()}
-                log_rows(list(status), step, loss, linf, out.patterns, trigger, status)
+                _log_rows(writers, list(status), step, loss, linf, out.patterns, trigger, status)
                 finish(list(status), step, status, loss, linf)
                 opt.freeze(list(status))
                 active = active & ~stopping
@@ -525,7 +543,7 @@ def train_ensemble(
                     break
             if step % log_every == 0:
                 running = active.nonzero().flatten().tolist()
-                log_rows(running, step, loss, linf, out.patterns, trigger, {})
+                _log_rows(writers, running, step, loss, linf, out.patterns, trigger, {})
             opt.zero_grad()
             loss.sum().backward()  # members are independent: each gets its own gradient
             opt.step()
@@ -536,7 +554,45 @@ def train_ensemble(
     finally:
         torch.set_num_threads(threads)
         bar.close()
-        for log in logs:
-            if log is not None:
-                log.close()
+        for writer in writers:
+            writer.close()
     return [s for s in summaries if s is not None], model
+
+
+def _log_rows(writers: Sequence[RunWriter], members: list[int], step: int, loss: Tensor,
+              linf: Tensor, patterns: list[Tensor], trigger: Tensor,
+              status: dict[int, int]) -> None:
+    """Log step ``step`` of each of ``members``: its loss and L-infinity error (members,) and its
+    BOS mass per layer and head (``patterns``: a layer's weights (E, B, H, L, L)) on the training
+    batch, and its status (``STATUS``) when it stops at this step. Nothing without writers."""
+    if not writers:
+        return
+    bos = torch.stack([metrics.bos_mass_nontrigger(w, trigger) for w in patterns], dim=1)
+    for e in members:
+        row = {"step": step,
+               "loss": loss[e].item(), "train_linf": linf[e].item(),
+               "bos_mass_nontrigger": bos[e].tolist()}
+        if e in status:
+            row["status"] = STATUS[status[e]]
+        writers[e].log(row)
+
+
+def _summary(cfg: RunConfig, member: RunConfig, status: str, values: dict[str, Any],
+             wall_time_s: float, device: torch.device, engine: str) -> dict[str, Any]:
+    """A stopped member's summary (``summary.json``): the ensemble's setting ``cfg``, the
+    member's seed and lr, how it ended, its metrics ``values`` (``sinklab.evaluate.evaluate``)
+    and where it ran."""
+    args = {"attention_args": cfg.model.attention_args} if cfg.model.attention_args \
+        else {}  # absent when empty: a default run's summary is what it always was
+    return {
+        "attention": cfg.model.attention, **args, "n_layers": cfg.model.n_layers,
+        "n_heads": cfg.model.n_heads, "seq_len": cfg.task.seq_len,
+        "d_model": cfg.task.d_model, "seed": member.train.seed, "lr": member.train.lr,
+        "status": status,
+        **values,
+        "eval": {"n_sequences": cfg.eval.n_sequences, "trigger": cfg.task.eval_trigger,
+                 "seed": cfg.eval.seed},
+        "wall_time_s": wall_time_s,
+        "device": str(device), "engine": engine,
+        "versions": versions(),
+    }

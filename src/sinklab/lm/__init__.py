@@ -1,28 +1,33 @@
 """Real pretrained models, offline: the same measurements and edits as on the toy models.
 
-    loading        find a model's local files, read them before loading, load, probe texts
+    sources        where a model's local files and the probe texts come from (no torch)
+    loading        read a model's files before loading it, load it, probe it, accumulate metrics
     capture        name and hook the layers of Hugging Face models (``run_with_cache``)
     interventions  edits as hooks: the first key hidden, its value zeroed, its mass capped,
                    StreamingLLM's cache, head ablations; next-token losses
     trigger_heads  trigger-conditional heads found by a permutation test
-    survey, edits  the computation of ``sinklab lm`` (``sinklab.studies.real_models``)
+    survey, edits  the computation of ``sinklab lm`` (declared in ``sinklab.studies.real_models``)
 
-Needs the extra ``sinklab[lm]``.
+Needs the extra ``sinklab[lm]``. The names researchers use are reachable here
+(``sinklab.lm.load``, ``sinklab.lm.run_with_cache``, ``sinklab.lm.interventions``); they are
+imported on first use, so that ``sinklab.lm.sources`` stays free of torch.
 """
 
-from sinklab.lm import interventions
-from sinklab.lm.capture import run, run_with_cache
-from sinklab.lm.loading import (
-    LoadedModel,
-    ModelInfo,
-    Probes,
-    inspect,
-    load,
-    locate,
-    probe_texts,
-    random_probes,
-    text_probes,
-)
+import importlib
+from typing import Any
 
-__all__ = ["LoadedModel", "ModelInfo", "Probes", "inspect", "interventions", "load", "locate",
-           "probe_texts", "random_probes", "run", "run_with_cache", "text_probes"]
+EXPORTS = {  # name -> the module of sinklab.lm that defines it
+    "locate": "sources", "probe_texts": "sources", "Source": "sources",
+    "ModelInfo": "loading", "LoadedModel": "loading", "Probes": "loading", "inspect": "loading",
+    "load": "loading", "text_probes": "loading", "random_probes": "loading",
+    "run": "capture", "run_with_cache": "capture",
+}
+__all__ = [*EXPORTS, "interventions"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in EXPORTS:
+        return getattr(importlib.import_module(f"sinklab.lm.{EXPORTS[name]}"), name)
+    if name == "interventions":
+        return importlib.import_module("sinklab.lm.interventions")
+    raise AttributeError(f"module 'sinklab.lm' has no attribute {name!r}")

@@ -194,6 +194,7 @@ def _hooked_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tens
 
 def _register() -> None:
     """Register ``IMPLEMENTATION`` with transformers once (a new name: nothing else changes)."""
+    # transformers: the extra sinklab[lm], needed only once a real model is hooked
     from transformers import AttentionInterface
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 

@@ -22,8 +22,6 @@ the final hidden states.
 
 from __future__ import annotations
 
-import dataclasses
-import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -33,19 +31,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from sinklab import claims as cl
 from sinklab import metrics
+from sinklab.claims import nan_mean
 from sinklab.hooks import Hooks
-from sinklab.lm import capture
+from sinklab.lm import capture, trigger_heads
 from sinklab.lm import interventions as iv
 from sinklab.lm import loading as lm
-from sinklab.lm import trigger_heads
-
-SINK_TOKENS = (0, 1, 4)  # StreamingLLM's k: the first k tokens kept beside the window
-HARMLESS = 0.01  # nats per token: a change of the mean loss smaller than this is "harmless"
-CONTROL_SEED = 0  # the random control heads' draw
-TARGETED_HEADS = 6  # at most this many of the finder's heads get the targeted ablation
-LOSS_TOKENS = 2  # a next-token loss needs a token to predict from and one to predict
+from sinklab.lm.settings import CONTROL_SEED, LOSS_TOKENS, SINK_TOKENS, TARGETED_HEADS
 
 
 def compared_from(window: int) -> int:
@@ -89,15 +81,6 @@ class Unkept:
 def batches(ids: Tensor, mask: Tensor, size: int) -> Iterator[tuple[Tensor, Tensor]]:
     for start in range(0, ids.shape[0], size):
         yield ids[start:start + size], mask[start:start + size]
-
-
-def nan_mean(values: np.ndarray, axis: int) -> np.ndarray:
-    """The mean over ``axis`` of the finite entries (nan where there are none), without
-    numpy's warning for an empty slice."""
-    ok = np.isfinite(values)
-    count = ok.sum(axis)
-    total = np.where(ok, values, 0.0).sum(axis)
-    return np.where(count > 0, total / np.maximum(count, 1), np.nan)
 
 
 def masked_mean(values: Tensor, where: Tensor, dim: int) -> list[float]:
@@ -351,203 +334,3 @@ def supported(loaded: lm.LoadedModel) -> str | None:
 
 
 # ------------------------------------------------------------------------------- claims
-
-PROBES = ("probe", "probes")
-
-
-def needs_text(tokens: int, prefix: list[str]) -> str:
-    """What a measurement without data needs, in a user's terms: texts of at least N tokens,
-    and how many that is with the special tokens put in front (``prefix``, their names)."""
-    content = max(tokens - len(prefix), 1)
-    front = f" ({tokens} with {' '.join(prefix)} in front)" if prefix else ""
-    return f"not measured: needs texts of at least {content} token{'' if content == 1 else 's'}" \
-        f"{front}"
-
-
-def _finite(values: list[float | None]) -> list[float]:
-    """The measured values: a probe with no position measured is nan, or None once the records
-    have been through JSON."""
-    return [float(v) for v in values if v is not None and math.isfinite(v)]
-
-
-def _group_mean(rows: list[dict[str, Any]], group: str, how: str) -> list[float]:
-    """Per probe, the mean over a group's heads of one ablation's loss change."""
-    chosen = [r[how] for r in rows if r["group"] == group]
-    return nan_mean(np.asarray(chosen, dtype=float), 0).tolist() if chosen else []
-
-
-def _heads_value(stats: dict[str, list], key: str, heads: list) -> np.ndarray:
-    """(probes, len(heads)) of a per-head statistic."""
-    arr = np.asarray(stats[key], dtype=float)
-    return np.stack([arr[:, layer, head] for layer, head in heads], axis=1)
-
-
-def _claim(build: Callable[..., cl.Claim], key: str, sentence: str, values: list[Any],
-           *args: Any, what: str, missing: str) -> cl.Claim:
-    """``build``'s claim over the measured ``values``; with none, an undetermined claim that
-    says why (``missing``: what the measurement needs)."""
-    kept = _finite(values)
-    short = len(values) - len(kept)
-    if kept and short:  # k of n: the probes too short for it are named
-        why = missing.removeprefix("not measured: ")
-        what += f" ({short} of the {len(values)} too short to measure: {why})"
-    claim = build(key, sentence, kept, *args, PROBES, what)
-    if kept:
-        return claim
-    return dataclasses.replace(claim, data=f"{what}; {missing}", needed_text=missing)
-
-
-def claims(model: dict[str, Any]) -> list[cl.Claim]:
-    """The story's claims for one causal model's interventions (``model["interventions"]``);
-    a claim whose measurement has no probe says what it needs."""
-    iv_rec = model["interventions"]
-    key, name = model["key"], model["model"]
-    n = len(iv_rec["baseline"])
-    what = f"over {n} natural probes"
-    prefix = iv_rec.get("prefix", [])
-    loss = needs_text(LOSS_TOKENS, prefix)
-    out = []
-    by_key = {g["key"]: g for g in iv_rec["global"]}
-    out.append(_claim(
-        cl.mean_at_least, f"{key}.hide_first_key_raises_loss",
-        f"{name}: hiding the first token's key from every query raises the next-token loss",
-        by_key["hide_first_key"]["per_probe"], 0.0,
-        what=f"each probe's mean loss change (nats per token) {what}", missing=loss))
-    out.append(_claim(
-        cl.mean_within, f"{key}.zero_first_value_harmless",
-        f"{name}: zeroing the first token's value in every head changes the loss by less than "
-        f"{HARMLESS:g} nats per token (its value is near zero, so the sink adds nothing)",
-        by_key["zero_first_value"]["per_probe"], 0.0, HARMLESS,
-        what=f"each probe's mean loss change {what}", missing=loss))
-    out.append(_claim(
-        cl.mean_at_least, f"{key}.cap_first_mass_raises_loss",
-        f"{name}: capping every head's first-token mass at 1 - {iv_rec['cap_eps']:g} raises the "
-        f"loss", by_key["cap_first_mass"]["per_probe"], 0.0,
-        what=f"each probe's mean loss change {what}", missing=loss))
-    streams = {s["k"]: s for s in iv_rec["streaming"]}
-    gain = (np.asarray(streams[0]["per_probe"], dtype=float)
-            - np.asarray(streams[1]["per_probe"], dtype=float)).tolist() if streams else []
-    out.append(_claim(
-        cl.mean_at_least, f"{key}.streaming_first_token_helps",
-        f"{name}: with a window of {iv_rec['window']} recent tokens, also keeping the first "
-        f"token lowers the loss (StreamingLLM's finding)", gain, 0.0,
-        what=f"each probe's loss with k = 0 minus with k = 1, at positions >= "
-             f"{iv_rec['compared_from']} {what}",
-        missing=needs_text(iv_rec["streaming_needs"], prefix)))
-    rows = iv_rec["heads"]
-    flagged, control = iv_rec["flagged"], iv_rec["control"]
-    stats = iv_rec["head_stats"]
-    out_f = nan_mean(_heads_value(stats, "output_norm", flagged), 1)
-    out_c = nan_mean(_heads_value(stats, "output_norm", control), 1)
-    out.append(_claim(
-        cl.mean_at_most, f"{key}.sink_heads_output_small",
-        f"{name}: the {len(flagged)} heads with the most first-token mass write outputs at most "
-        f"half as large as {len(control)} random other heads (they do little)",
-        (out_f / out_c).tolist(), 0.5,
-        what="each probe's mean output norm of the sink heads over that of the control heads",
-        missing=needs_text(1, prefix)))
-    ratio = nan_mean(_heads_value(stats, "value_ratio", flagged), 1)
-    out.append(_claim(
-        cl.mean_at_most, f"{key}.sink_heads_value_drained",
-        f"{name}: in the sink heads the first token's value vector is shorter than the other "
-        f"tokens' (Guo et al.'s value-state drain)", ratio.tolist(), 1.0,
-        what="each probe's mean, over the sink heads, of the first value's norm over the mean "
-             "norm of the other values", missing=needs_text(2, prefix)))
-    for how, words in (("zero", "zero-ablating"), ("mean", "mean-ablating")):
-        out.append(_claim(
-            cl.mean_within, f"{key}.sink_heads_{how}_ablation_harmless",
-            f"{name}: {words} one sink head changes the loss by less than {HARMLESS:g} nats "
-            f"per token (the head does nothing)", _group_mean(rows, "flagged", how),
-            0.0, HARMLESS,
-            what=f"each probe's loss change, averaged over the {len(flagged)} sink heads "
-                 f"ablated one at a time", missing=loss))
-    diff = np.asarray(_group_mean(rows, "flagged", "zero")) - \
-        np.asarray(_group_mean(rows, "control", "zero"))
-    out.append(_claim(
-        cl.mean_at_most, f"{key}.sink_heads_matter_less_than_random",
-        f"{name}: zero-ablating a sink head raises the loss less than zero-ablating a random "
-        f"head", diff.tolist(), 0.0,
-        what="each probe's mean loss change over the sink heads minus that over the control "
-             "heads", missing=loss))
-    out.append(_claim(
-        cl.mean_at_least, f"{key}.sink_heads_cap_hurts",
-        f"{name}: capping one sink head's first-token mass at 1 - {iv_rec['cap_eps']:g} raises "
-        f"the loss", _group_mean(rows, "flagged", "cap"), 0.0,
-        what=f"each probe's loss change, averaged over the {len(flagged)} sink heads capped "
-             f"one at a time", missing=loss))
-    return out
-
-
-def head_verdicts(iv_rec: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per ablated head of one model's interventions: the mean loss change of each ablation
-    with its bootstrap interval over probes, and whether the head fits the story (a sink head
-    whose ablation is harmless and whose output is small) or contradicts it."""
-    stats = iv_rec["head_stats"]
-    norms = np.asarray(stats["output_norm"], dtype=float)  # (probes, layers, heads)
-    first = np.asarray(stats["first"], dtype=float)
-    value = np.asarray(stats["value_ratio"], dtype=float)
-    control = nan_mean(_heads_value(stats, "output_norm", iv_rec["control"]), 1)  # (probes,)
-    verdicts = []
-    for row in iv_rec["heads"]:
-        layer, head = row["layer"], row["head"]
-        entry = {"layer": layer, "head": head, "group": row["group"],
-                 "first": float(nan_mean(first[:, layer, head], 0)),
-                 "value_ratio": float(nan_mean(value[:, layer, head], 0)),
-                 "output": _summary((norms[:, layer, head] / control).tolist())}
-        for how in ("zero", "mean", "cap"):
-            entry[how] = _summary(row[how])
-        if row["group"] == "flagged":
-            lo, hi = entry["output"]["interval"]
-            harmful = [h for h in ("zero", "mean") if entry[h]["interval"][0] > HARMLESS
-                       or entry[h]["interval"][1] < -HARMLESS]
-            harmless = all(-HARMLESS <= entry[h]["interval"][0] and entry[h]["interval"][1]
-                           <= HARMLESS for h in ("zero", "mean"))
-            reasons = [f"{h} ablation changes the loss" for h in harmful] + \
-                (["it writes more than a random head"] if lo > 1 else [])
-            entry["story"] = ("contradicts: " + "; ".join(reasons) if reasons else
-                              "fits: ablating it is harmless and it writes less than a random "
-                              "head" if harmless and hi < 1 else
-                              "undetermined: an interval straddles its line")
-        verdicts.append(entry)
-    return verdicts
-
-
-# ------------------------------------------------------------------------------ records
-
-
-def _summary(values: list[float]) -> dict[str, Any]:
-    """The mean of per-probe values with its bootstrap interval over probes."""
-    arr = np.asarray(_finite(values), dtype=float)
-    lo, hi = cl.bootstrap_mean(arr) if arr.size else (float("nan"), float("nan"))
-    return {"mean": float(arr.mean()) if arr.size else float("nan"), "interval": [lo, hi],
-            "n": int(arr.size)}
-
-
-def described(done: dict[str, Any]) -> dict[str, Any]:
-    """One model's interventions with what the report shows computed from them: each edit's
-    mean and interval over probes, each ablated head's verdict, and the rank correlations over
-    every head."""
-    if done.get("refused") or done.get("not_measured"):
-        return done
-    out = {**done, "global": [{**g, "summary": _summary(g["per_probe"])}
-                              for g in done["global"]]}
-    if "baseline" not in done:  # an encoder: hidden-state changes only
-        return out
-    out["baseline_mean"] = float(nan_mean(np.asarray(done["baseline"], dtype=float), 0))
-    out["streaming_missing"] = needs_text(done["streaming_needs"], done.get("prefix", []))
-    out["streaming"] = [{**s, "summary": _summary(s["per_probe"])}
-                        for s in done["streaming"]]
-    out["verdicts"] = head_verdicts(out)
-    out["contradicting"] = [v for v in out["verdicts"]
-                            if v.get("story", "").startswith("contradicts")]
-    stats = {k: nan_mean(np.asarray(v, dtype=float), 0).ravel()
-             for k, v in done["head_stats"].items()}
-    from scipy import stats as st
-
-    for key, other in (("spearman", "output_norm"), ("spearman_value", "value_ratio")):
-        x, y = stats["first"], stats[other]
-        ok = np.isfinite(x) & np.isfinite(y)
-        rho, p = (st.spearmanr(x[ok], y[ok]) if ok.sum() > 2 and np.ptp(x[ok]) > 0
-                  and np.ptp(y[ok]) > 0 else (math.nan, math.nan))
-        out[key] = {"rho": float(rho), "p": float(p), "n_heads": int(ok.sum())}
-    return out

@@ -1,8 +1,8 @@
 """Interventions on the attention sink as hooks, and the next-token loss that measures them.
 
-Each intervention is a hook on a named activation (``sinklab.hooks``): the row operations below
-work on the last axes, so the same function serves a toy model's (E, B, ...) tensors and a
-Hugging Face model's (B, ...) ones; the builders return ``Hooks`` for the layers asked::
+Each intervention is a hook on a named activation (``sinklab.hooks``), built for the layers
+asked for as ``Hooks``; the row operations work on the last axes, so the same function serves a
+toy model's (E, B, ...) tensors and a Hugging Face model's (B, ...) ones::
 
     hooks = hide_first_key(n_layers=30)
     base, hidden = token_losses(model, ids, mask), token_losses(model, ids, mask, hooks)
@@ -14,6 +14,10 @@ Hugging Face model's (B, ...) ones; the builders return ``Hooks`` for the layers
 - ``ablate_heads``: heads' results zeroed or replaced by their mean (``attn.result``);
 - ``streaming``: StreamingLLM's k sink tokens plus a window of recent keys (``attn.scores``).
 
+The first three, and their row operations ``hide_first``, ``zero_first`` and ``cap_first``, are
+``sinklab.first_key``'s, the implementation the toy models' ``model.bos`` uses too; they are
+importable from here as well, as is ``sinklab.hooks.on_layers``.
+
 Key 0 is each row's first token and a query's position is its index in the row, so batches are
 padded on the right (as sinklab pads them). Losses come from a causal LM with its head
 (``token_losses``); an encoder is measured by how much its final hidden states move
@@ -23,7 +27,7 @@ ablated head's layer on, from the inputs cached for them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,46 +35,25 @@ import torch
 from torch import Tensor, nn
 
 from sinklab.errors import LMError
-from sinklab.hooks import Hook, Hooks, split
+from sinklab.first_key import (
+    cap_first,
+    cap_first_mass,
+    hide_first,
+    hide_first_key,
+    zero_first,
+    zero_first_value,
+)
+from sinklab.hooks import Hook, Hooks, on_layers, split
 from sinklab.lm import capture
 
+__all__ = [
+    "HOW", "LayerInputs", "ablate_heads", "cap_first", "cap_first_mass", "head_means",
+    "hidden_change", "hide_first", "hide_first_key", "layer_inputs", "losses_from_layer",
+    "losses_of", "on_layers", "streaming", "streaming_positions", "streaming_scores",
+    "token_losses", "zero_first", "zero_first_value",
+]
+
 # ------------------------------------------------------------------------ row operations
-
-
-def hide_first(pattern: Tensor) -> Tensor:
-    """The weights with key 0 hidden: (..., Q, K) -> (..., Q, K), column 0 zero and the other
-    keys scaled so that the row keeps its sum (1 after a softmax: renormalised over the keys
-    still visible, the softmax without key 0). A row whose
-    other keys carry no weight (a causal model's query 0, which sees only key 0) is left as it
-    is: there is nothing to renormalise over."""
-    rest = pattern[..., 1:].sum(dim=-1, keepdim=True)  # summed directly, not 1 - w_0
-    total = pattern.sum(dim=-1, keepdim=True)
-    hidden = torch.cat([torch.zeros_like(pattern[..., :1]), pattern[..., 1:]], dim=-1)
-    scaled = hidden * (total / rest.clamp(min=torch.finfo(pattern.dtype).tiny))
-    return torch.where(rest > 0, scaled, pattern)
-
-
-def cap_first(pattern: Tensor, eps: float) -> Tensor:
-    """Key 0's weight capped at (1 - eps) of its row's sum S: (..., Q, K) -> (..., Q, K). The
-    excess goes to the row's other keys in proportion to their weights, so rows keep their sums
-    (up to rounding); rows already under the cap, and rows whose other keys carry no weight,
-    are left as they are."""
-    first = pattern[..., :1]
-    rest = pattern[..., 1:].sum(dim=-1, keepdim=True)
-    total = first + rest
-    limit = (1 - eps) * total
-    over = (first > limit) & (rest > 0)
-    # the other keys end up with eps * S between them, in proportion to their weights
-    scale = (total - limit) / rest.clamp(min=torch.finfo(pattern.dtype).tiny)
-    capped = torch.cat([limit, pattern[..., 1:] * scale], dim=-1)
-    return torch.where(over, capped, pattern)
-
-
-def zero_first(v: Tensor) -> Tensor:
-    """The value vectors with key 0's set to zero: v (..., K, H, d_head), every head."""
-    out = v.clone()
-    out[..., 0, :, :] = 0
-    return out
 
 
 def streaming_scores(scores: Tensor, k_sink: int, window: int) -> Tensor:
@@ -93,74 +76,6 @@ def streaming_positions(seq_len: int, k_sink: int, window: int) -> Tensor:
 
 
 # ----------------------------------------------------------------------------- builders
-
-
-def _layers(n_layers: int, layers: Iterable[int] | None) -> list[int]:
-    if isinstance(n_layers, bool) or not isinstance(n_layers, int) or n_layers < 1:
-        raise ValueError(f"n_layers must be a positive integer, not {n_layers!r}.")
-    chosen = list(range(n_layers)) if layers is None else list(layers)
-    for layer in chosen:
-        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < n_layers:
-            raise ValueError(f"layer {layer!r} is not a layer of the model: layers are 0 to "
-                             f"{n_layers - 1}.")
-    return chosen
-
-
-def on_layers(part: str, hook: Hook, n_layers: int, layers: Iterable[int] | None = None
-              ) -> Hooks:
-    """``hook`` on ``blocks.{l}.{part}`` for each of ``layers`` (None: all ``n_layers``)."""
-    return Hooks({f"blocks.{layer}.{part}": hook for layer in _layers(n_layers, layers)})
-
-
-def _heads(heads: Iterable[int] | None) -> list[int] | None:
-    if heads is None:
-        return None
-    chosen = list(heads)
-    for head in chosen:
-        if isinstance(head, bool) or not isinstance(head, int) or head < 0:
-            raise ValueError(f"head {head!r} is not a head index: heads are integers from 0.")
-    return chosen
-
-
-def _on_heads(operation: Callable[[Tensor], Tensor], heads: list[int] | None, axis: int
-              ) -> Hook:
-    """A hook applying ``operation`` to the heads ``heads`` (None: all) of a tensor whose head
-    axis is ``axis`` (counted from the end), leaving the other heads as they are."""
-    def hook(tensor: Tensor, name: str) -> Tensor:
-        if heads is None:
-            return operation(tensor)
-        n_heads = tensor.shape[axis]
-        if max(heads) >= n_heads:
-            raise ValueError(f"head {max(heads)} does not exist at {name}: the model has heads "
-                             f"0 to {n_heads - 1}.")
-        index = torch.tensor(heads, device=tensor.device)
-        chosen = tensor.index_select(axis, index)
-        return tensor.index_copy(tensor.ndim + axis, index, operation(chosen))
-    return hook
-
-
-def hide_first_key(n_layers: int, layers: Iterable[int] | None = None,
-                   heads: Iterable[int] | None = None) -> Hooks:
-    """Hide key 0 from every query that sees another key (``hide_first`` on the pattern), in
-    ``layers`` (None: all) and ``heads`` (None: all)."""
-    return on_layers("attn.pattern", _on_heads(hide_first, _heads(heads), -3), n_layers, layers)
-
-
-def zero_first_value(n_layers: int, layers: Iterable[int] | None = None,
-                     heads: Iterable[int] | None = None) -> Hooks:
-    """Set the value vectors at key 0 to zero (``zero_first`` on v), in ``layers`` and
-    ``heads`` (None: all): the rows keep their weights, but key 0 contributes nothing."""
-    return on_layers("attn.v", _on_heads(zero_first, _heads(heads), -2), n_layers, layers)
-
-
-def cap_first_mass(eps: float, n_layers: int, layers: Iterable[int] | None = None,
-                   heads: Iterable[int] | None = None) -> Hooks:
-    """Cap key 0's weight at 1 - eps of every row (``cap_first`` on the pattern), in
-    ``layers`` and ``heads`` (None: all); eps in [0, 1] (0: nothing changes)."""
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps <= 1:
-        raise ValueError(f"eps must be a number from 0 to 1, not {eps!r}.")
-    return on_layers("attn.pattern", _on_heads(lambda p: cap_first(p, eps), _heads(heads), -3),
-                     n_layers, layers)
 
 
 def _check_streaming(k_sink: int, window: int) -> None:

@@ -49,10 +49,12 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+from scipy import sparse, stats
 
 from sinklab import claims
 from sinklab.errors import LMError
 from sinklab.lm import loading as lm
+from sinklab.lm import settings
 
 N_PERM = 1000  # permutations when n_perm is left unset (more when the correction needs them)
 HEADROOM = 2  # ... at least enough that a lone head at the floor has adjusted p <= alpha / this
@@ -171,7 +173,6 @@ def adjust(p: np.ndarray, method: str) -> np.ndarray:
         return p.astype(float)
     if method == "holm":
         return holm(p)
-    from scipy import stats  # imported at first use, as in sinklab.claims
 
     return np.asarray(stats.false_discovery_control(p, method="bh"), dtype=float)
 
@@ -219,8 +220,6 @@ class _Layout:
     def statistic(self, order: np.ndarray) -> np.ndarray:
         """z (tokens, heads) with query q's label given to query order[q] (identity: the
         observed statistic)."""
-        from scipy import sparse
-
         n_tokens, n_queries = len(self.indptr) - 1, len(order)
         one_hot = sparse.csr_matrix((np.ones(len(self.indices), dtype=np.float32),
                                      order[self.indices], self.indptr),
@@ -295,9 +294,9 @@ def _exceed(null: np.ndarray, observed: np.ndarray) -> np.ndarray:
 def scan(arrays: dict[str, np.ndarray], tokens: np.ndarray, positions: np.ndarray,
          probes: np.ndarray, decode: Callable[[int], str] | None = None,
          n_perm: int | None = None, alpha: float = claims.ALPHA, method: str = "holm",
-         within: str = "position", seed: int = 0, min_count: int = lm.MIN_COUNT,
-         min_position: int = lm.MIN_POSITION, dormant_level: float = lm.DORMANT_LEVEL,
-         dormant_share: float = lm.DORMANT_SHARE) -> TriggerScan:
+         within: str = "position", seed: int = 0, min_count: int = settings.MIN_COUNT,
+         min_position: int = settings.MIN_POSITION, dormant_level: float = settings.DORMANT_LEVEL,
+         dormant_share: float = settings.DORMANT_SHARE) -> TriggerScan:
     """Test every mostly dormant head for first-key drops at particular tokens.
 
     ``arrays``: ``lm.query_features`` output, (layers, heads, queries) each, padding removed;

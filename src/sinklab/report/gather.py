@@ -23,6 +23,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import markdown
+
 from sinklab import studies
 from sinklab.errors import ResultsError
 from sinklab.report import markdown as report
@@ -192,8 +194,6 @@ def to_html(markdown_text: str, out: Path, root: Path | None = None) -> str:
     """A standalone page: Markdown rendered, every local PNG inside ``root`` (default ``out``)
     embedded as a data URI. Nothing else is embedded: a report may link any file, but only the
     figures of the results gathered end up inside the page."""
-    import markdown
-
     body = markdown.markdown(markdown_text, extensions=["tables", "toc", "md_in_html",
                                                          "fenced_code"],
                              extension_configs={"toc": {"toc_depth": "2-2"}})

@@ -24,14 +24,14 @@ import numpy as np
 from sinklab.errors import ResultsError
 
 
-def _clean(obj: Any) -> Any:
+def jsonable(obj: Any) -> Any:
     """Make numbers JSON-safe: NaN and inf become None (JSON has neither)."""
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
     if isinstance(obj, dict):
-        return {k: _clean(v) for k, v in obj.items()}
+        return {k: jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
+        return [jsonable(v) for v in obj]
     return obj
 
 
@@ -74,7 +74,7 @@ def write_atomic(path: Path, data: bytes) -> None:
 
 def write_json(path: Path, obj: Any) -> None:
     """Atomically write ``obj`` as indented JSON (non-finite floats become null)."""
-    text = json.dumps(_clean(obj), indent=2, allow_nan=False) + "\n"
+    text = json.dumps(jsonable(obj), indent=2, allow_nan=False) + "\n"
     write_atomic(path, text.encode())
 
 
@@ -137,7 +137,7 @@ class MetricsLog:
 
     def write(self, row: dict[str, Any]) -> None:
         try:
-            self._f.write(json.dumps(_clean(row), allow_nan=False) + "\n")
+            self._f.write(json.dumps(jsonable(row), allow_nan=False) + "\n")
             self._f.flush()
         except OSError as exc:
             raise named(exc, self.path) from None

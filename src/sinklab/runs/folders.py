@@ -26,11 +26,13 @@ them finished.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
 import socket
+import sqlite3
 import sys
 import time
 from collections.abc import Iterable, Iterator
@@ -39,10 +41,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from filelock import FileLock, Timeout
+
 from sinklab.errors import ResultsError
 from sinklab.runs.files import write_json
 
 MARKER = "sinklab.json"
+STORE, STORE_KIND = "sweep.db", "sinklab sweep"  # a sweep's results store (sinklab.sweeps.store)
 LOCK = ".sinklab.lock"
 HOLDER = ".sinklab.lock.json"
 FORMAT = 1
@@ -134,19 +139,18 @@ def marker_is_corrupt(folder: Path) -> bool:
 
 def store_origin(folder: Path) -> str | None:
     """The command that wrote the folder's sweep store (``sweep`` or a study's name), when
-    the folder has a readable one."""
-    from sinklab.sweeps.store import DB, Store
-
-    if not (folder / DB).is_file():
+    the folder has a readable one of sinklab's (``sinklab.sweeps.store`` writes it)."""
+    db = folder / STORE
+    if not db.is_file():
         return None
     try:
-        store = Store.read(folder)
-    except ResultsError:
+        with contextlib.closing(sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro",
+                                                uri=True)) as conn:
+            meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+            conn.execute("SELECT name, status FROM cells LIMIT 1").fetchall()
+    except sqlite3.Error:
         return None
-    try:
-        return store.meta().get("origin")
-    finally:
-        store.close()
+    return meta.get("origin") if meta.get("kind") == STORE_KIND else None
 
 
 def marker_remedy(folder: Path) -> str:
@@ -278,8 +282,6 @@ _HELD: set[str] = set()  # folders whose lock this process holds
 
 def _held_elsewhere(folder: Path) -> bool:
     """Whether another process holds the folder's lock (probed without waiting)."""
-    from filelock import FileLock, Timeout
-
     if os.path.abspath(folder) in _HELD:
         return False
     probe = FileLock(str(folder / LOCK), timeout=0)
@@ -307,8 +309,6 @@ def writer(folder: Path) -> str | None:
 def hold(folder: Path) -> Iterator[None]:
     """Hold the folder's writer lock (the folder must exist); refuse with one sentence naming
     the holder when another process has it."""
-    from filelock import FileLock, Timeout
-
     folder = Path(folder)
     lock = FileLock(str(folder / LOCK), timeout=0)
     try:

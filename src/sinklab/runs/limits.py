@@ -25,7 +25,6 @@ from typing import Any
 
 from sinklab.config import RunConfig
 from sinklab.errors import ConfigError
-from sinklab.task import TrainStream
 
 MEMORY_ENV = "SINKLAB_MAX_MEMORY"
 CELLS_ENV = "SINKLAB_MAX_CELLS"
@@ -81,7 +80,7 @@ def memory_limit(device: Any = None) -> int:
     if text:
         return parse_size(text)
     if device is not None and getattr(device, "type", str(device)).startswith("cuda"):
-        import torch
+        import torch  # only for a CUDA device: this module also serves the help texts
 
         return int(torch.cuda.get_device_properties(device).total_memory)
     total = physical_memory()
@@ -133,6 +132,8 @@ def run_bytes(cfg: RunConfig, members: int = 1) -> int:
     """Training ``members`` models of ``cfg`` as one ensemble and evaluating them: the
     weights with Adam's state, one step's activations kept for backward and their gradients,
     a block of the data stream's inputs and targets, and the evaluation on the test set."""
+    from sinklab.task import TrainStream  # torch: this module also serves the help texts
+
     t, d, m = cfg.task.seq_len, cfg.task.d_model, cfg.model
     b = cfg.train.batch_size
     params = 7 * members * parameters(cfg)  # weights, gradients, two moments, temporaries
@@ -187,7 +188,7 @@ def _device(cfg: RunConfig) -> Any:
     name = cfg.train.device
     if name == "auto" or not name.startswith("cuda"):
         return None
-    import torch
+    import torch  # torch: this module also serves the help texts
 
     return torch.device(name) if torch.cuda.is_available() else None
 

@@ -30,6 +30,7 @@ import contextvars
 import csv
 import dataclasses
 import io
+import json
 import os
 import platform
 import re
@@ -49,8 +50,7 @@ from sinklab.claims import Claim
 from sinklab.config import RunConfig, build_run_config, check_count, coerce, read_toml_text
 from sinklab.errors import ConfigError, ResultsError, SinklabError
 from sinklab.runs import folders, limits
-from sinklab.runs.files import read_json, write_atomic, write_json
-from sinklab.train import resolve_device, versions
+from sinklab.runs.files import jsonable, read_json, write_atomic, write_json
 
 Log = Callable[[str], None]
 RECORDS = "records.json"
@@ -101,7 +101,9 @@ class Execution:
     ray_address: str | None = None
 
     def __post_init__(self) -> None:
+        # torch (the executors train, the device is torch's): not for the help texts
         from sinklab.sweeps.run import check_executor
+        from sinklab.train import resolve_device
 
         if self.workers is not None:
             check_count("--workers", self.workers)
@@ -113,7 +115,7 @@ class Execution:
         refused connection writes nothing), or nothing to do for the local executor."""
         if self.executor != "ray":
             return nullcontext()
-        from sinklab.sweeps.run import ray_session
+        from sinklab.sweeps.run import ray_session  # torch and ray: not for the help texts
 
         return ray_session(self.ray_address, self.workers or os.cpu_count() or 1)
 
@@ -246,6 +248,40 @@ class Study:
         return {"name": self.name, "title": self.title, "report": self.report}
 
 
+# ------------------------------------------------------------------------------ registry
+
+STUDIES: dict[str, Study] = {}
+
+
+def register_kind(study: Study) -> None:
+    """Let the folders module know the study's folder kind."""
+    folders.KINDS.setdefault(study.name, f"{study.name} folder")
+
+
+def register(study: Study) -> Study:
+    """Add ``study`` (its name must be new; ``sinklab.cli`` refuses one named like its own
+    commands)."""
+    if study.name in STUDIES:
+        raise ValueError(f"a study or command named {study.name!r} exists already")
+    STUDIES[study.name] = study
+    register_kind(study)
+    return study
+
+
+def unregister(name: str) -> None:
+    """Remove a study added by ``register`` (tests declare their own)."""
+    STUDIES.pop(name, None)
+
+
+def all_studies() -> list[Study]:
+    """Every registered study, sinklab's own first, in the order the gathered report uses."""
+    return list(STUDIES.values())
+
+
+def get(name: str) -> Study:
+    return STUDIES[name]
+
+
 # ------------------------------------------------------------------------------ options
 
 
@@ -355,10 +391,8 @@ def build_options(study: Study, file: str | None = None, overrides: Sequence[str
         values[name] = coerce_option(study.name, cls, name, value, key)
 
     if file is not None:
-        from sinklab import studies
-
         _, table = read_toml_text(file, "config file")
-        known = {s.name for s in studies.all_studies()} | {study.name}
+        known = {s.name for s in all_studies()} | {study.name}
         unknown = [k for k in table if k not in known]
         if unknown:  # one file may set several studies' options, each in its own table
             raise ConfigError(f"config file {file!r} has the table [{unknown[0]}], which is not "
@@ -424,7 +458,7 @@ class Job:
 
     @property
     def cost(self) -> float:
-        from sinklab.sweeps.run import ensemble_cost
+        from sinklab.sweeps.run import ensemble_cost  # torch: not for the help texts
 
         return ensemble_cost(self.configs[0], len(self.configs))
 
@@ -457,8 +491,9 @@ def plan(out: Path, cells: Sequence[Cell], log: Log | None = None) -> tuple[list
     A run whose marker is corrupted has lost its completion record, so it cannot be checked:
     it is trained again (its folder replaced once the new run is done), with a line to ``log``.
     """
-    groups: dict[tuple[Any, ...], list[Cell]] = {}
-    done = 0
+    from sinklab.sweeps.run import ensembles  # torch: not for the help texts
+
+    pending, done = [], 0
     for cell in unique_cells(cells):
         try:
             finished = is_finished(out / cell.name, cell.config)
@@ -470,16 +505,13 @@ def plan(out: Path, cells: Sequence[Cell], log: Log | None = None) -> tuple[list
         if finished:
             done += 1
         else:
-            groups.setdefault(cell.group, []).append(cell)
+            pending.append(cell)
     jobs = []
-    for group in groups.values():
-        chunk = group[0].chunk or len(group)
-        for i in range(0, len(group), chunk):
-            part = group[i:i + chunk]
-            seeds = [c.config.train.seed for c in part]
-            seed_text = f"seed {seeds[0]}" if len(seeds) == 1 else f"{len(seeds)} runs"
-            jobs.append(Job(f"{part[0].label or part[0].name} {seed_text}".strip(),
-                            [c.config for c in part], [out / c.name for c in part]))
+    for part in ensembles(pending, lambda c: c.group, lambda g: g[0].chunk or len(g)):
+        seeds = [c.config.train.seed for c in part]
+        seed_text = f"seed {seeds[0]}" if len(seeds) == 1 else f"{len(seeds)} runs"
+        jobs.append(Job(f"{part[0].label or part[0].name} {seed_text}".strip(),
+                        [c.config for c in part], [out / c.name for c in part]))
     jobs.sort(key=lambda j: j.cost, reverse=True)
     return jobs, done
 
@@ -592,6 +624,7 @@ def run_all(jobs: list[Job], workers: int, log: Log, out: Path, exe: Execution,
     workers only compute, this process writes each run folder atomically and records the run
     in the folder's store (``out/sweep.db``, which ``sinklab results`` reads). A job that raised
     is recorded as failed and reported once all jobs are done; rerunning retries it."""
+    # torch: the executors train; not for the help texts
     from sinklab.sweeps.run import code_version, execute
     from sinklab.sweeps.store import DB, Store
 
@@ -758,12 +791,54 @@ def copy_to_docs(docs: Path, figures: list[Path], text: Callable[[str], str],
     write_atomic(docs, report.encode())
 
 
+def options_from(study: Study, values: dict[str, Any]) -> Any:
+    """The study's options from what ``options_dict`` wrote (a report's records), checked again
+    by the options' own ``__post_init__``."""
+    kwargs = {}
+    for f in option_fields(study.options):
+        if f.name not in values:
+            continue
+        value, hint = values[f.name], _hint(study.options, f.name)
+        if isinstance(value, list):
+            value = tuple(value)
+        if value is not None and (hint is Path or Path in typing.get_args(hint)):
+            value = Path(value)
+        kwargs[f.name] = value
+    return study.options(**kwargs)
+
+
+def render_docs(docs: Path) -> tuple[str, bool]:
+    """Write the report ``docs`` (a ``--docs`` copy, known by its mark or its study's heading)
+    again from the records beside it (``docs_mark``), after its template or its claims' code
+    changed: nothing is trained or measured, and its figures are left as they are. Returns the
+    study's name, and whether the claims decided again from the records are the ones recorded
+    with them."""
+    from sinklab.studies import render  # jinja2: not for the help texts
+
+    docs = Path(docs)
+    name = None
+    if docs.is_file() and docs.with_suffix(".json").is_file():
+        first = docs.read_bytes().decode("utf-8", "replace").split("\n", 1)[0].strip()
+        name = _marked_study(docs) or next(
+            (s.name for s in STUDIES.values() if s.heading == first), None)
+    if name is None or name not in STUDIES:
+        raise ResultsError(f"{docs} is not a report sinklab copied into docs (a study's heading "
+                           "or mark, with its records beside it as .json); give such a report, "
+                           "e.g. docs/zoo.md.")
+    study = STUDIES[name]
+    result = read_json(docs.with_suffix(".json"))
+    opts = options_from(study, result["options"])
+    claims = study.claims(result["records"], opts)
+    same = json.loads(json.dumps(jsonable([c.to_dict() for c in claims]))) == result["claims"]
+    text = render.report(study, result, claims, opts, docs.with_suffix("").name)
+    write_atomic(docs, (text.rstrip("\n") + "\n\n" + docs_mark(name, docs) + "\n").encode())
+    return name, same
+
+
 # ------------------------------------------------------------------------------ outputs
 
 
 def _csv_value(value: Any) -> Any:
-    import json
-
     if isinstance(value, (list, tuple, dict)):
         return json.dumps(value)
     return "" if value is None else value
@@ -784,6 +859,7 @@ def to_csv(rows: Sequence[dict[str, Any]]) -> str:
 
 def draw_figures(study: Study, out: Path, records: Any, opts: Any) -> list[Path]:
     """Every declared figure that applies, into ``out/figures``."""
+    # matplotlib: not for the help texts
     from matplotlib.figure import Figure
 
     from sinklab import plots
@@ -806,7 +882,7 @@ def draw_figures(study: Study, out: Path, records: Any, opts: Any) -> list[Path]
 
 
 def _matplotlib_version() -> str:
-    import matplotlib
+    import matplotlib  # not for the help texts
 
     return matplotlib.__version__
 
@@ -827,17 +903,15 @@ def run_study(study: Study, out: Path, opts: Any, exe: Execution | None = None, 
               docs: Path | None = None, command: str | None = None,
               log: Log | None = None) -> dict[str, Any]:
     """Run (or resume) ``study`` into ``out``; return what ``records.json`` holds."""
-    from sinklab import studies
-
     log = log or default_log
     exe = exe or Execution()
     out = Path(out)
-    studies.register_kind(study)
+    register_kind(study)
     check_docs(docs, study.heading, study.name, out)
+    if study.check is not None:  # (which names the options as the user gave them)
+        study.check(opts, exe, out)
     for source in study.reuse(opts) if study.reuse is not None else ():
         check_reuse(Path(source))
-    if study.check is not None:
-        study.check(opts, exe, out)
     cells = study.cells(opts, exe)
     limits.check_cells(len(cells), f"sinklab {study.name} with these options")
     with exe.session():
@@ -849,7 +923,7 @@ def run_study(study: Study, out: Path, opts: Any, exe: Execution | None = None, 
 def _sinklab_names(study: Study, cells: Sequence[Cell]) -> set[str]:
     """What ``study`` writes at the top of its folder: its outputs, its store and the first
     folder of each run's name (``runs``, ``denied``, ...)."""
-    from sinklab.sweeps.store import DB
+    from sinklab.sweeps.store import DB  # torch (the metrics' table): not for the help texts
 
     return ({folders.MARKER, f"{folders.MARKER}.corrupt", RECORDS, CLAIMS_CSV, study.report,
              "figures", "cache", "results.csv", DB, f"{DB}.corrupt", f"{DB}-journal"}
@@ -943,7 +1017,9 @@ def rebuild_marker(study: Study, out: Path, cells: Sequence[Cell], log: Log) -> 
 
 def _run(study: Study, out: Path, opts: Any, exe: Execution, docs: Path | None,
          command: str | None, log: Log, cells: list[Cell]) -> dict[str, Any]:
+    # torch, jinja2 and matplotlib load when a study runs, not for the help texts
     from sinklab.studies import render
+    from sinklab.train import resolve_device, versions
 
     start = time.perf_counter()
     folders.update_marker(out, study=study.marker())  # a folder of an older sinklab gains it

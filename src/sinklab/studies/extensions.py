@@ -20,28 +20,22 @@ zoo's folder names (``runs/1x1_relu_lr0.001_L32_seed0``), so a zoo folder's runs
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from sinklab import claims as cl
-from sinklab import metrics
 from sinklab.claims import Claim
 from sinklab.config import (
     RunConfig,
     TaskConfig,
-    build_run_config,
     check_count,
-    derive_seed,
 )
-from sinklab.evaluate import eval_batch, evaluate
-from sinklab.metrics import SINK_HEAD_THRESHOLD
+from sinklab.definitions import SINK_HEAD_THRESHOLD
 from sinklab.runs import limits
-from sinklab.runs.files import read_json, read_log, read_npz
-from sinklab.studies import register
+from sinklab.runs.files import read_log
 from sinklab.studies import zoo as zoo_study
 from sinklab.studies.base import (
     Cell,
@@ -52,8 +46,6 @@ from sinklab.studies.base import (
     check_reuse,
     named,
 )
-from sinklab.task import sample_batch
-from sinklab.train import load_model
 
 RULES = ("softmax", "relu")
 # What the theorem predicts of each rule: softmax must sink to solve the task, ReLU need not
@@ -101,7 +93,6 @@ class ExtensionsOptions:
         check_count(named(self, "seeds"), self.seeds)
         if self.reuse is not None:
             self.reuse = Path(self.reuse)
-            check_reuse(self.reuse, named(self, "reuse"))  # a study's folder of sinklab's
         per_seed = len(RULES) * (len(seq_lens(self)) + len(frequencies(self))
                                  + len(block_configs(self)) * len(BLOCKS))
         limits.check_cells(self.seeds * per_seed, f"{named(self, 'seeds')} {self.seeds}")
@@ -184,53 +175,6 @@ def cells(opts: ExtensionsOptions, exe: Execution) -> list[Cell]:
 
 def _max_head(values: Any) -> float:
     return float(np.max(values))
-
-
-@torch.no_grad()
-def length_evaluation(path: Path) -> list[dict[str, Any]]:
-    """A trained model tested at every length in ``EVAL_LENGTHS``, trigger at its eval trigger
-    and at L - 1: L∞ at non-trigger and trigger rows, BOS weight of the most sinking head."""
-    cfg, model = load_model(path)
-    rows = []
-    for n in EVAL_LENGTHS:
-        for trigger in dict.fromkeys((cfg.task.eval_trigger, n - 1)):
-            test_cfg = replace(cfg, task=replace(cfg.task, seq_len=n, eval_trigger=trigger))
-            (m,), _ = evaluate(model, eval_batch(test_cfg, torch.device("cpu")))
-            rows.append({"seq_len": n, "trigger": trigger,
-                         "linf_nontrigger": m["linf_nontrigger"],
-                         "linf_trigger": m["linf_trigger"],
-                         "bos_max": _max_head(m["bos_mass_nontrigger"])})
-    return rows
-
-
-@torch.no_grad()
-def mixed_evaluation(path: Path) -> dict[str, Any]:
-    """A trained model tested on the shared mixed test set (``MIXED``): L∞ error over the
-    sequences with no trigger, one, and several, and the non-trigger BOS weight."""
-    cfg, model = load_model(path)
-    task = replace(MIXED, seq_len=cfg.task.seq_len, d_model=cfg.task.d_model,
-                   train_trigger_max=cfg.task.seq_len - 1)
-    gen = torch.Generator().manual_seed(derive_seed(cfg.eval.seed, "mixed"))
-    batch = sample_batch(task, MIXED_SEQUENCES, gen, residual=cfg.residual)
-    out = model(batch.x, return_weights=True)
-    count = batch.trigger.sum(-1)
-    err = (out.out[0] - batch.y).abs().amax(dim=(-2, -1))  # per sequence
-    result: dict[str, Any] = {}
-    for name, sel in (("none", count == 0), ("one", count == 1), ("several", count >= 2)):
-        result[f"linf_{name}"] = err[sel].max().item() if bool(sel.any()) else None
-        result[f"n_{name}"] = int(sel.sum())
-    bos = torch.stack([metrics.bos_mass_nontrigger(w[0], batch.trigger) for w in out.patterns])
-    result["bos_max"] = bos.max().item()
-    return result
-
-
-def self_mass(path: Path) -> float:
-    """The largest mean weight a head puts on the query itself at non-trigger rows, read off
-    the run's mean attention maps (test set, trigger at the run's eval trigger)."""
-    cfg = build_run_config(read_json(path / "config.json"))
-    mean = torch.from_numpy(read_npz(path / "attention.npz")["mean"])  # (layers, heads, L, L)
-    trigger = torch.tensor([cfg.task.eval_trigger])
-    return metrics.self_mass_nontrigger(mean[:, None], trigger).max().item()
 
 
 def _cached(ctx: Context, what: str, name: str, compute: Any) -> Any:
@@ -320,6 +264,8 @@ def _protocol(opts: ExtensionsOptions, exe: Execution) -> dict[str, Any]:
 def collect(ctx: Context) -> dict[str, Any]:
     """Every sweep's runs (one row per run and seed) and each setting over its seeds."""
     opts = ctx.opts
+    from sinklab import measure  # torch: the declaration also serves the help texts
+
     seeds = range(opts.seeds)
     seq, trig, block, length, emerge, curves = [], [], [], [], [], []
     for rule in RULES:
@@ -332,19 +278,21 @@ def collect(ctx: Context) -> dict[str, Any]:
                 name = run_name("1x1", rule, s, _frequency_task(p, k))
                 trig.append({"rule": rule, "no_trigger_prob": p, "max_triggers": k,
                              **_run(ctx, name), **{f"mixed_{key}": v for key, v in _cached(
-                                 ctx, "mixed", name, mixed_evaluation).items()}})
+                                 ctx, "mixed", name, lambda path: measure.mixed_evaluation(
+                                     path, MIXED, MIXED_SEQUENCES)).items()}})
         for config in block_configs(opts):
             for b in BLOCKS:
                 for s in seeds:
                     name = run_name(config, rule, s, model={"block": b})
                     row = {"config": config, "rule": rule, "block": b, **_run(ctx, name),
-                           "self_max": self_mass(ctx.out / name)}
+                           "self_max": measure.self_mass(ctx.out / name)}
                     block.append({**row, "fate": fate(row)})
             # the paper's models (attention blocks at L = 16): tested longer, and their curves
             for s in seeds:
                 name = run_name(config, rule, s)
                 base = _run(ctx, name)
-                for t in _cached(ctx, "lengths", name, length_evaluation):
+                for t in _cached(ctx, "lengths", name,
+                                 lambda path: measure.length_evaluation(path, EVAL_LENGTHS)):
                     length.append({"config": config, "rule": rule, "seed": s,
                                    "converged": base["converged"], **t})
                 e = emergence(ctx.out / name)
@@ -625,7 +573,13 @@ def _reuse(opts: ExtensionsOptions) -> list[Path]:
     return [opts.reuse] if opts.reuse is not None else []
 
 
-STUDY = register(Study(
+def _check(opts: ExtensionsOptions, exe: Execution, out: Path) -> None:
+    """Before anything is written: ``--reuse`` names a study's folder of sinklab's."""
+    if opts.reuse is not None:
+        check_reuse(opts.reuse, named(opts, "reuse"))
+
+
+STUDY = Study(
     name="extensions",
     title="Extensions: past the paper's setting",
     help="softmax and ReLU past the paper: lengths, trigger counts, blocks, emergence",
@@ -640,4 +594,5 @@ STUDY = register(Study(
     options=ExtensionsOptions, template="extensions.md.j2", collect=collect, cells=cells,
     claims=claims, figures=FIGURES,
     tables=("seq_len", "trigger", "block", "length", "emergence"), report="EXTENSIONS.md",
-    reuse=_reuse, docs_example="docs/extensions.md", default_out="results/extensions"))
+    reuse=_reuse, check=_check, docs_example="docs/extensions.md",
+    default_out="results/extensions")

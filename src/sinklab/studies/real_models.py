@@ -29,29 +29,22 @@ claims of the paper's story that they test::
 
 from __future__ import annotations
 
-import functools
-import hashlib
-import re
-import time
+import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from sinklab import claims as cl
-from sinklab import studies
-from sinklab.claims import Claim
+from sinklab.claims import Claim, nan_mean
 from sinklab.config import check_count
-from sinklab.errors import ConfigError
-from sinklab.lm import edits as liv
-from sinklab.lm import loading as lm
-from sinklab.lm import trigger_heads
-from sinklab.metrics import GU_EPS, GUO_CUTOFF
-from sinklab.runs import limits
-from sinklab.studies import register
+from sinklab.definitions import GU_EPS, GUO_CUTOFF
+from sinklab.errors import ConfigError, Interrupted
+from sinklab.lm import settings, sources
+from sinklab.lm.settings import HARMLESS, LOSS_TOKENS, needs_text
 from sinklab.studies.base import (
     Context,
     Execution,
@@ -62,9 +55,10 @@ from sinklab.studies.base import (
     read_kept,
 )
 from sinklab.studies.reference import GU
-from sinklab.train import resolve_device
 
-PROBE_SETS = ("natural", "random")
+if TYPE_CHECKING:
+    from sinklab.lm.edits import Stages
+
 MAIN_EPS, MAIN_CUTOFF = f"{GU_EPS:g}", f"{GUO_CUTOFF:g}"  # keys of the sweeps the report leads with
 HALF = 0.5  # "a head puts at least half its weight on the first token"
 MIN_TOKENS = 8
@@ -76,17 +70,14 @@ CAP_EPS = 0.5
 WINDOW = 16
 MAX_COUNT = 100_000  # the largest --intervene, --ablate-heads or --window taken
 MAX_TOKENS = 1_000_000  # the largest --tokens taken before any model is read
-MIN_MEASURED = 2  # tokens a probe needs (special tokens included) to enter the metrics: a
-# query that sees a key besides the first
-_INSPECTED: dict[str, lm.ModelInfo] = {}  # the models ``check`` read, for ``collect`` to load
 
-assert MAIN_EPS in {f"{e:g}" for e in lm.EPS_SWEEP}
-assert MAIN_CUTOFF in {f"{c:g}" for c in lm.CUTOFF_SWEEP}
+assert MAIN_EPS in {f"{e:g}" for e in settings.EPS_SWEEP}
+assert MAIN_CUTOFF in {f"{c:g}" for c in settings.CUTOFF_SWEEP}
 
 
 def _packaged_help() -> str:
     return ", ".join(f"{name} (package {package.replace('_', '-')})"
-                     for name, (package, _, _) in lm.PACKAGED.items())
+                     for name, (package, _, _) in sources.PACKAGED.items())
 
 
 @dataclass
@@ -99,13 +90,13 @@ class LMOptions:
                 "Face id (ORG/NAME) already in the local cache (HF_HUB_CACHE or HF_HOME; "
                 "never downloaded); repeat for several (default: smollm2)",
         "flag": "--model", "append": True, "metavar": "NAME|PATH|ID"})
-    n_tokens: int = field(default=lm.PROBE_TOKENS, metadata={
+    n_tokens: int = field(default=settings.PROBE_TOKENS, metadata={
         "help": "content tokens per probe at most, special tokens not counted: each text is "
                 "cut to N (a shorter one keeps its length) and each random-token probe has "
-                f"exactly N (default: {lm.PROBE_TOKENS})",
+                f"exactly N (default: {settings.PROBE_TOKENS})",
         "flag": "--tokens", "metavar": "N"})
-    n_random: int = field(default=lm.N_RANDOM, metadata={
-        "help": f"random-token probes (default: {lm.N_RANDOM})", "flag": "--random",
+    n_random: int = field(default=settings.N_RANDOM, metadata={
+        "help": f"random-token probes (default: {settings.N_RANDOM})", "flag": "--random",
         "metavar": "N"})
     batch_size: int = field(default=DEFAULT_BATCH, metadata={
         "help": f"probes per forward pass (default: {DEFAULT_BATCH})", "metavar": "N"})
@@ -132,7 +123,7 @@ class LMOptions:
                 f"(default: {CAP_EPS:g})", "flag": "--cap-eps", "metavar": "EPS"})
     window: int = field(default=WINDOW, metadata={
         "help": f"StreamingLLM's window of recent tokens (default: {WINDOW}); it is compared "
-                f"with the first {max(liv.SINK_TOKENS)} tokens kept or not",
+                f"with the first {max(settings.SINK_TOKENS)} tokens kept or not",
         "flag": "--window", "metavar": "W"})
 
     def __post_init__(self) -> None:
@@ -172,19 +163,9 @@ class LMOptions:
             raise ConfigError(f"{named(self, 'cap_eps')}={self.cap_eps!r} is not allowed: it "
                               "must be a number between 0 and 1.")
 
-    def probe_texts(self) -> lm.ProbeTexts:
+    def probe_texts(self) -> sources.ProbeTexts:
         """The natural probe set these options ask for (LMError for a bad file)."""
-        return lm.probe_texts(self.probes, self.probes_field, self.texts)
-
-
-def folder_name(spec: str) -> str:
-    """A model's short name in file names: its own, or the path's last part made file-name
-    safe with a digest of the path (two folders of the same name stay apart)."""
-    if spec in lm.PACKAGED:
-        return spec
-    stem = Path(spec).expanduser().resolve().name
-    digest = hashlib.blake2b(spec.encode(), digest_size=3).hexdigest()
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", stem) + f"-{digest}"
+        return sources.probe_texts(self.probes, self.probes_field, self.texts)
 
 
 def check(opts: LMOptions, exe: Execution, out: Path) -> None:
@@ -193,303 +174,51 @@ def check(opts: LMOptions, exe: Execution, out: Path) -> None:
     config and tokenizer (``lm.inspect``, without its weights), ``--tokens`` against the
     positions it takes, and the memory its analysis and interventions need. What the texts are
     too short to measure is said here too (it is data, not an error)."""
+    # torch and transformers load when the study runs, not for the help texts
+    from sinklab.lm import survey
+    from sinklab.train import resolve_device
+
     tokens = named(opts, "n_tokens")
     if opts.n_tokens > MAX_TOKENS:
         raise ConfigError(f"{tokens}={opts.n_tokens} is not allowed: no model sinklab loads "
                           f"takes more than {MAX_TOKENS:,} positions; give at most that.")
     texts = opts.probe_texts()
-    sources = {spec: lm.locate(spec) for spec in opts.models}
+    located = {spec: sources.locate(spec) for spec in opts.models}
     device = resolve_device(exe.device)
-    _INSPECTED.clear()
-    for spec, source in sources.items():
-        if _kept(spec, opts, exe, out):
-            continue
-        info = lm.inspect(source)
-        limit = info.max_content_tokens
-        if limit is not None and opts.n_tokens > limit:
-            added = (f", less {' and '.join(info.special_names)}" if info.special_names else "")
-            raise ConfigError(f"{tokens}={opts.n_tokens} is more than --model {spec} takes: it "
-                              f"has {info.max_positions:,} positions (max_position_embeddings)"
-                              f"{added}, so a probe holds at most {limit:,} tokens; give "
-                              f"{limit} or fewer.")
-        lengths = lm.text_probes(info, texts.texts, opts.n_tokens).lengths
-        limits.check_memory(model_bytes(info, opts, lengths),
-                            f"--model {spec} ({limits.format_bytes(info.weight_bytes)} of "
-                            f"float32 weights) with --tokens {opts.n_tokens}, --random "
-                            f"{opts.n_random}, --batch-size {opts.batch_size} and --intervene "
-                            f"{opts.n_intervene}", device)
-        for line in coverage(info, opts, lengths):
-            default_log(f"lm: {spec}: {line}")
-        _INSPECTED[spec] = info
+    survey.forget()
+    for spec, source in located.items():
+        if not _kept(spec, opts, exe, out):
+            survey.preflight(spec, source, opts, texts, device, default_log, tokens)
 
 
 def _kept(spec: str, opts: LMOptions, exe: Execution, out: Path) -> bool:
     """Whether ``out`` keeps this model's whole analysis (and interventions, when asked for)
     with these settings already, so that the model need not be read at all."""
-    wanted = [(folder_name(spec), settings(spec, opts, exe))]
+    wanted = [(sources.folder_name(spec), analysis_settings(spec, opts, exe))]
     if opts.n_intervene:
-        wanted.append((f"{folder_name(spec)}-interventions",
+        wanted.append((f"{sources.folder_name(spec)}-interventions",
                        intervention_settings(spec, opts, exe)))
     return all(read_kept(out / "cache" / f"{key}.json", want, "result") is not None
                for key, want in wanted)
 
 
-def coverage(info: lm.ModelInfo, opts: LMOptions, lengths: torch.Tensor) -> list[str]:
-    """What these texts (``lengths``: each one's content tokens) are too short for, in one line
-    each: the measurements that will say "not measured" and those that leave probes out."""
-    lines = []
-    front, names = len(info.prefix), info.prefix_names
-    longest = int(lengths.max())
-    short = int((lengths < MIN_MEASURED).sum())
-    if short:
-        without = f" without {' '.join(info.special_names)}" if front else ""
-        lines.append(f"{short} of {len(lengths)} texts have fewer than {MIN_MEASURED} tokens: "
-                     f"they are left out of the metrics{without}")
-    if longest + front <= lm.MIN_POSITION:
-        lines.append(f"the trigger-head finder: {liv.needs_text(lm.MIN_POSITION + 1, names)}; "
-                     f"the longest text has {longest}")
-    if opts.n_intervene and info.causal_lm:
-        first = lengths[:opts.n_intervene]
-        needed = liv.streaming_tokens(opts.window)
-        if int(first.max()) + front < needed:
-            lines.append(f"StreamingLLM's cache (--window {opts.window}): "
-                         f"{liv.needs_text(needed, names)}; the longest of the first "
-                         f"{len(first)} texts has {int(first.max())}")
-    return lines
-
-
-def model_bytes(info: lm.ModelInfo, opts: LMOptions, lengths: torch.Tensor) -> int:
-    """Memory of one model's work: its float32 weights, and the larger of the analysis (the
-    probes, one batch's attention weights of every layer, kept by the model and stacked here,
-    and the finder's per-query arrays) and the interventions (the residual stream of every
-    layer cached for the intervention probes, and one batch's logits and attention); the
-    longest probe sets the width."""
-    n_natural = len(lengths)
-    tokens = max(int(lengths.max()), opts.n_tokens) + len(info.prefix) + len(info.suffix)
-    layers, heads = info.n_layers, info.n_heads
-    ids = 8 * tokens * (n_natural + 2 * opts.n_random)
-    batch = min(opts.batch_size, max(n_natural, opts.n_random))
-    weights = 4 * batch * layers * heads * tokens * tokens
-    per_query = 4 * 8 * layers * heads * n_natural * tokens  # the finder's
-    analysis = ids + 4 * weights + per_query
-    n = min(opts.n_intervene, n_natural)
-    batch = min(opts.batch_size, max(n, 1))
-    resid = 4 * layers * n * tokens * info.hidden_size
-    logits = 4 * 3 * batch * tokens * info.vocab_size  # logits, their log-softmax, a copy
-    attention = 4 * 4 * batch * heads * tokens * tokens  # scores, pattern and hooked copies
-    interventions = resid + logits + attention if n else 0
-    return info.weight_bytes + max(analysis, interventions)
-
-
 # ----------------------------------------------------------------------------- analysis
-
-
-def conditions(model: lm.LoadedModel | lm.ModelInfo) -> list[tuple[str, bool]]:
-    """(label, add specials) pairs: with and without the tokenizer's BOS / [CLS] ... [SEP]."""
-    if not model.prefix and not model.suffix:
-        return [("no BOS token in this tokenizer", False)]
-    added = " ... ".join(model.special_names)
-    return [(f"with {added}", True), (f"without {added}", False)]
-
-
-def _last_query(loaded: lm.LoadedModel, probes: lm.Probes) -> dict[str, Any]:
-    """The query Guo's dormant rate reads (``metrics.dormant_rate``: each probe's last real
-    row): its position when every probe has the same one (else None, with the range), and the
-    token there when every probe has the same one (an appended [SEP])."""
-    last = probes.lengths - 1
-    tokens = probes.ids[torch.arange(len(probes)), last].unique()
-    token = loaded.tokenizer.decode([int(tokens[0])]) if len(tokens) == 1 else None
-    same = bool((last == last[0]).all())
-    return {"position": int(last[0]) if same else None,
-            "positions": [int(last.min()), int(last.max())], "token": token}
-
-
-def _probe_sets(loaded: lm.LoadedModel, opts: LMOptions, texts: lm.ProbeTexts, log: Any
-                ) -> dict[str, lm.Probes]:
-    """The natural probes (``texts``, each cut to ``--tokens``) and the random-token ones."""
-    natural = lm.text_probes(loaded, texts.texts, opts.n_tokens)
-    stats = natural.length_stats()
-    log(f"lm: {loaded.source.name}: {len(natural)} texts ({texts.label}) of {stats['min']} to "
-        f"{stats['max']} tokens (median {stats['median']:g}, cut at {opts.n_tokens})")
-    return {"natural": natural,
-            "random": lm.random_probes(loaded, opts.n_random, opts.n_tokens)}
-
-
-def _measure(loaded: lm.LoadedModel, probes: lm.Probes, batch_size: int, per_query: bool
-             ) -> lm.Accumulator:
-    """Every metric of one probe set in one condition, batch by batch."""
-    acc = lm.Accumulator(loaded.n_layers, loaded.n_heads, per_query=per_query)
-    for _, weights, valid in lm.attentions(loaded, probes, batch_size):
-        acc.add(weights, valid)
-    return acc
-
-
-def _finder(loaded: lm.LoadedModel, acc: lm.Accumulator, probes: lm.Probes
-            ) -> dict[str, Any]:
-    """The trigger-conditional heads among the real queries ``acc`` kept, tested against the
-    permutation null (``sinklab.lm.trigger_heads``); with no query late enough to test, what the
-    finder needs."""
-    probe, position = acc.query_index()
-    tokens = probes.ids[probe, position].numpy()
-    found = trigger_heads.scan(acc.query_arrays(), tokens, position, probe,
-                               decode=loaded.tokenizer.decode).to_dict()
-    if not found["n_queries"]:
-        found["not_measured"] = liv.needs_text(lm.MIN_POSITION + 1, loaded.prefix_names)
-    return found
-
-
-def measure_set(loaded: lm.LoadedModel, probes: lm.Probes, probe: str, label: str,
-                specials: bool, batch_size: int, finder: bool) -> dict[str, Any]:
-    """One probe set in one condition: its metrics over the probes long enough to measure
-    (``MIN_MEASURED`` tokens as run, special tokens included), how many were left out, and with
-    ``finder`` the trigger-head scan of its queries; with no probe long enough, what it needs."""
-    probes = lm.with_specials(loaded, probes, specials)
-    measurable = probes.lengths >= MIN_MEASURED
-    left_out = int((~measurable).sum())
-    front = loaded.prefix_names if specials else []
-    if not bool(measurable.any()):
-        return {"not_measured": {"probes": probe, "condition": label, "left_out": left_out,
-                                 "why": liv.needs_text(MIN_MEASURED, front)}}
-    probes = probes.subset(measurable)
-    acc = _measure(loaded, probes, batch_size, per_query=finder)
-    lengths = probes.length_stats()
-    queries = int((probes.lengths - 1).sum()) if acc.causal else int(probes.lengths.sum())
-    result = {"probes": probe, "condition": label, "specials": specials,
-              "sequences": len(probes), "left_out": left_out, "queries": queries,
-              "tokens": lengths["max"], "lengths": lengths,
-              "dormant_query": _last_query(loaded, probes), **acc.summary()}
-    return {"result": result,
-            "finder": _finder(loaded, acc, probes) if finder and acc.causal else None}
-
-
-class Loader:
-    """One model, read (``lm.inspect``, done by ``check`` for every model first) and loaded the
-    first time it is needed (a rerun whose analyses are all kept never loads it), then kept for
-    the other analyses."""
-
-    def __init__(self, spec: str, exe: Execution, log: Any) -> None:
-        self.spec, self.exe, self.log = spec, exe, log
-        self.loaded: lm.LoadedModel | None = None
-        self.load_s = 0.0
-
-    def info(self) -> lm.ModelInfo:
-        if self.spec not in _INSPECTED:
-            _INSPECTED[self.spec] = lm.inspect(lm.locate(self.spec))
-        return _INSPECTED[self.spec]
-
-    def __call__(self) -> lm.LoadedModel:
-        if self.loaded is None:
-            start = time.perf_counter()
-            info = self.info()
-            self.loaded = lm.load(info.source, resolve_device(self.exe.device), info)
-            self.load_s = time.perf_counter() - start
-            self.log(f"lm: {self.spec}: loaded {self.loaded.n_layers} layers x "
-                     f"{self.loaded.n_heads} heads in {self.load_s:.0f} s")
-        return self.loaded
-
-
-def analyse_model(spec: str, opts: LMOptions, exe: Execution, log: Any,
-                  loader: Loader | None = None, stages: liv.Stages | None = None
-                  ) -> dict[str, Any]:
-    """Load one model, run every probe set and condition, and return its results; each (probe
-    set, condition) is kept in ``stages`` as it finishes, and one kept there is not redone."""
-    start = time.perf_counter()
-    texts = opts.probe_texts()
-    source = lm.locate(spec)
-    loader = loader or Loader(spec, exe, log)
-    stages = stages or liv.Unkept()
-    info = loader.info()
-    labels = {"natural": texts.label, "random": "random"}
-    first_label = conditions(info)[0][0]
-    results, unmeasured, finder = [], [], None
-    # made once, when the first stage that is not kept needs them (the model loaded then)
-    probe_sets = functools.cache(lambda: _probe_sets(loader(), opts, texts, log))
-    for probe in PROBE_SETS:
-        for label, specials in conditions(info):
-
-            def measured(probe: str = probe, label: str = label, specials: bool = specials
-                         ) -> dict[str, Any]:
-                # the finder reads the natural probes in the model's first condition (with BOS)
-                done = measure_set(loader(), probe_sets()[probe], probe, label, specials,
-                                   opts.batch_size,
-                                   finder=probe == "natural" and label == first_label)
-                log(f"lm: {spec}: {probe} probes, {label}: done "
-                    f"({time.perf_counter() - start:.0f} s)")
-                return done
-
-            done = stages.keep(f"{probe}: {label}", measured)
-            if "not_measured" in done:
-                unmeasured.append({**done["not_measured"], "label": labels[probe]})
-                continue
-            results.append({**done["result"], "label": labels[probe]})
-            finder = done["finder"] if done.get("finder") is not None else finder
-    return {
-        "model": spec, "key": folder_name(spec), "folder": str(source.folder),
-        "hub": {"id": source.hub_id, "commit": source.commit} if source.hub_id else None,
-        "weights": info.weights,
-        "architecture": info.architecture, "causal_lm": info.causal_lm,
-        "n_layers": info.n_layers, "n_heads": info.n_heads, "causal": results[0]["causal"],
-        "special_tokens": info.special_names, "tokenizer_adds_them": info.adds_specials,
-        "load_s": loader.load_s, "total_s": time.perf_counter() - start,
-        "device": str(resolve_device(exe.device)), "results": results,
-        "not_measured": unmeasured,
-        "finder_condition": first_label if finder is not None else None,
-        "trigger_scan": finder,
-    }
 
 
 def intervention_settings(spec: str, opts: LMOptions, exe: Execution) -> dict[str, Any]:
     """What one model's interventions depend on: the analysis's settings (whose finder heads
     get the targeted ablation) and the intervention options."""
-    return {**settings(spec, opts, exe), "n_intervene": opts.n_intervene,
+    return {**analysis_settings(spec, opts, exe), "n_intervene": opts.n_intervene,
             "ablate_heads": opts.ablate_heads, "cap_eps": opts.cap_eps, "window": opts.window,
-            "sink_tokens": list(liv.SINK_TOKENS), "harmless": liv.HARMLESS,
-            "control_seed": liv.CONTROL_SEED}
+            "sink_tokens": list(settings.SINK_TOKENS), "harmless": settings.HARMLESS,
+            "control_seed": settings.CONTROL_SEED}
 
 
-def intervene(analysis: dict[str, Any], opts: LMOptions, loader: Loader, log: Any,
-              stages: liv.Stages | None = None) -> dict[str, Any]:
-    """The interventions on one model (``sinklab.lm.edits``), on the first
-    ``--intervene`` natural probes in the model's first condition (with its BOS, if any); a
-    causal model's stages are kept in ``stages`` as they finish."""
-    info = loader.info()
-    label, specials = conditions(info)[0]
-    front = info.prefix_names if specials else []
-    added = len(info.prefix) + len(info.suffix) if specials else 0
-    natural = lm.text_probes(info, opts.probe_texts().texts, opts.n_tokens)
-    lengths = natural.lengths[:opts.n_intervene]
-    common = {"n_probes": len(lengths), "condition": label, "prefix": front,
-              "tokens_min": int(lengths.min()) + added,
-              "tokens_max": int(lengths.max()) + added, "cap_eps": opts.cap_eps,
-              "window": opts.window, "harmless": liv.HARMLESS,
-              "control_seed": liv.CONTROL_SEED, "sink_tokens": list(liv.SINK_TOKENS)}
-    if info.causal_lm and common["tokens_max"] < liv.LOSS_TOKENS:
-        return {**common, "not_measured": liv.needs_text(liv.LOSS_TOKENS, front)}
-    loaded = loader()
-    refused = liv.supported(loaded)
-    if refused is not None:
-        return {"refused": refused}
-    probes = lm.with_specials(loaded, natural, specials)
-    n = len(lengths)
-    ids, valid = probes.ids[:n], probes.valid[:n]
-    ids = ids[:, :int(probes.lengths[:n].max())]  # drop columns only other probes fill
-    valid = valid[:, :ids.shape[1]]
-    chosen = liv.Settings(n_probes=n, n_heads=opts.ablate_heads, cap_eps=opts.cap_eps,
-                          window=opts.window, batch_size=opts.batch_size)
-    if loaded.causal_lm:
-        scan = analysis["trigger_scan"]
-        out = liv.run_causal(loaded, ids, valid.long(), chosen,
-                             scan["heads"] if scan is not None else [], log, stages)
-    else:
-        out = liv.run_encoder(loaded, ids, valid.long(), chosen)
-    return {**out, **common}
-
-
-def settings(spec: str, opts: LMOptions, exe: Execution) -> dict[str, Any]:
+def analysis_settings(spec: str, opts: LMOptions, exe: Execution) -> dict[str, Any]:
     """What one model's analysis depends on (a cached analysis with other settings is redone):
     the options, the files the model resolves to (a new snapshot of a Hugging Face id is
     another model) and the natural texts themselves, by digest."""
-    source = lm.locate(spec)
+    source = sources.locate(spec)
     texts = opts.probe_texts()
     return {"format": FORMAT, "model": spec,
             "files": str(source.folder / source.gguf if source.gguf else source.folder),
@@ -539,13 +268,15 @@ def _tables(models: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[di
 
 
 def collect(ctx: Context) -> dict[str, Any]:
+    from sinklab.lm import survey  # torch and transformers: not for the help texts
+
     opts: LMOptions = ctx.opts
     texts = opts.probe_texts()
     models: list[dict[str, Any]] = []
     kept: list[tuple[str, str, Any]] = []  # (model, part, its Stages; None once it is whole)
 
     def part(spec: str, name: str, key: str, wanted: dict[str, Any],
-             compute: Callable[[liv.Stages], dict[str, Any]]) -> dict[str, Any]:
+             compute: Callable[[Stages], dict[str, Any]]) -> dict[str, Any]:
         """One model's analysis or interventions: kept whole in cache/KEY.json, else computed
         stage by stage (resuming from the stages a stopped run finished)."""
         stages = ctx.stages(key, wanted)
@@ -564,20 +295,21 @@ def collect(ctx: Context) -> dict[str, Any]:
 
     try:
         for spec in opts.models:
-            loader = Loader(spec, ctx.exe, ctx.log)
-            analysis = part(spec, "analysis", folder_name(spec), settings(spec, opts, ctx.exe),
-                            lambda stages, spec=spec, loader=loader: analyse_model(
+            loader = survey.Loader(spec, ctx.exe, ctx.log)
+            analysis = part(spec, "analysis", sources.folder_name(spec),
+                            analysis_settings(spec, opts, ctx.exe),
+                            lambda stages, spec=spec, loader=loader: survey.analyse_model(
                                 spec, opts, ctx.exe, ctx.log, loader, stages))
             model = {**analysis, "results": [_described(r) for r in analysis["results"]]}
             if opts.n_intervene:
-                done = part(spec, "interventions", f"{folder_name(spec)}-interventions",
+                done = part(spec, "interventions", f"{sources.folder_name(spec)}-interventions",
                             intervention_settings(spec, opts, ctx.exe),
-                            lambda stages, analysis=analysis, loader=loader: intervene(
+                            lambda stages, analysis=analysis, loader=loader: survey.intervene(
                                 analysis, opts, loader, ctx.log, stages))
-                model["interventions"] = liv.described(done)
+                model["interventions"] = described(done)
             models.append(model)
     except KeyboardInterrupt:
-        raise studies.Interrupted(interrupted_text(ctx.out, kept)) from None
+        raise Interrupted(interrupted_text(ctx.out, kept)) from None
     sets, heads = _tables(models)
     return {
         "models": models, "probe_sets": sets, "heads": heads,
@@ -585,14 +317,14 @@ def collect(ctx: Context) -> dict[str, Any]:
                    "n_natural": len(texts.texts),
                    "n_file": len(texts.texts) - len(opts.texts) if texts.file else 0,
                    "n_text": len(opts.texts), "max_tokens": opts.n_tokens,
-                   "random_seed": lm.RANDOM_SEED},
-        "sweeps": {"eps": [f"{e:g}" for e in lm.EPS_SWEEP],
-                   "cutoffs": [f"{c:g}" for c in lm.CUTOFF_SWEEP],
+                   "random_seed": settings.RANDOM_SEED},
+        "sweeps": {"eps": [f"{e:g}" for e in settings.EPS_SWEEP],
+                   "cutoffs": [f"{c:g}" for c in settings.CUTOFF_SWEEP],
                    "main_eps": MAIN_EPS, "main_cutoff": MAIN_CUTOFF},
-        "finder": {"dormant_level": lm.DORMANT_LEVEL, "dormant_share": lm.DORMANT_SHARE,
-                   "min_count": lm.MIN_COUNT, "min_position": lm.MIN_POSITION,
-                   "follow": lm.FOLLOW, "spread_entropy": lm.SPREAD_ENTROPY},
-        "min_measured": MIN_MEASURED, "half": HALF,
+        "finder": {"dormant_level": settings.DORMANT_LEVEL, "dormant_share": settings.DORMANT_SHARE,
+                   "min_count": settings.MIN_COUNT, "min_position": settings.MIN_POSITION,
+                   "follow": settings.FOLLOW, "spread_entropy": settings.SPREAD_ENTROPY},
+        "min_measured": settings.MIN_MEASURED, "half": HALF,
         "intervened": [m["key"] for m in _intervened({"models": models})],
     }
 
@@ -622,6 +354,203 @@ def interrupted_text(out: Path, kept: list[tuple[str, str, Any]]) -> str:
         return ("nothing was finished yet, so nothing is kept; no report was written")
     return (f"kept in {where}: {'; '.join(parts)}; not kept: the stage in progress, and no "
             "report was written; run the same command again to go on from there")
+
+
+# ------------------------------------------------------------------------------- claims
+
+
+# ------------------------------------------------------------------ interventions' claims
+
+PROBES = ("probe", "probes")
+
+
+def _finite(values: list[float | None]) -> list[float]:
+    """The measured values: a probe with no position measured is nan, or None once the records
+    have been through JSON."""
+    return [float(v) for v in values if v is not None and math.isfinite(v)]
+
+
+def _group_mean(rows: list[dict[str, Any]], group: str, how: str) -> list[float]:
+    """Per probe, the mean over a group's heads of one ablation's loss change."""
+    chosen = [r[how] for r in rows if r["group"] == group]
+    return nan_mean(np.asarray(chosen, dtype=float), 0).tolist() if chosen else []
+
+
+def _heads_value(stats: dict[str, list], key: str, heads: list) -> np.ndarray:
+    """(probes, len(heads)) of a per-head statistic."""
+    arr = np.asarray(stats[key], dtype=float)
+    return np.stack([arr[:, layer, head] for layer, head in heads], axis=1)
+
+
+def _claim(build: Callable[..., cl.Claim], key: str, sentence: str, values: list[Any],
+           *args: Any, what: str, missing: str) -> cl.Claim:
+    """``build``'s claim over the measured ``values``; with none, an undetermined claim that
+    says why (``missing``: what the measurement needs)."""
+    kept = _finite(values)
+    short = len(values) - len(kept)
+    if kept and short:  # k of n: the probes too short for it are named
+        why = missing.removeprefix("not measured: ")
+        what += f" ({short} of the {len(values)} too short to measure: {why})"
+    claim = build(key, sentence, kept, *args, PROBES, what)
+    if kept:
+        return claim
+    return dataclasses.replace(claim, data=f"{what}; {missing}", needed_text=missing)
+
+
+def intervention_claims(model: dict[str, Any]) -> list[cl.Claim]:
+    """The story's claims for one causal model's interventions (``model["interventions"]``);
+    a claim whose measurement has no probe says what it needs."""
+    iv_rec = model["interventions"]
+    key, name = model["key"], model["model"]
+    n = len(iv_rec["baseline"])
+    what = f"over {n} natural probes"
+    prefix = iv_rec.get("prefix", [])
+    loss = needs_text(LOSS_TOKENS, prefix)
+    out = []
+    by_key = {g["key"]: g for g in iv_rec["global"]}
+    out.append(_claim(
+        cl.mean_at_least, f"{key}.hide_first_key_raises_loss",
+        f"{name}: hiding the first token's key from every query raises the next-token loss",
+        by_key["hide_first_key"]["per_probe"], 0.0,
+        what=f"each probe's mean loss change (nats per token) {what}", missing=loss))
+    out.append(_claim(
+        cl.mean_within, f"{key}.zero_first_value_harmless",
+        f"{name}: zeroing the first token's value in every head changes the loss by less than "
+        f"{HARMLESS:g} nats per token (its value is near zero, so the sink adds nothing)",
+        by_key["zero_first_value"]["per_probe"], 0.0, HARMLESS,
+        what=f"each probe's mean loss change {what}", missing=loss))
+    out.append(_claim(
+        cl.mean_at_least, f"{key}.cap_first_mass_raises_loss",
+        f"{name}: capping every head's first-token mass at 1 - {iv_rec['cap_eps']:g} raises the "
+        f"loss", by_key["cap_first_mass"]["per_probe"], 0.0,
+        what=f"each probe's mean loss change {what}", missing=loss))
+    streams = {s["k"]: s for s in iv_rec["streaming"]}
+    gain = (np.asarray(streams[0]["per_probe"], dtype=float)
+            - np.asarray(streams[1]["per_probe"], dtype=float)).tolist() if streams else []
+    out.append(_claim(
+        cl.mean_at_least, f"{key}.streaming_first_token_helps",
+        f"{name}: with a window of {iv_rec['window']} recent tokens, also keeping the first "
+        f"token lowers the loss (StreamingLLM's finding)", gain, 0.0,
+        what=f"each probe's loss with k = 0 minus with k = 1, at positions >= "
+             f"{iv_rec['compared_from']} {what}",
+        missing=needs_text(iv_rec["streaming_needs"], prefix)))
+    rows = iv_rec["heads"]
+    flagged, control = iv_rec["flagged"], iv_rec["control"]
+    stats = iv_rec["head_stats"]
+    out_f = nan_mean(_heads_value(stats, "output_norm", flagged), 1)
+    out_c = nan_mean(_heads_value(stats, "output_norm", control), 1)
+    out.append(_claim(
+        cl.mean_at_most, f"{key}.sink_heads_output_small",
+        f"{name}: the {len(flagged)} heads with the most first-token mass write outputs at most "
+        f"half as large as {len(control)} random other heads (they do little)",
+        (out_f / out_c).tolist(), 0.5,
+        what="each probe's mean output norm of the sink heads over that of the control heads",
+        missing=needs_text(1, prefix)))
+    ratio = nan_mean(_heads_value(stats, "value_ratio", flagged), 1)
+    out.append(_claim(
+        cl.mean_at_most, f"{key}.sink_heads_value_drained",
+        f"{name}: in the sink heads the first token's value vector is shorter than the other "
+        f"tokens' (Guo et al.'s value-state drain)", ratio.tolist(), 1.0,
+        what="each probe's mean, over the sink heads, of the first value's norm over the mean "
+             "norm of the other values", missing=needs_text(2, prefix)))
+    for how, words in (("zero", "zero-ablating"), ("mean", "mean-ablating")):
+        out.append(_claim(
+            cl.mean_within, f"{key}.sink_heads_{how}_ablation_harmless",
+            f"{name}: {words} one sink head changes the loss by less than {HARMLESS:g} nats "
+            f"per token (the head does nothing)", _group_mean(rows, "flagged", how),
+            0.0, HARMLESS,
+            what=f"each probe's loss change, averaged over the {len(flagged)} sink heads "
+                 f"ablated one at a time", missing=loss))
+    diff = np.asarray(_group_mean(rows, "flagged", "zero")) - \
+        np.asarray(_group_mean(rows, "control", "zero"))
+    out.append(_claim(
+        cl.mean_at_most, f"{key}.sink_heads_matter_less_than_random",
+        f"{name}: zero-ablating a sink head raises the loss less than zero-ablating a random "
+        f"head", diff.tolist(), 0.0,
+        what="each probe's mean loss change over the sink heads minus that over the control "
+             "heads", missing=loss))
+    out.append(_claim(
+        cl.mean_at_least, f"{key}.sink_heads_cap_hurts",
+        f"{name}: capping one sink head's first-token mass at 1 - {iv_rec['cap_eps']:g} raises "
+        f"the loss", _group_mean(rows, "flagged", "cap"), 0.0,
+        what=f"each probe's loss change, averaged over the {len(flagged)} sink heads capped "
+             f"one at a time", missing=loss))
+    return out
+
+
+def head_verdicts(iv_rec: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per ablated head of one model's interventions: the mean loss change of each ablation
+    with its bootstrap interval over probes, and whether the head fits the story (a sink head
+    whose ablation is harmless and whose output is small) or contradicts it."""
+    stats = iv_rec["head_stats"]
+    norms = np.asarray(stats["output_norm"], dtype=float)  # (probes, layers, heads)
+    first = np.asarray(stats["first"], dtype=float)
+    value = np.asarray(stats["value_ratio"], dtype=float)
+    control = nan_mean(_heads_value(stats, "output_norm", iv_rec["control"]), 1)  # (probes,)
+    verdicts = []
+    for row in iv_rec["heads"]:
+        layer, head = row["layer"], row["head"]
+        entry = {"layer": layer, "head": head, "group": row["group"],
+                 "first": float(nan_mean(first[:, layer, head], 0)),
+                 "value_ratio": float(nan_mean(value[:, layer, head], 0)),
+                 "output": _summary((norms[:, layer, head] / control).tolist())}
+        for how in ("zero", "mean", "cap"):
+            entry[how] = _summary(row[how])
+        if row["group"] == "flagged":
+            lo, hi = entry["output"]["interval"]
+            harmful = [h for h in ("zero", "mean") if entry[h]["interval"][0] > HARMLESS
+                       or entry[h]["interval"][1] < -HARMLESS]
+            harmless = all(-HARMLESS <= entry[h]["interval"][0] and entry[h]["interval"][1]
+                           <= HARMLESS for h in ("zero", "mean"))
+            reasons = [f"{h} ablation changes the loss" for h in harmful] + \
+                (["it writes more than a random head"] if lo > 1 else [])
+            entry["story"] = ("contradicts: " + "; ".join(reasons) if reasons else
+                              "fits: ablating it is harmless and it writes less than a random "
+                              "head" if harmless and hi < 1 else
+                              "undetermined: an interval straddles its line")
+        verdicts.append(entry)
+    return verdicts
+
+
+# ------------------------------------------------------------------------------ records
+
+
+def _summary(values: list[float]) -> dict[str, Any]:
+    """The mean of per-probe values with its bootstrap interval over probes."""
+    arr = np.asarray(_finite(values), dtype=float)
+    lo, hi = cl.bootstrap_mean(arr) if arr.size else (float("nan"), float("nan"))
+    return {"mean": float(arr.mean()) if arr.size else float("nan"), "interval": [lo, hi],
+            "n": int(arr.size)}
+
+
+def described(done: dict[str, Any]) -> dict[str, Any]:
+    """One model's interventions with what the report shows computed from them: each edit's
+    mean and interval over probes, each ablated head's verdict, and the rank correlations over
+    every head."""
+    if done.get("refused") or done.get("not_measured"):
+        return done
+    out = {**done, "global": [{**g, "summary": _summary(g["per_probe"])}
+                              for g in done["global"]]}
+    if "baseline" not in done:  # an encoder: hidden-state changes only
+        return out
+    out["baseline_mean"] = float(nan_mean(np.asarray(done["baseline"], dtype=float), 0))
+    out["streaming_missing"] = needs_text(done["streaming_needs"], done.get("prefix", []))
+    out["streaming"] = [{**s, "summary": _summary(s["per_probe"])}
+                        for s in done["streaming"]]
+    out["verdicts"] = head_verdicts(out)
+    out["contradicting"] = [v for v in out["verdicts"]
+                            if v.get("story", "").startswith("contradicts")]
+    stats = {k: nan_mean(np.asarray(v, dtype=float), 0).ravel()
+             for k, v in done["head_stats"].items()}
+    from scipy import stats as st  # scipy: not for the help texts
+
+    for key, other in (("spearman", "output_norm"), ("spearman_value", "value_ratio")):
+        x, y = stats["first"], stats[other]
+        ok = np.isfinite(x) & np.isfinite(y)
+        rho, p = (st.spearmanr(x[ok], y[ok]) if ok.sum() > 2 and np.ptp(x[ok]) > 0
+                  and np.ptp(y[ok]) > 0 else (math.nan, math.nan))
+        out[key] = {"rho": float(rho), "p": float(p), "n_heads": int(ok.sum())}
+    return out
 
 
 # ------------------------------------------------------------------------------- claims
@@ -660,7 +589,7 @@ def claims(records: dict[str, Any], opts: LMOptions) -> list[Claim]:
     for m in records["models"]:
         iv_rec = m.get("interventions")
         if iv_rec and m["causal"] and "baseline" in iv_rec:
-            out.extend(liv.claims(m))
+            out.extend(intervention_claims(m))
     return out
 
 
@@ -804,7 +733,7 @@ FIGURES = (
 )
 
 
-STUDY = register(Study(
+STUDY = Study(
     name="lm",
     title="Sinks in real pretrained models",
     help="measure sinks in real pretrained models (SmolLM2, MiniLM, any local or cached "
@@ -822,4 +751,4 @@ STUDY = register(Study(
                 "already analysed.",
     options=LMOptions, template="real_models.md.j2", collect=collect, claims=claims,
     figures=FIGURES, tables=("probe_sets", "heads"), report="LM.md", check=check,
-    trains=False, docs_example="docs/real-models.md", default_out="results/lm"))
+    trains=False, docs_example="docs/real-models.md", default_out="results/lm")

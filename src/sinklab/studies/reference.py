@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from sinklab import claims, definitions
+
 PAPER_SOURCE = ("Ran-Milo (2026), Figs. 3-7, read off by colour (+-0.01); steps from the "
                 "authors' reference code, seed 0")
 
@@ -109,12 +111,10 @@ GU = RateRange(0.70, 0.91, "sink rate (eps = 0.3) of open LMs on random tokens a
 def constants() -> dict[str, Any]:
     """Named settings of sinklab that reports quote (thresholds, levels), read from the code that
     uses them, so that prose never types a number twice."""
-    from sinklab import claims, metrics
-
     return {
-        "sink_head": metrics.SINK_HEAD_THRESHOLD, "gu_eps": metrics.GU_EPS,
-        "guo_cutoff": metrics.GUO_CUTOFF, "off_row": metrics.OFF_ROW,
-        "bos_share": metrics.BOS_SHARE, "alpha": claims.ALPHA,
+        "sink_head": definitions.SINK_HEAD_THRESHOLD, "gu_eps": definitions.GU_EPS,
+        "guo_cutoff": definitions.GUO_CUTOFF, "off_row": definitions.OFF_ROW,
+        "bos_share": definitions.BOS_SHARE, "alpha": claims.ALPHA,
         "every_level": claims.EVERY_LEVEL, "power": claims.POWER,
         "every_min_n": claims.UNIVERSAL_SEEDS, "confidence": claims.CONFIDENCE,
         "paper_source": PAPER_SOURCE,

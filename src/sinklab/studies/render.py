@@ -26,6 +26,7 @@ import jinja2
 from sinklab import claims as claims_mod
 from sinklab.claims import Claim
 from sinklab.report import markdown as md
+from sinklab.studies import reference
 
 
 def _fixed(value: Any, digits: int = 2) -> str:
@@ -106,8 +107,6 @@ def history(meta: dict[str, Any]) -> str:
 def report(study: Any, result: dict[str, Any], claims: list[Claim], opts: Any,
            prefix: str) -> str:
     """The study's report as Markdown, figure links starting with ``prefix``."""
-    from sinklab.studies import reference
-
     by_key = {c.key: c for c in claims}
     template = ENV.get_template(study.template)
 

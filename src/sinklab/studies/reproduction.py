@@ -18,10 +18,9 @@ import numpy as np
 from sinklab import claims as cl
 from sinklab.claims import Claim
 from sinklab.config import RunConfig, build_run_config, check_count
-from sinklab.metrics import SINK_HEAD_THRESHOLD
+from sinklab.definitions import SINK_HEAD_THRESHOLD
 from sinklab.runs import limits
 from sinklab.runs.files import read_npz
-from sinklab.studies import register
 from sinklab.studies.base import Cell, Context, Execution, FigureSpec, Study, named
 from sinklab.studies.reference import PAPER, REFERENCE_SEEDS
 
@@ -356,7 +355,7 @@ FIGURES = (
 )
 
 
-STUDY = register(Study(
+STUDY = Study(
     name="reproduce",
     title="sinklab reproduction report",
     help="reproduce the paper: 1x1, 2x2, 4x4, softmax and ReLU, several seeds",
@@ -367,4 +366,4 @@ STUDY = register(Study(
                 "resumes: finished runs are kept.",
     options=ReproduceOptions, template="reproduction.md.j2", collect=collect, cells=cells,
     claims=claims, figures=FIGURES, tables=("runs", "groups", "layers"), bulk=("maps",),
-    docs_example="docs/reproduction.md", default_out="results/reproduce"))
+    docs_example="docs/reproduction.md", default_out="results/reproduce")

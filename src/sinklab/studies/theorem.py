@@ -32,16 +32,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from sinklab import claims as cl
 from sinklab.claims import Claim
 from sinklab.config import check_count
+from sinklab.definitions import SINK_HEAD_THRESHOLD
 from sinklab.errors import ConfigError, ResultsError
-from sinklab.metrics import SINK_HEAD_THRESHOLD
 from sinklab.runs import folders, limits
 from sinklab.runs.files import read_log
-from sinklab.studies import register, reproduction
+from sinklab.studies import reproduction
 from sinklab.studies.base import (
     Cell,
     Context,
@@ -51,9 +50,7 @@ from sinklab.studies.base import (
     named,
     read_records,
 )
-from sinklab.theory import bounds, certify, stacks
-from sinklab.theory import constructions as theory
-from sinklab.train import plateau_rule_text
+from sinklab.theory import verdicts
 
 RULES = ("softmax", "relu")
 GAPS = tuple(float(c) for c in range(0, 17))  # logit gaps of the softmax sink family
@@ -75,7 +72,7 @@ HEAD_SEQUENCES, QUICK_HEAD_SEQUENCES = 1000, 200  # test sequences of the head m
 RELU_BOUND = {"float64": 1e-12, "float32": 1e-5}  # largest error an "exact" construction may have
 FAMILY_SLOPE = 1.0  # error proportional to the mass off BOS: log-log slope 1
 FAMILY_SLOPE_TOL = 0.1
-FRONTIER_LOW = theory.ERROR_BINS[-1][1]  # a checkpoint has "low error" below this batch L∞
+FRONTIER_LOW = verdicts.ERROR_BINS[-1][1]  # a checkpoint has "low error" below this batch L∞
 FRONTIER_MIN_RANGE = 0.1  # a rank correlation needs the max BOS mass to span more than this
 CONSTANT_SHARE = 0.5  # "most of what a head writes is a constant": its share of the squares
 CANCEL_SHARE = 0.01  # "cancels": the output keeps at most this share of the stream's excursion
@@ -94,7 +91,7 @@ class TheoryOptions:
         "metavar": "N"})
     steps: int | None = field(default=None, metadata={
         "help": f"step cap of the denied-sink runs, which stop earlier on a plateau (no new "
-                f"best training-batch L∞ in {theory.PLATEAU_PATIENCE} steps) (default: "
+                f"best training-batch L∞ in {verdicts.PLATEAU_PATIENCE} steps) (default: "
                 f"{DENIED_STEPS}; {QUICK_DENIED_STEPS} with --quick)", "metavar": "N"})
     plain_steps: int | None = field(default=None, metadata={
         "help": f"step cap of the 2x2 and 4x4 stacks trained with plain targets, which stop "
@@ -110,9 +107,9 @@ class TheoryOptions:
         "help": f"time cap of one model's certified bound, in seconds; the report gives the gap "
                 f"left when it is reached (default: {CERTIFY_SECONDS:g}; "
                 f"{QUICK_CERTIFY_SECONDS:g} with --quick)", "metavar": "S"})
-    eps: tuple[float, ...] = field(default=theory.DENIED_EPS, metadata={
+    eps: tuple[float, ...] = field(default=verdicts.DENIED_EPS, metadata={
         "help": "BOS share caps 1 - eps to train with, each eps in (0, 1) (default: "
-                f"{','.join(f'{e:g}' for e in theory.DENIED_EPS)})", "metavar": "E1,E2,..."})
+                f"{','.join(f'{e:g}' for e in verdicts.DENIED_EPS)})", "metavar": "E1,E2,..."})
     reproduce: Path | None = field(default=None, metadata={
         "help": "a finished `sinklab reproduce` folder whose runs the frontier and the head "
                 "measurements read (only read; default: train the reproduction's runs in this "
@@ -127,6 +124,9 @@ class TheoryOptions:
                 "steps, a quick reproduction"})
 
     def __post_init__(self) -> None:
+        # torch: not for the help texts
+        from sinklab.theory import constructions as theory
+
         if self.seeds is None:
             self.seeds = QUICK_SEEDS if self.quick else DEFAULT_SEEDS
         check_count(named(self, "seeds"), self.seeds)
@@ -160,7 +160,7 @@ class TheoryOptions:
             twice = next(e for e in self.eps if self.eps.count(e) > 1)
             raise ConfigError(f"{eps_given} lists {twice!r} twice; give each cap once.")
         own = len(RULES) * (len(theory.denied_settings(self.eps)) + 1) \
-            + len(stacks.PLAIN_EXPERIMENTS) * len(stacks.PLAIN_RULES)
+            + len(verdicts.PLAIN_EXPERIMENTS) * len(verdicts.PLAIN_RULES)
         trained = len(reproduction.EXPERIMENTS) * len(reproduction.RULES) \
             if self.reproduce is None else 0
         limits.check_cells(self.seeds * (own + trained), f"{named(self, 'seeds')} {self.seeds}")
@@ -180,21 +180,50 @@ def denied_name(rule: str, setting: str, seed: int) -> str:
 def cells(opts: TheoryOptions, exe: Execution) -> list[Cell]:
     """The denied-sink runs (one ensemble of seeds per rule and setting), and without
     --reproduce the reproduction's runs under their own names."""
+    # torch: not for the help texts
+    from sinklab.theory import constructions as theory
+
     out = [Cell(denied_name(rule, setting, seed),
                 theory.denied_config(rule, setting, eps, seed, opts.steps, exe.device),
                 group=("denied", rule, setting), label=f"denied 1x1 {rule} {setting}")
            for rule in RULES for setting, eps in theory.denied_settings(opts.eps)
            for seed in range(opts.seeds)]
-    out += bounds.frontier_cells(opts.seeds, opts.save_every, exe)
-    out += stacks.plain_cells(opts.seeds, opts.plain_steps, exe)
+    out += frontier_cells(opts.seeds, opts.save_every, exe)
+    out += plain_cells(opts.seeds, opts.plain_steps, exe)
     if opts.reproduce is None:
         out += reproduction.cells(opts.reproduce_options(), exe)
     return out
 
 
+def frontier_cells(seeds: int, save_every: int, exe: Execution) -> list[Cell]:
+    """The 1x1 runs of the paper's protocol whose checkpoints the worst-case section reads."""
+    # torch: not for the help texts
+    from sinklab.theory import bounds
+
+    return [Cell(bounds.frontier_name(rule, s),
+                 bounds.frontier_config(rule, s, save_every, exe.device),
+                 group=("frontier", rule), label=f"1x1 {rule} with checkpoints")
+            for rule in verdicts.RULES for s in range(seeds)]
+
+
+def plain_cells(seeds: int, max_steps: int, exe: Execution) -> list[Cell]:
+    """Every (experiment, rule, seed); one ensemble of seeds per experiment and rule."""
+    # torch: not for the help texts
+    from sinklab.theory import stacks
+
+    return [Cell(stacks.plain_name(e, rule, seed),
+                 stacks.plain_config(e, rule, seed, max_steps, exe.device),
+                 group=("plain", e, rule), label=f"plain {e} {rule}")
+            for e in verdicts.PLAIN_EXPERIMENTS for rule in verdicts.PLAIN_RULES
+            for seed in range(seeds)]
+
+
 def construction_bytes(opts: TheoryOptions) -> int:
     """Memory of the largest construction check (the ReLU construction's test set in float64,
     the softmax family's)."""
+    # torch: not for the help texts
+    from sinklab.theory import constructions as theory
+
     sizes = [*RELU_SIZES, (opts.seq_len, opts.d_model)]
     return max([limits.forward_bytes(theory.construction_config("softmax", n, d), 256,
                                      itemsize=8) for n, d in sizes]
@@ -251,6 +280,9 @@ def _values(rows: list[dict[str, Any]], key: str) -> list[float]:
 def denied_records(ctx: Context) -> list[dict[str, Any]]:
     """One row per denied-sink run: reached the stop rule?, its best training-batch errors
     over the logged checkpoints, its test errors and BOS mass."""
+    # torch: not for the help texts
+    from sinklab.theory import constructions as theory
+
     rows = []
     for rule in RULES:
         for setting, eps in theory.denied_settings(ctx.opts.eps):
@@ -318,6 +350,9 @@ def frontier_records(rdir: Path, runs: list[dict[str, Any]]
                      ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Every logged checkpoint of every reproduction run as (training-batch L∞, min and max
     non-trigger BOS mass over heads), and per (experiment, rule) their summary."""
+    # torch: not for the help texts
+    from sinklab.theory import constructions as theory
+
     per_run = []
     for run in runs:
         path = rdir / reproduction.run_name(run["experiment"], run["rule"], run["seed"])
@@ -347,6 +382,10 @@ def head_records(rdir: Path, runs: list[dict[str, Any]], n_sequences: int
                  ) -> list[dict[str, Any]]:
     """What every head of every 4x4 softmax reproduction model writes at non-trigger rows,
     split into its constant and its variation (``theory.head_split``)."""
+    # torch: not for the help texts
+    import torch
+
+    from sinklab.theory import constructions as theory
     from sinklab.train import load_model
 
     found = []
@@ -399,22 +438,26 @@ def head_layers(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
         out.append({
             "layer": li + 1, "n": len(layers),
             "sink_heads_distribution": {str(k): v for k, v in sorted(Counter(counts).items())},
-            "head_rms": bounds.spread([h["rms"] for h in heads]),
-            "sink_const": bounds.spread([h["const"] for h in sinks]),
-            "sink_var": bounds.spread([h["var"] for h in sinks]),
-            "other_const": bounds.spread([h["const"] for h in others]),
-            "other_var": bounds.spread([h["var"] for h in others]),
+            "head_rms": verdicts.spread([h["rms"] for h in heads]),
+            "sink_const": verdicts.spread([h["const"] for h in sinks]),
+            "sink_var": verdicts.spread([h["var"] for h in sinks]),
+            "other_const": verdicts.spread([h["const"] for h in others]),
+            "other_var": verdicts.spread([h["var"] for h in others]),
             "n_sink": len(sinks), "n_other": len(others),
-            "layer_const": bounds.spread([layer["layer"]["const"] for layer in layers]),
-            "layer_var": bounds.spread([layer["layer"]["var"] for layer in layers]),
-            "cumulative_const": bounds.spread([layer["cumulative"]["const"] for layer in layers]),
-            "cumulative_var": bounds.spread([layer["cumulative"]["var"] for layer in layers]),
+            "layer_const": verdicts.spread([layer["layer"]["const"] for layer in layers]),
+            "layer_var": verdicts.spread([layer["layer"]["var"] for layer in layers]),
+            "cumulative_const": verdicts.spread([layer["cumulative"]["const"] for layer in layers]),
+            "cumulative_var": verdicts.spread([layer["cumulative"]["var"] for layer in layers]),
         })
     return out
 
 
 def protocol(opts: TheoryOptions, exe: Execution) -> dict[str, Any]:
     """The settings the report quotes, read from a denied-sink run's own config."""
+    # torch: not for the help texts
+    from sinklab.theory import constructions as theory
+    from sinklab.train import plateau_rule_text
+
     cfg = theory.denied_config("softmax", "removed", None, 0, opts.steps, exe.device)
     return {"tol": cfg.train.tol, "lr": cfg.train.lr, "beta1": cfg.train.beta1,
             "beta2": cfg.train.beta2, "batch_size": cfg.train.batch_size,
@@ -435,12 +478,16 @@ def thresholds() -> dict[str, Any]:
             "cancel_share": CANCEL_SHARE, "identity_rel": IDENTITY_REL,
             "sink_head": SINK_HEAD_THRESHOLD, "head_figure_seeds": HEAD_FIGURE_SEEDS,
             "error_bins": [[lo, None if hi == float("inf") else hi]
-                           for lo, hi in theory.ERROR_BINS]}
+                           for lo, hi in verdicts.ERROR_BINS]}
 
 
 def worst_records(ctx: Context) -> dict[str, Any]:
     """The worst-case sections (``studies.bounds``): each heavy part kept in the study's cache
     under the settings it depends on."""
+    # torch: not for the help texts
+    from sinklab.theory import bounds, certify
+    from sinklab.theory import constructions as theory
+
     opts = ctx.opts
     base = {"seeds": opts.seeds, "save_every": opts.save_every,
             "attack_steps": opts.attack_steps, "certify_seconds": opts.certify_seconds,
@@ -473,17 +520,21 @@ def worst_records(ctx: Context) -> dict[str, Any]:
     checkpoints, family = bounds.with_checks(checkpoints), bounds.with_checks(family)
     return {"finals": finals, "checkpoints": checkpoints, "family": family,
             "construction": construction, "denied": denied,
-            "table": bounds.worst_table(finals),
+            "table": verdicts.worst_table(finals),
             "settings": {**base, "restarts": ATTACK_RESTARTS, "denied_restarts": DENIED_RESTARTS,
-                         "checkpoint_restarts": bounds.CHECKPOINT_RESTARTS,
+                         "checkpoint_restarts": verdicts.CHECKPOINT_RESTARTS,
                          "checkpoint_attack_steps": CHECKPOINT_ATTACK_STEPS,
-                         "sampled": bounds.SAMPLED, "factor": bounds.FACTOR,
-                         "understates": bounds.UNDERSTATES, "stronger": bounds.STRONGER,
-                         "rounding": bounds.ROUNDING,
+                         "sampled": verdicts.SAMPLED, "factor": verdicts.FACTOR,
+                         "understates": verdicts.UNDERSTATES, "stronger": verdicts.STRONGER,
+                         "rounding": verdicts.ROUNDING,
                          "rtol": certify.RTOL, "margin": certify.MARGIN}}
 
 
 def collect(ctx: Context) -> dict[str, Any]:
+    # torch: not for the help texts
+    from sinklab.theory import constructions as theory
+    from sinklab.theory import stacks
+
     opts = ctx.opts
     ctx.log("theory: ReLU construction and softmax sink family")
     sizes = list(dict.fromkeys([*RELU_SIZES, (opts.seq_len, opts.d_model)]))
@@ -501,8 +552,8 @@ def collect(ctx: Context) -> dict[str, Any]:
     worst = worst_records(ctx)
     ctx.log("theory: where the plain-target stacks sink")
     plain = stacks.plain_collect(ctx, opts.seeds, opts.plain_steps,
-                                 stacks.QUICK_PLAIN_SEQUENCES if opts.quick
-                                 else stacks.PLAIN_SEQUENCES)
+                                 verdicts.QUICK_PLAIN_SEQUENCES if opts.quick
+                                 else verdicts.PLAIN_SEQUENCES)
     return {
         "protocol": protocol(opts, ctx.exe), "thresholds": thresholds(),
         "worst": worst, "plain": plain,
@@ -659,10 +710,11 @@ def head_claims(records: dict[str, Any]) -> list[Claim]:
 
 def claims(records: dict[str, Any], opts: TheoryOptions) -> list[Claim]:
     """The theory's verdicts, each decided by its test."""
-    return [*relu_claims(records), *family_claims(records), *bounds.worst_claims(records),
-            *bounds.necessity_claims(records), *denied_claims(records),
-            *bounds.denied_worst_claims(records), *stacks.plain_claims(records["plain"]["runs"]),
-            *frontier_claims(records), *(head_claims(records) if records["heads"] else [])]
+    return [*relu_claims(records), *family_claims(records), *verdicts.worst_claims(records),
+            *verdicts.necessity_claims(records), *denied_claims(records),
+            *verdicts.denied_worst_claims(records),
+            *verdicts.plain_claims(records["plain"]["runs"]), *frontier_claims(records),
+            *(head_claims(records) if records["heads"] else [])]
 
 
 # ----------------------------------------------------------------------------- figures
@@ -750,23 +802,28 @@ def _heads_grid(records: dict[str, Any], opts: TheoryOptions) -> tuple[int, int]
     return (1, max(len(_drawn_heads(records)), 1))
 
 
+PLAIN_FIGURES = (
+    FigureSpec("fig_plain", verdicts.draw_plain, grid=verdicts.plain_grid, size=(5.0, 3.2),
+               title="Plain targets (no residual stream): where the stack sinks",
+               when=lambda records, opts: bool(records.get("plain", {}).get("runs"))),
+)
 FIGURES = (
     FigureSpec("fig_family", _draw_family, size=(6.0, 4.2)),
-    FigureSpec("fig_worst", bounds.draw_positions, grid=(1, 2), size=(5.5, 4.0),
+    FigureSpec("fig_worst", verdicts.draw_positions, grid=(1, 2), size=(5.5, 4.0),
                title="Sampled, attacked and certified errors per position"),
-    FigureSpec("fig_necessity", bounds.draw_necessity, grid=(1, 2), size=(5.5, 4.2),
+    FigureSpec("fig_necessity", verdicts.draw_necessity, grid=(1, 2), size=(5.5, 4.2),
                title="The necessity bound, checked at every checkpoint and along the family"),
-    FigureSpec("fig_norm", bounds.draw_norm, size=(6.5, 4.5)),
-    FigureSpec("fig_denied", bounds.draw_denied, grid=(1, 2), size=(5.5, 4.0),
+    FigureSpec("fig_norm", verdicts.draw_norm, size=(6.5, 4.5)),
+    FigureSpec("fig_denied", verdicts.draw_denied, grid=(1, 2), size=(5.5, 4.0),
                title="Denied sink, 1x1: worst-case errors, mean and range over seeds"),
     FigureSpec("fig_frontier", _draw_frontier, grid=_frontier_grid, size=(5.0, 3.2)),
     FigureSpec("fig_heads", _draw_heads, grid=_heads_grid, size=(4.0, 3.6),
                when=lambda records, opts: bool(records["heads"])),
-    *stacks.PLAIN_FIGURES,
+    *PLAIN_FIGURES,
 )
 
 
-STUDY = register(Study(
+STUDY = Study(
     name="theory",
     title="Theory: the sink is necessary for softmax, and not for ReLU",
     help="check the theorem: worst cases, the necessity bound, denied sinks, plain stacks",
@@ -784,4 +841,4 @@ STUDY = register(Study(
     claims=claims, figures=FIGURES, check=check, report="THEORY.md",
     tables=("denied", "denied_settings", "frontier", "head_rows", "head_layers",
             "relu_construction"),
-    docs_example="docs/theory.md", default_out="results/theory"))
+    docs_example="docs/theory.md", default_out="results/theory")

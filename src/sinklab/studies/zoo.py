@@ -17,26 +17,19 @@ where a capacity argument applies, the error on training sequences that the argu
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import torch
 
 from sinklab import claims as cl
-from sinklab.attention import RULES, rule_info
 from sinklab.claims import Claim
-from sinklab.config import RunConfig, build_run_config, check_count, derive_seed
+from sinklab.config import RunConfig, build_run_config, check_count
+from sinklab.definitions import GU_EPS, OFF_ROW, default_source
 from sinklab.errors import ConfigError
-from sinklab.evaluate import eval_batch, evaluate
-from sinklab.metrics import GU_EPS, OFF_ROW, default_source, row_sums
-from sinklab.model import AttentionStack
 from sinklab.runs import folders, limits
 from sinklab.runs.files import read_json
-from sinklab.studies import register
 from sinklab.studies.base import Cell, Context, Execution, FigureSpec, Study, named
-from sinklab.task import CONTENT_START, sample_batch
-from sinklab.train import load_model
 
 CONFIGS: dict[str, tuple[int, int]] = {"1x1": (1, 1), "2x2": (2, 2)}
 LR_GRID = {"1x1": (3e-4, 1e-3, 3e-3), "2x2": (1e-4, 3e-4, 1e-3)}
@@ -58,10 +51,17 @@ ABLATION_KEYS = ("linf_trigger", "linf_nontrigger", "mse_trigger", "mse_nontrigg
 CACHE_VERSION = 2  # bump when model_checks computes something else
 
 
+def _rules() -> dict[str, Any]:
+    """The registered attention rules (``sinklab.attention.RULES``)."""
+    from sinklab.attention import RULES  # torch: the rules are torch functions; not for --help
+
+    return RULES
+
+
 def _default_rules() -> tuple[str, ...]:
     """sinklab's own rules: a plugin's rule (sinklab.plugins) is trained when --rules names it,
     so that a loaded plugin never changes what the zoo's report covers."""
-    return tuple(sorted(name for name, info in RULES.items() if info.module == "sinklab"))
+    return tuple(sorted(name for name, info in _rules().items() if info.module == "sinklab"))
 
 
 @dataclass
@@ -87,10 +87,11 @@ class ZooOptions:
         rules = named(self, "rules")
         if not self.rules:
             raise ConfigError(f"{rules} needs at least one rule name.")
+        known = _rules()
         for rule in self.rules:
-            if rule not in RULES:
+            if rule not in known:
                 raise ConfigError(f"{rules}: {rule!r} is not a known attention rule: choose from "
-                                  f"{', '.join(sorted(RULES))}.")
+                                  f"{', '.join(sorted(known))}.")
             if self.rules.count(rule) > 1:
                 raise ConfigError(f"{rules} lists {rule!r} twice; give each rule once.")
         # checked before the cells are built: a huge --seeds is refused without building them
@@ -241,60 +242,6 @@ def share_label(k: int, n: int) -> str:
 # ------------------------------------------------------------------- the pass over models
 
 
-def gu_relative(weights: torch.Tensor, trigger: torch.Tensor, eps: float = GU_EPS,
-                floor: float = GU_ROW_FLOOR) -> dict[str, Any]:
-    """Gu et al.'s relative sink rate with a row floor, for one model's weights.
-
-    ``weights`` (layers, B, H, L, L), ``trigger`` (B,). A row is divided by its sum only when
-    that sum is positive and at least ``floor`` times its head's mean trigger-row sum; a row
-    below the floor is ignored: it adds nothing to a_0 = (1/L) sum_i A_i0 / sum_k A_ik (Gu et
-    al.'s importance of key 0, which every one of the L queries sees), as an all-zero row adds
-    nothing. Rows are not re-averaged over the kept ones, or a head whose only rows left were
-    BOS's own (which sees BOS alone) and the trigger's would count as a sink.
-
-    Returns the rate in percent over (sample, layer, head), the rows ignored (and how many of
-    them were exactly zero) and the rows in all (one per sample, layer, head and query)."""
-    sums = weights.sum(-1)  # (layers, B, H, L)
-    reference = row_sums(weights, trigger)["trigger"]  # (layers, H)
-    kept = (sums > 0) & (sums >= floor * reference[:, None, :, None])
-    share = torch.where(kept, weights[..., 0] / sums.clamp(min=1e-30), 0.0)
-    a0 = share.sum(-1) / weights.shape[-1]  # (layers, B, H)
-    return {"rate": 100 * float((a0 > eps).double().mean()),
-            "rows_ignored": int((~kept).sum()), "rows_zero": int((sums == 0).sum()),
-            "rows": int(kept.numel())}
-
-
-@torch.no_grad()
-def validation_mse(cfg: RunConfig, model: AttentionStack) -> float:
-    """MSE of a trained model on the validation sequences (not the test set)."""
-    val_cfg = replace(cfg, eval=replace(cfg.eval, seed=VALIDATION_SEED))
-    (metrics,), _ = evaluate(model, eval_batch(val_cfg, torch.device("cpu")))
-    return metrics["mse"]
-
-
-@torch.no_grad()
-def bos_ablation(cfg: RunConfig, model: AttentionStack) -> dict[str, float]:
-    """A trained model's test errors with BOS hidden from every query but its own
-    (``model.bos=ablated``), at trigger and non-trigger rows."""
-    ablated = AttentionStack(replace(cfg.model, bos="ablated"), cfg.task.d_model,
-                             residual=cfg.residual)
-    ablated.load_state_dict(model.state_dict())
-    (metrics,), _ = evaluate(ablated, eval_batch(cfg, torch.device("cpu")))
-    return {key: metrics[key] for key in ABLATION_KEYS}
-
-
-@torch.no_grad()
-def capacity_mse(cfg: RunConfig, model: AttentionStack) -> float:
-    """Mean squared error over the content coordinates of the trigger row, on sequences of the
-    training distribution (triggers anywhere in the training range): what the position-free
-    argument bounds from below."""
-    gen = torch.Generator().manual_seed(derive_seed(cfg.eval.seed, "capacity"))
-    batch = sample_batch(cfg.task, CAPACITY_SEQUENCES, gen, residual=cfg.residual)
-    err = model(batch.x).out[0] - batch.y  # (B, L, d)
-    rows = err[torch.arange(err.shape[0]), batch.trigger]  # (B, d): each trigger row
-    return float(rows[:, CONTENT_START:-1].pow(2).mean())
-
-
 def model_digest(path: Any) -> str:
     """The SHA-256 of a finished run's model, from its completion record: what a cached
     evaluation of the model depends on besides its settings."""
@@ -312,14 +259,11 @@ def model_checks(ctx: Context, name: str, capacity: bool) -> dict[str, Any]:
                 "capacity": capacity, "capacity_sequences": CAPACITY_SEQUENCES}
 
     def compute() -> dict[str, Any]:
-        cfg, model = load_model(path)
-        batch = eval_batch(cfg, torch.device("cpu"))
-        with torch.no_grad():
-            weights = torch.stack(model(batch.x, return_weights=True).patterns, dim=1)[0]
-        return {"validation_mse": validation_mse(cfg, model),
-                "ablated": bos_ablation(cfg, model),
-                "gu": gu_relative(weights, batch.trigger),
-                "capacity_mse": capacity_mse(cfg, model) if capacity else None}
+        from sinklab import measure  # torch: the declaration also serves the help texts
+
+        return measure.zoo_checks(path, validation_seed=VALIDATION_SEED,
+                                  capacity_sequences=CAPACITY_SEQUENCES if capacity else None,
+                                  ablation_keys=ABLATION_KEYS, eps=GU_EPS, floor=GU_ROW_FLOOR)
 
     return ctx.cached(name.replace("runs/", "zoo_"), settings, compute)
 
@@ -328,8 +272,8 @@ def model_checks(ctx: Context, name: str, capacity: bool) -> dict[str, Any]:
 
 
 def head_sources(summary: dict[str, Any], rule: str) -> list[list[str]]:
-    """Where each head's zero comes from, [layer][head] (``metrics.default_source``)."""
-    kind = rule_info(rule).row_kind
+    """Where each head's zero comes from, [layer][head] (``sinklab.definitions.default_source``)."""
+    kind = _rules()[rule].row_kind
     return [[default_source(b, rn, rt, kind) for b, rn, rt in zip(bl, rnl, rtl)]
             for bl, rnl, rtl in zip(summary["bos_mass_nontrigger"],
                                     summary["row_sum_nontrigger"], summary["row_sum_trigger"])]
@@ -420,7 +364,7 @@ def entry(config: str, rule: str, runs: list[dict[str, Any]], opts: ZooOptions
         return [r[key] for r in chosen]
 
     return {
-        "config": config, "rule": rule, "row_kind": rule_info(rule).row_kind, "lr": best,
+        "config": config, "rule": rule, "row_kind": _rules()[rule].row_kind, "lr": best,
         "validation_mse_by_lr": scores, "n": n, "converged": converged, "budget": budget,
         "outcome": outcome(converged, n, budget, capacity),
         "capacity": capacity.key if capacity else None,
@@ -569,7 +513,7 @@ FIGURES = (
 )
 
 
-STUDY = register(Study(
+STUDY = Study(
     name="zoo",
     title="Zoo: which attention rules need a sink",
     help="every attention rule on the task, 1x1 and 2x2, with a shared learning-rate grid",
@@ -582,4 +526,4 @@ STUDY = register(Study(
                 "kept.",
     options=ZooOptions, template="zoo.md.j2", collect=collect, cells=cells, claims=claims,
     figures=FIGURES, tables=("entries", "runs"), report="ZOO.md",
-    docs_example="docs/zoo.md", default_out="results/zoo"))
+    docs_example="docs/zoo.md", default_out="results/zoo")

@@ -34,6 +34,8 @@ import logging
 import math
 import os
 import shutil
+import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -45,8 +47,9 @@ from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import torch
 from tqdm.auto import tqdm
 
 from sinklab import plugins as plugins_mod
@@ -55,10 +58,11 @@ from sinklab.errors import ConfigError, PluginError, SinklabError
 from sinklab.plugins import Plugin
 from sinklab.runs import folders, limits
 from sinklab.sweeps import spec as spec_mod
-from sinklab.sweeps.store import DB, Store, diverged_reason, metric_names
+from sinklab.sweeps.store import DB, Store, diverged_reason, metrics_of
 from sinklab.train import _shared, resolve_device, train_runs, versions
 
 EXECUTORS = ("local", "ray")
+T = TypeVar("T")
 MAX_MEMBERS = 32  # cells per ensemble at most
 POOL_RETRIES = 2  # times a job whose worker process died is run again (local executor)
 RAY_RETRIES = 3  # the same, for a Ray task (Ray's own retries)
@@ -142,37 +146,40 @@ def compute(job: Job, plugins: Sequence[Plugin] = ()) -> list[dict[str, Any]]:
 _SCRATCH: set[Path] = set()  # the temporary folders of the jobs this process is computing
 
 
-def metrics_of(summary: dict[str, Any]) -> dict[str, Any]:
-    """The store's summary numbers of a run (``sinklab.sweeps.store.metric_names``); a number
-    that is missing or not finite (a diverged run's, stored in JSON as null) is None."""
-    values = {key: summary.get(key) for key in metric_names()}
-    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-            for k, v in values.items()}
+def ensembles(items: Sequence[T], key: Callable[[T], Any], size: Callable[[list[T]], int],
+              workers: int = 1) -> list[list[T]]:
+    """The items as ensembles, the planning every sinklab command shares: grouped by ``key`` in
+    the order they come, each group cut into parts of at most ``size(group)`` items, and the
+    largest part halved until there are ``workers`` parts (or none can be halved)."""
+    groups: dict[Any, list[T]] = {}
+    for item in items:
+        groups.setdefault(key(item), []).append(item)
+    parts = []
+    for group in groups.values():
+        n = size(group)
+        parts += [group[i:i + n] for i in range(0, len(group), n)]
+    while len(parts) < workers and max((len(p) for p in parts), default=1) > 1:
+        parts.sort(key=len)
+        largest = parts.pop()
+        half = len(largest) // 2
+        parts += [largest[:half], largest[half:]]
+    return parts
 
 
 def plan_jobs(rows: list[dict[str, Any]], workers: int) -> list[Job]:
-    """Pending cells as ensembles: cells whose configs differ only in seed and learning rate
-    train together (at most ``MAX_MEMBERS``, fewer when that many would not fit in memory);
-    groups are split until every worker has a job. A cell too large to train even alone is a
-    ConfigError."""
-    groups: dict[str, Job] = {}
-    configs: dict[str, RunConfig] = {}
-    for row in rows:
-        cfg = build_run_config(row["config"])
-        key = json.dumps(_shared(cfg), sort_keys=True)
-        groups.setdefault(key, []).append((row["name"], row["config"]))
-        configs.setdefault(key, cfg)
-    jobs = []
-    for key, group in groups.items():
-        size = limits.members_that_fit(configs[key], min(len(group), MAX_MEMBERS),
-                                       f"cell {group[0][0]}")
-        jobs += [group[i:i + size] for i in range(0, len(group), size)]
-    while len(jobs) < workers and max((len(j) for j in jobs), default=1) > 1:
-        jobs.sort(key=len)
-        largest = jobs.pop()
-        half = len(largest) // 2
-        jobs += [largest[:half], largest[half:]]
-    return jobs
+    """Pending cells as ensembles (``ensembles``): cells whose configs differ only in seed and
+    learning rate train together (at most ``MAX_MEMBERS``, fewer when that many would not fit in
+    memory); groups are split until every worker has a job. A cell too large to train even
+    alone is a ConfigError."""
+    def shared(row: dict[str, Any]) -> str:
+        return json.dumps(_shared(build_run_config(row["config"])), sort_keys=True)
+
+    def fit(group: list[dict[str, Any]]) -> int:
+        return limits.members_that_fit(build_run_config(group[0]["config"]),
+                                       min(len(group), MAX_MEMBERS), f"cell {group[0]['name']}")
+
+    return [[(row["name"], row["config"]) for row in part]
+            for part in ensembles(rows, shared, fit, workers)]
 
 
 def ensemble_cost(cfg: RunConfig, members: int) -> float:
@@ -197,8 +204,6 @@ def _job_cost(job: Job) -> float:
 def code_version() -> str:
     """sinklab's version, and the git commit of the checkout it runs from (``+dirty`` with
     uncommitted changes), so a stored result names the code that computed it."""
-    import subprocess
-
     version = versions()["sinklab"]
     here = Path(__file__).resolve().parents[1]  # the sinklab package
     try:
@@ -233,7 +238,6 @@ def exit_with_parent(parent: int, poll_s: float = 0.5) -> None:
 
 def _worker_init(parent: int) -> None:
     exit_with_parent(parent)
-    import torch
 
     torch.set_num_threads(1)
 
@@ -507,8 +511,6 @@ def _ray_results(session: ExitStack, jobs: list[Job], plugins: Sequence[Plugin]
 def check_reachable(address: str, timeout_s: float = 5.0) -> None:
     """Refuse a ``HOST:PORT`` address where nothing answers: Ray itself would retry for many
     minutes before it gave up. ``auto`` and ``ray://`` addresses are left to Ray."""
-    import socket
-
     host, sep, port = address.rpartition(":")
     if not sep or "://" in address or not port.isdigit():
         return

@@ -23,6 +23,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import os
 import shutil
 import sqlite3
@@ -39,9 +40,9 @@ from sinklab.runs import folders
 from sinklab.runs.files import read_json, write_atomic
 from sinklab.sweeps.spec import Cell, Spec, folder_name
 
-KIND = "sinklab sweep"
+KIND = folders.STORE_KIND
 FORMAT = "1"
-DB = "sweep.db"
+DB = folders.STORE
 STATUSES = ("pending", "running", "done", "failed")
 
 
@@ -49,6 +50,14 @@ def metric_names() -> list[str]:
     """The metrics a cell's row keeps: every registered metric that is one number per run, read
     from the table when asked, so a metric registered later is stored too."""
     return [name for name, m in METRICS.items() if m.scalar]
+
+
+def metrics_of(summary: dict[str, Any]) -> dict[str, Any]:
+    """The store's summary numbers of a run (``sinklab.sweeps.store.metric_names``); a number
+    that is missing or not finite (a diverged run's, stored in JSON as null) is None."""
+    values = {key: summary.get(key) for key in metric_names()}
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+            for k, v in values.items()}
 
 
 SCHEMA = """
@@ -117,8 +126,6 @@ def _finished_rows(root: Path) -> list[tuple[Any, ...]]:
     (``runs/X``, ``denied/X``), each checked against its completion record. A run that
     diverged is a failed row with its reason, as ``sinklab.sweeps.run.record`` writes it; a
     damaged or unfinished folder is left out, to the study's planner."""
-    from sinklab.sweeps.run import metrics_of
-
     rows: list[tuple[Any, ...]] = []
     for top in sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink()
                       and not p.name.startswith(".")):

@@ -32,28 +32,23 @@ import copy
 import math
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 
-from sinklab import claims as cl
-from sinklab.claims import Claim
-from sinklab.config import RunConfig, build_run_config
-from sinklab.errors import SinklabError
+from sinklab.config import RunConfig, build_run_config, check_count
+from sinklab.errors import ConfigError, SinklabError
 from sinklab.model import AttentionStack
-from sinklab.studies.base import Cell, Context, Execution
+from sinklab.plugins import check_run
+from sinklab.runs.files import read_json
 from sinklab.task import encode
 from sinklab.theory import attack, certify
 from sinklab.theory import constructions as theory
+from sinklab.theory.verdicts import CHECKPOINT_RESTARTS, ROUNDING, RULES, SAMPLED, finite
+from sinklab.train import list_checkpoints, load_checkpoint, load_model
 
-RULES = ("softmax", "relu")
-SAMPLED = 2000  # test sequences of the sampled errors (every trigger position)
-UNDERSTATES = 2.0  # "the sample understates the worst case": attacked / sampled at least this
-FACTOR = 2.0  # the certified upper bound within this factor of the attack's lower bound
-STRONGER = 1.1  # the bound made this much stronger must be violated somewhere
-CHECKPOINT_RESTARTS = 2  # random starts per row of the cheap attack at every checkpoint
-ROUNDING = 1e-12  # relative: a bound and an error computed along two float64 paths may differ
+if TYPE_CHECKING:
+    from sinklab.studies.base import Context
 
 
 class Refused(SinklabError):
@@ -70,12 +65,6 @@ def frontier_config(rule: str, seed: int, save_every: int, device: str) -> RunCo
     return build_run_config({"model": {"attention": rule},
                              "train": {"seed": seed, "save_every": save_every,
                                        "log_every": save_every, "device": device}})
-
-
-def frontier_cells(seeds: int, save_every: int, exe: Execution) -> list[Cell]:
-    return [Cell(frontier_name(rule, s), frontier_config(rule, s, save_every, exe.device),
-                 group=("frontier", rule), label=f"1x1 {rule} with checkpoints")
-            for rule in RULES for s in range(seeds)]
 
 
 # --------------------------------------------------------------------------- measurements
@@ -161,10 +150,6 @@ def worst_run(run: Path) -> tuple[RunConfig, AttentionStack]:
     before any work; one sentence naming the folder for a run whose summary says it diverged,
     whose weights are not finite, or (1-layer, 1-head softmax or ReLU) whose weights are beyond
     the certificate's float64 range (``certify.check_range``)."""
-    from sinklab.plugins import check_run
-    from sinklab.runs.files import read_json
-    from sinklab.train import load_model
-
     check_run(run)  # a plugin's rule, not loaded now: one sentence naming --plugin
     cfg, model = load_model(run)
     summary = read_json(run / "summary.json")
@@ -188,6 +173,11 @@ def worst_runs(runs: Sequence[Path], *, steps: int, restarts: int, seconds: floa
     to print: its shape and ||W_Q W_K^T||, per row type the sampled error, the attack's lower
     bound and the certified upper bound (or why there is none), the certificate's gap and, for
     ReLU, its largest non-trigger score."""
+    check_count("--attack-steps", steps)
+    check_count("--restarts", restarts)
+    if not 0 < seconds <= 3600:
+        raise ConfigError(f"--certify-seconds={seconds!r} is not allowed: it must be a number "
+                          "of seconds in (0, 3600].")
     checked = [(Path(run), *worst_run(Path(run))) for run in runs]
     for run, cfg, model in checked:
         rec = worst_case(model, cfg, steps=steps, restarts=restarts, seconds=seconds,
@@ -228,17 +218,6 @@ def qk_norm(model: AttentionStack) -> float:
     ).max().item() for a in attn)
 
 
-def finite(values: list[Any]) -> list[float]:
-    """The values that are numbers and finite (None and NaN mark a row type or a run that has
-    none), as floats."""
-    return [float(v) for v in values if v is not None and math.isfinite(v)]
-
-
-def nontrigger(errors: dict[str, list[float | None]]) -> float:
-    """The largest non-trigger error (BOS, pre and post rows) of a kind -> positions table."""
-    return max(finite(errors["bos"] + errors["pre"] + errors["post"]), default=float("nan"))
-
-
 def bound_check(record: dict[str, Any]) -> dict[str, Any]:
     """The necessity bound at one softmax model (a ``worst_case`` record with a necessity part):
     per pre row i, eps_i (the larger of the attack's error and the error at X*, both errors of
@@ -274,8 +253,6 @@ def checkpoint_records(ctx: Context, seeds: int, steps: int) -> list[dict[str, A
     """Every saved checkpoint of every frontier run: the cheap attack (trigger at L - 1: every
     pre row and that trigger row), the norm and the rule's evidence (necessity for softmax,
     the largest non-trigger score for ReLU)."""
-    from sinklab.train import list_checkpoints, load_checkpoint
-
     out = []
     for rule in RULES:
         for seed in range(seeds):
@@ -303,8 +280,6 @@ def checkpoint_records(ctx: Context, seeds: int, steps: int) -> list[dict[str, A
 def final_records(ctx: Context, seeds: int, steps: int, restarts: int, seconds: float
                   ) -> list[dict[str, Any]]:
     """The final model of every frontier run: sampled, attacked and certified errors."""
-    from sinklab.train import load_model
-
     out = []
     for rule in RULES:
         for seed in range(seeds):
@@ -394,8 +369,6 @@ def denied_worst(ctx: Context, names: list[tuple[str, str, float | None, int, st
     """Per denied-sink run (rule, setting, eps, seed, folder name): the arithmetic floor at
     row 1, and the errors at row 1 (the larger of the attack's and the floor's input's), at the
     other non-trigger rows and at trigger rows (the attack's)."""
-    from sinklab.train import load_model
-
     out = []
     for rule, setting, eps, seed, name in names:
         cfg, model = load_model(ctx.out / name)
@@ -410,249 +383,9 @@ def denied_worst(ctx: Context, names: list[tuple[str, str, float | None, int, st
     return out
 
 
-def worst_table(finals: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per (rule, row type): sampled, attacked and certified suprema over positions,
-    as mean, smallest and largest over seeds."""
-    rows = []
-    for rule in RULES:
-        sel = [f for f in finals if f["rule"] == rule]
-        for kind in ("pre", "post", "trigger", "bos"):
-            sampled = [max(finite(f["sampled"][kind]), default=float("nan")) for f in sel]
-            attacked = [max(finite(f["attacked"][kind]), default=float("nan")) for f in sel]
-            cert = []
-            for f in sel:
-                c = f.get("certified")
-                if c is None or kind == "trigger":
-                    continue
-                cert.append(c["bos"] if kind == "bos" else
-                            max(r["upper"] for r in c["rows"] if r["kind"] == kind))
-            rows.append({"rule": rule, "kind": kind, "n": len(sel),
-                         "sampled": spread(sampled), "attacked": spread(attacked),
-                         "certified": spread(cert) if cert else None})
-    return rows
-
-
-def spread(values: list[Any]) -> dict[str, float | None]:
-    """Mean, smallest and largest of the finite values (each None when there are none)."""
-    vals = finite(values)
-    if not vals:
-        return {"mean": None, "min": None, "max": None}
-    return {"mean": float(np.mean(vals)), "min": float(min(vals)), "max": float(max(vals))}
-
-
 # ------------------------------------------------------------------------------ claims
-
-
-def ratio_certified_attacked(final: dict[str, Any]) -> float:
-    """Certified upper bound over attacked lower bound of the non-trigger supremum."""
-    cert = final["certified"]["upper"]
-    att = nontrigger(final["attacked"])
-    return cert / att if att > 0 else (1.0 if cert <= 0 else math.inf)
-
-
-def worst_claims(records: dict[str, Any]) -> list[Claim]:
-    w = records["worst"]
-    finals = w["finals"]
-    out = []
-    gaps = [nontrigger(f["attacked"]) - f["certified"]["upper"] for f in finals
-            if f.get("certified")]
-    out.append(cl.exact(
-        "worst.certified_above_attack",
-        "On every trained 1x1 model, the certified upper bound of the non-trigger supremum is "
-        "never below the attack's lower bound", max(gaps), 0.0,
-        f"largest attacked minus certified over {len(gaps)} models"))
-    soft = [f for f in finals if f["rule"] == "softmax"]
-    if soft:
-        ratios = [ratio_certified_attacked(f) for f in soft]
-        out.append(cl.exact(
-            "worst.softmax.certified_within_factor",
-            f"On every trained 1x1 softmax model the certified upper bound of the non-trigger "
-            f"supremum is within a factor {FACTOR:g} of the attack's lower bound",
-            max(ratios), FACTOR, f"largest certified / attacked over {len(ratios)} models"))
-        under = [nontrigger(f["attacked"]) / max(finite(f["sampled"]["bos"]
-                                                         + f["sampled"]["pre"]
-                                                         + f["sampled"]["post"]))
-                 for f in soft]
-        out.append(cl.mean_at_least(
-            "worst.softmax.sample_understates",
-            f"Random test sequences understate a trained softmax model's non-trigger worst case "
-            f"at least {UNDERSTATES:g}-fold: the attacked error over the sampled one ({SAMPLED:,}"
-            " sequences), mean over seeds", under, UNDERSTATES))
-    relu = [f for f in finals if f["rule"] == "relu"]
-    if relu:
-        out.append(cl.every(
-            "worst.relu.zero_rows_certified",
-            "Every trained 1x1 ReLU model's non-trigger rows are certified zero for every input "
-            "(no non-trigger query gives any key a positive score)",
-            sum(f["relu_score"]["certified_zero"] for f in relu), len(relu),
-            "certified zero"))
-    con = w["construction"]
-    out.append(cl.exact(
-        "worst.relu.construction_certified",
-        "The hand-built ReLU construction's non-trigger rows are certified zero for every input",
-        con["relu_score"]["max"], 0.0, "largest score of a non-trigger query over every input"))
-    return out
-
-
-def necessity_claims(records: dict[str, Any]) -> list[Claim]:
-    w = records["worst"]
-    checks = [c["check"] for c in w["checkpoints"] if c["rule"] == "softmax"]
-    out = []
-    if checks:
-        out.append(cl.exact(
-            "necessity.every_checkpoint_allowed",
-            "Every saved checkpoint of every trained 1x1 softmax model lies on the allowed side "
-            "of the necessity bound (both parts, every pre-trigger row)",
-            max(c["violation"] for c in checks), 0.0,
-            f"largest bound minus attacked error over {len(checks)} checkpoints"))
-    fam = [f for f in w["family"] if f["check"]["min_slack"] is not None]
-    if fam:
-        out.append(cl.exact(
-            "necessity.family_tight",
-            f"Along the sink family the bound is tight: made {STRONGER:g} times stronger it is "
-            "violated by some family member",
-            min(f["check"]["min_slack"] for f in fam) / STRONGER, 1.0,
-            f"smallest slack (error / bound) over {len(fam)} gaps, divided by {STRONGER:g}"))
-    return out
-
-
-def denied_worst_claims(records: dict[str, Any]) -> list[Claim]:
-    tol = records["protocol"]["tol"]
-    rows = records["worst"]["denied"]
-    out = []
-    for setting in dict.fromkeys(r["setting"] for r in rows):
-        sel = [r for r in rows if r["setting"] == setting]
-        soft = [r for r in sel if r["rule"] == "softmax"]
-        if not soft:
-            continue
-        out.append(cl.mean_at_least(
-            f"denied.softmax.{setting}.beyond_row1",
-            f"Softmax 1x1, {setting}: away from row 1 too, the worst-case non-trigger error "
-            f"stays at or above the stop rule's {tol:g} (mean over seeds)",
-            [r["others"] for r in soft], tol))
-    return out
 
 
 # ------------------------------------------------------------------------------ figures
 
-COLORS = {"softmax": "tab:blue", "relu": "tab:orange"}
-KIND_STYLE = {"pre": "-", "post": "--", "trigger": ":"}
 
-
-def draw_positions(axes: Any, records: dict[str, Any], opts: Any) -> None:
-    """Per rule, seed 0's errors at every query position: sampled, attacked, certified."""
-    for ax, rule in zip(np.ravel(axes), RULES):
-        final = next((f for f in records["worst"]["finals"]
-                      if f["rule"] == rule and f["seed"] == 0), None)
-        if final is None:
-            continue
-        L = len(final["attacked"]["pre"])
-        pos = np.arange(L)
-        floor = 1e-12
-        for kind, style in KIND_STYLE.items():
-            for source, color in (("sampled", "tab:gray"), ("attacked", "tab:red")):
-                vals = [np.nan if v is None else max(v, floor) for v in final[source][kind]]
-                ax.plot(pos, vals, style, color=color, marker=".",
-                        label=f"{source}, {kind}")
-            cert = final.get("certified")
-            if cert and kind != "trigger":
-                up = [np.nan] * L
-                for r in cert["rows"]:
-                    if r["kind"] == kind:
-                        up[r["i"]] = max(r["upper"], floor)
-                ax.plot(pos, up, style, color="k", marker="_", label=f"certified, {kind}")
-        ax.set_yscale("log")
-        ax.set_xlabel("query position i")
-        ax.set_ylabel("largest L∞ error at the row")
-        ax.set_title(f"1x1 {rule}, seed 0" + (" (zero rows at 1e-12)" if rule == "relu"
-                                               else ""), fontsize=9)
-        ax.legend(fontsize=5, ncol=2)
-
-
-def draw_necessity(axes: Any, records: dict[str, Any], opts: Any) -> None:
-    """Left: error against 1 - BOS mass at X* for every checkpoint's pre rows and the family,
-    with part 2's line for eps_T = nu = 0. Right: every checkpoint row's attacked error
-    against its own part-2 bound (the allowed side is above the diagonal)."""
-    left, right = np.ravel(axes)
-    w = records["worst"]
-    fam = [r for f in w["family"] for r in f["check"]["rows"]]
-    ck = [r for c in w["checkpoints"] if c["rule"] == "softmax" for r in c["check"]["rows"]]
-    vacuous = [r for r in ck if r["part2"] <= 0]
-    for rows, label, style in (([r for r in ck if r["part2"] > 0],
-                                "trained checkpoints (attacked)", "o"),
-                               (vacuous, "trained checkpoints where part 2 is vacuous "
-                                         "(eps_T + nu >= delta)", "x"),
-                               (fam, "sink family (exact)", "s")):
-        x = [1 - r["bos"] for r in rows if r["error"] > 0 and 1 - r["bos"] > 0]
-        y = [r["error"] for r in rows if r["error"] > 0 and 1 - r["bos"] > 0]
-        left.scatter(x, y, s=6, alpha=0.5, marker=style, label=label,
-                     color="tab:gray" if rows is vacuous else None)
-        if rows is vacuous:
-            continue
-        xs = [r["part2"] for r in rows if r["part2"] > 0]
-        ys = [r["error"] for r in rows if r["part2"] > 0]
-        right.scatter(xs, ys, s=6, alpha=0.5, marker=style, label=label)
-    delta = w["family"][0]["check"]["delta"] if w["family"] else 1.0
-    grid = np.logspace(-8, 0, 50)
-    left.plot(grid, delta * grid, "k--", label=f"bound, eps_T = nu = 0: {delta:.3f} (1 - b)")
-    right.plot(grid, grid, "k--", label="error = bound")
-    for ax in (left, right):
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.legend(fontsize=6)
-    left.set_xlabel("1 - BOS mass at X*, pre rows")
-    left.set_ylabel("supremum error at the row (lower bound)")
-    right.set_xlabel("the bound's value, part 2")
-    right.set_ylabel("supremum error at the row (lower bound)")
-
-
-def draw_norm(ax: Any, records: dict[str, Any], opts: Any) -> None:
-    """Worst-case non-trigger error against ||W_Q W_K^T||_2."""
-    w = records["worst"]
-    floor = 1e-12
-    fam = w["family"]
-    ax.plot([f["norm"] for f in fam], [max(f["certified"], floor) for f in fam], "k-o", ms=3,
-            label="softmax sink family (certified)")
-    con = w["construction"]
-    ax.scatter([con["norm"]], [max(con["certified"], floor)], marker="*", s=80,
-               color="tab:green", label="ReLU construction (certified 0, drawn at 1e-12)")
-    for rule in RULES:
-        ck = [c for c in w["checkpoints"] if c["rule"] == rule]
-        ax.scatter([c["norm"] for c in ck], [max(max(c["pre"] + [c["bos"]]), floor) for c in ck],
-                   s=5, alpha=0.3, color=COLORS[rule],
-                   label=f"{rule} checkpoints (attacked, pre rows)")
-        fin = [f for f in w["finals"] if f["rule"] == rule and f.get("certified")]
-        ax.scatter([f["norm"] for f in fin], [max(f["certified"]["upper"], floor) for f in fin],
-                   s=30, marker="D", edgecolor="k", color=COLORS[rule],
-                   label=f"{rule} final models (certified)")
-    ax.set_yscale("log")
-    ax.set_xlabel("||W_Q W_K^T|| (spectral norm)")
-    ax.set_ylabel("worst-case non-trigger L∞ error")
-    ax.legend(fontsize=6)
-
-
-def draw_denied(axes: Any, records: dict[str, Any], opts: Any) -> None:
-    """Per rule: what the cap forces at row 1 by arithmetic, the attacked error at row 1, at
-    the other non-trigger rows and at trigger rows, against eps (mean and range over seeds)."""
-    tol = records["protocol"]["tol"]
-    rows = records["worst"]["denied"]
-    for ax, rule in zip(np.ravel(axes), RULES):
-        sel = [r for r in rows if r["rule"] == rule and r["eps"] is not None]
-        eps = sorted({r["eps"] for r in sel})
-        for key, label, style in (("floor", "row 1: forced by arithmetic", "k--"),
-                                  ("row1", "row 1: attacked", "o-"),
-                                  ("others", "other non-trigger rows: attacked", "s-"),
-                                  ("trigger", "trigger rows: attacked", "^-")):
-            vals = [[max(r[key], 1e-12) for r in sel if r["eps"] == e] for e in eps]
-            mean = np.array([np.mean(v) for v in vals])
-            lo = np.array([np.min(v) for v in vals])
-            hi = np.array([np.max(v) for v in vals])
-            ax.errorbar(eps, mean, yerr=[mean - lo, hi - mean], fmt=style, capsize=3,
-                        label=label, ms=4)
-        ax.axhline(tol, color="grey", ls=":", label=f"stop rule ({tol:g})")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("eps (BOS share capped at 1 - eps)")
-        ax.set_ylabel("worst-case L∞ error")
-        ax.set_title(f"1x1 {rule}", fontsize=9)
-        ax.legend(fontsize=6)

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import math
 import time
+from copy import deepcopy
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,7 +55,7 @@ from torch import Tensor
 from sinklab.config import RunConfig
 from sinklab.errors import SinklabError
 from sinklab.model import AttentionStack
-from sinklab.task import BOS, CONTENT_START, TRIGGER
+from sinklab.task import BOS, CONTENT_START, TRIGGER, targets
 
 CERTIFIABLE = ("softmax", "relu")  # the rules ``certify`` covers (default keyword arguments)
 MARGIN = 1e-9  # relative widening of every certified bound, for float64 rounding
@@ -832,9 +833,7 @@ def uniform_input(f: Folded, content: Tensor, trigger_content: Tensor) -> Tensor
 def forward_errors(model: AttentionStack, cfg: RunConfig, x: Tensor) -> tuple[Tensor, Tensor]:
     """Layer 1's BOS weights (B, L) at every row and the signed errors (B, L, d) of inputs x
     (B, L, d) with the trigger at L - 1, in float64 on the model's device (on a cast copy)."""
-    from copy import deepcopy
 
-    from sinklab.task import targets
 
     weight = next(model.parameters())
     m64 = deepcopy(model).to(torch.float64)

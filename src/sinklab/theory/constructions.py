@@ -26,17 +26,12 @@ import numpy as np
 import torch
 
 from sinklab import metrics
-from sinklab.attention import RULES, has_parameters
+from sinklab.attention import RULES, causal_mask, has_parameters
 from sinklab.config import RunConfig, build_run_config, value_text
 from sinklab.errors import ConfigError
 from sinklab.model import AttentionStack
 from sinklab.task import BOS, TRIGGER, Batch, sample_batch
-
-DENIED_EPS = (0.01, 0.03, 0.1, 0.3, 0.5)  # BOS share caps 1 - eps of the denied-sink study
-# The plateau rule of every run the theory study trains to a plateau (denied sinks, plain stacks):
-# a run stops when its training-batch L-infinity error has set no new best for this many steps
-# (``train.patience``), or at its step cap.
-PLATEAU_PATIENCE = 2000
+from sinklab.theory.verdicts import DENIED_EPS, ERROR_BINS, PLATEAU_PATIENCE
 
 
 def construction_config(rule: str, seq_len: int = 16, d_model: int = 16, n_layers: int = 1,
@@ -259,9 +254,6 @@ def spearman(x: list[float], y: list[float]) -> float:
     return float(np.corrcoef(rx, ry)[0, 1])
 
 
-ERROR_BINS = ((1.0, math.inf), (0.1, 1.0), (0.01, 0.1), (0.0, 0.01))
-
-
 def frontier_summary(points: list[dict[str, float]], min_bos_range: float = 0.0
                      ) -> dict[str, Any]:
     """Mean min/max BOS mass of the checkpoints in each error band, and the rank correlation
@@ -298,8 +290,6 @@ def head_contributions(model: AttentionStack, batch: Batch) -> list[dict[str, An
     the mean norm of the sum over heads (at non-trigger and, for scale, trigger rows), and the
     mean norm of everything the layers so far have added to the residual stream.
     """
-    from sinklab.attention import causal_mask
-
     x = batch.x.to(model.blocks[0].attn.w_q.dtype)
     mask = causal_mask(x.shape[-2], x.device)
     nontrigger, is_trigger = metrics.row_types(batch.trigger, x.shape[-2])
@@ -402,8 +392,6 @@ def head_split(model: AttentionStack, batch: Batch) -> dict[str, Any]:
     output minus the target at those rows, computed by a separate forward pass. With a residual
     stream the target there is x, so the last layer's ``cumulative`` is the error.
     """
-    from sinklab.attention import causal_mask
-
     x = batch.x.to(model.blocks[0].attn.w_q.dtype)
     mask = causal_mask(x.shape[-2], x.device)
     nontrigger, _ = metrics.row_types(batch.trigger, x.shape[-2])

@@ -17,35 +17,33 @@ head sinks, and every non-trigger position has a sinking head somewhere in the s
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 
 from sinklab import claims as cl
 from sinklab import metrics
-from sinklab.claims import Claim
 from sinklab.config import RunConfig, build_run_config
+from sinklab.definitions import SINK_HEAD_THRESHOLD
 from sinklab.errors import ConfigError
-from sinklab.metrics import SINK_HEAD_THRESHOLD
 from sinklab.model import AttentionStack
 from sinklab.runs.files import read_log
-from sinklab.studies.base import Cell, Context, Execution, FigureSpec
 from sinklab.studies.reproduction import EXPERIMENTS
 from sinklab.task import Batch
-from sinklab.theory import bounds
 from sinklab.theory import constructions as theory
+from sinklab.theory.verdicts import (
+    PLAIN_EXPERIMENTS,
+    PLAIN_LOG_EVERY,
+    PLAIN_LR,
+    PLAIN_RULES,
+    PLAIN_SEQUENCES,
+    plain_groups,
+)
 from sinklab.train import load_model, plateau_rule_text
 
-PLAIN_EXPERIMENTS = ("2x2", "4x4")
-PLAIN_RULES = ("softmax", "relu")
-PLAIN_LOG_EVERY = 100
-PLAIN_LR = 1e-3  # the plain stacks' learning rate (the paper's 1x1 rate)
-PLAIN_SEQUENCES, QUICK_PLAIN_SEQUENCES = 1000, 200  # test sequences of the BOS measurements
-# How a run can end (``sinklab.train``): the stop rule, the plateau rule, the step cap, NaN.
-STOPS = ("converged", "plateau", "max_steps", "diverged")
+if TYPE_CHECKING:
+    from sinklab.studies.base import Context
 
 
 def plain_name(experiment: str, rule: str, seed: int) -> str:
@@ -68,13 +66,6 @@ def plain_config(experiment: str, rule: str, seed: int, max_steps: int,
         "model": {"attention": rule, "n_layers": layers, "n_heads": heads},
         "train": {"seed": seed, "max_steps": max_steps, "log_every": PLAIN_LOG_EVERY,
                   "lr": PLAIN_LR, "patience": theory.PLATEAU_PATIENCE, "device": device}})
-
-
-def plain_cells(seeds: int, max_steps: int, exe: Execution) -> list[Cell]:
-    """Every (experiment, rule, seed); one ensemble of seeds per experiment and rule."""
-    return [Cell(plain_name(e, rule, seed), plain_config(e, rule, seed, max_steps, exe.device),
-                 group=("plain", e, rule), label=f"plain {e} {rule}")
-            for e in PLAIN_EXPERIMENTS for rule in PLAIN_RULES for seed in range(seeds)]
 
 
 def plain_protocol(seeds: int, max_steps: int) -> dict[str, Any]:
@@ -195,57 +186,6 @@ def plain_records(ctx: Context, seeds: int, n_sequences: int = PLAIN_SEQUENCES
     return rows
 
 
-def _known(flags: list[bool | None]) -> list[bool]:
-    return [f for f in flags if f is not None]
-
-
-def all_covered(run: dict[str, Any]) -> bool:
-    """Whether every non-trigger query position of the run has a sinking head somewhere."""
-    return all(_known(run["positions_covered"]))
-
-
-def coverage_text(flags: list[bool | None]) -> str:
-    """'k/n': positions with a sinking head, of the positions where the row type occurs."""
-    known = _known(flags)
-    return f"{sum(known)}/{len(known)}"
-
-
-def heads_text(pairs: list[list[int]]) -> str:
-    """Sink heads as 'L1H2, L3H1' (or '-' for none)."""
-    return ", ".join(f"L{layer}H{head}" for layer, head in pairs) or "-"
-
-
-def _by_config(runs: list[dict[str, Any]]) -> list[tuple[str, str, list[dict[str, Any]]]]:
-    """(experiment, rule, its runs) for every configuration that has runs, in order."""
-    out = []
-    for e in PLAIN_EXPERIMENTS:
-        for rule in PLAIN_RULES:
-            sel = [r for r in runs if r["experiment"] == e and r["rule"] == rule]
-            if sel:
-                out.append((e, rule, sel))
-    return out
-
-
-def plain_groups(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per (experiment, rule), over seeds: how the runs stopped (not a claim: a count), their
-    steps and errors, and how many have a sink head (with its 95% Clopper-Pearson interval)."""
-    out = []
-    for e, rule, sel in _by_config(runs):
-        steps = [r["steps"] for r in sel]
-        with_sink = sum(bool(r["sink_heads"]) for r in sel)
-        out.append({
-            "experiment": e, "rule": rule, "n": len(sel),
-            **{stop: sum(r["status"] == stop for r in sel) for stop in STOPS},
-            "steps_min": min(steps), "steps_max": max(steps),
-            "best_train_linf": bounds.finite([r["best_train_linf"] for r in sel]),
-            "test_linf": bounds.finite([r["test_linf"] for r in sel]),
-            "with_sink": with_sink,
-            "with_sink_interval": list(cl.clopper_pearson(with_sink, len(sel))),
-            "all_covered": sum(all_covered(r) for r in sel),
-        })
-    return out
-
-
 def plain_collect(ctx: Context, seeds: int, max_steps: int,
                   n_sequences: int = PLAIN_SEQUENCES) -> dict[str, Any]:
     """What the report's plain-target section reads, as ``records["plain"]``: the protocol, the
@@ -258,89 +198,6 @@ def plain_collect(ctx: Context, seeds: int, max_steps: int,
 # ------------------------------------------------------------------------------ claims
 
 
-def plain_claims(records: list[dict[str, Any]]) -> list[Claim]:
-    """The theorem's multi-layer claim, tested where its premise holds: over the seeds of each
-    (experiment, rule) that reached the stop rule. Softmax: every such seed has a sink head,
-    and a sinking head at every non-trigger position; ReLU: no such seed has a sink head. With
-    no seed at the stop rule the claim is undetermined and says so; how often the seeds that
-    did not get there sink is a table (``plain_groups``), not a claim."""
-    thr = SINK_HEAD_THRESHOLD
-    sink = f"a head at non-trigger BOS mass >= {thr:g}"
-    out = []
-    for e, rule, sel in _by_config(records):
-        conv = [r for r in sel if r["converged"]]
-        what = f"plain-target {e} {rule}"
-        whose = f"(those of {len(sel)} that reached the stop rule) "
-        tests = ([("no_sink_head", cl.none,
-                   f"No {what} seed that reached the stop rule has a sink head: ReLU "
-                   "needs none without a residual stream either",
-                   sum(bool(r["sink_heads"]) for r in conv), f"have {sink}")]
-                 if rule == "relu" else
-                 [("some_head_sinks", cl.every,
-                   f"Every {what} seed that reached the stop rule has some head that "
-                   "sinks (the theorem's existential claim)",
-                   sum(bool(r["sink_heads"]) for r in conv), f"have {sink}"),
-                  ("every_position_covered", cl.every,
-                   f"In every {what} seed that reached the stop rule, every non-trigger "
-                   f"query position has a head somewhere in the stack with BOS mass >= "
-                   f"{thr:g} there", sum(all_covered(r) for r in conv),
-                   "have such a head at every non-trigger position")])
-        for name, build, sentence, k, have in tests:
-            claim = build(f"plain.{e}.{rule}.{name}", sentence, k, len(conv),
-                          whose + have)
-            if not conv:  # the premise holds for no seed: nothing to test
-                claim = dataclasses.replace(
-                    claim, data=f"none of the {len(sel)} seed(s) reached the stop rule "
-                                "within the step cap, so no model solves the task",
-                    needed_text=f"seeds that reach the stop rule (a longer step cap than "
-                                f"{max(r['steps'] for r in sel):,}, or another protocol): "
-                                f"{cl.UNIVERSAL_SEEDS} of them, all alike, can decide it")
-            out.append(claim)
-    return out
-
-
 # ----------------------------------------------------------------------------- figures
 
 
-def _runs(records: dict[str, Any]) -> list[dict[str, Any]]:
-    return records["plain"]["runs"]
-
-
-def _experiments(records: dict[str, Any]) -> list[str]:
-    return list(dict.fromkeys(r["experiment"] for r in _runs(records)))
-
-
-def plain_grid(records: dict[str, Any], opts: Any) -> tuple[int, int]:
-    """Rows: the experiments run; columns: the rules."""
-    return (max(len(_experiments(records)), 1), len(PLAIN_RULES))
-
-
-def draw_plain(axes: Any, records: dict[str, Any], opts: Any) -> None:
-    """Per experiment (row) and rule (column), a line per seed: the largest non-trigger BOS
-    mass over every head and layer at each query position, with the sink threshold dashed."""
-    grid = np.asarray(axes, dtype=object).reshape(-1, len(PLAIN_RULES))
-    for row, e in zip(grid, _experiments(records)):
-        for ax, rule in zip(row, PLAIN_RULES):
-            sel = [r for r in _runs(records) if r["experiment"] == e and r["rule"] == rule]
-            for r in sel:
-                top = r["bos_max_by_position"]
-                pos = [i for i, v in enumerate(top) if v is not None]
-                ax.plot(pos, [top[i] for i in pos], marker="o", markersize=3, linewidth=1,
-                        alpha=0.8 if r["converged"] else 0.4,
-                        linestyle="-" if r["converged"] else ":")
-            ax.axhline(SINK_HEAD_THRESHOLD, color="grey", ls="--", linewidth=1,
-                       label=f"sink threshold {SINK_HEAD_THRESHOLD:g}")
-            ax.set_ylim(-0.05, 1.05)
-            ax.set_xlabel("query position (0-indexed), non-trigger rows")
-            ax.set_ylabel("largest BOS mass over heads")
-            n_conv = sum(r["converged"] for r in sel)
-            ax.set_title(f"plain {e} {rule}: {len(sel)} seeds, {n_conv} reached the stop "
-                         "rule (solid)", fontsize=9)
-            ax.legend(fontsize=7)
-
-
-PLAIN_FIGURES = (
-    FigureSpec("fig_plain", draw_plain, grid=plain_grid, size=(5.0, 3.2),
-               title="Plain targets (no residual stream): where the stack sinks",
-               when=lambda records, opts: bool(records.get("plain", {}).get("runs"))),
-)

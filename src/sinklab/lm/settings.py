@@ -1,0 +1,44 @@
+"""The numbers of ``sinklab lm``'s protocol that its options, help texts and records name, in a
+module without torch: the probes' defaults, the metrics' threshold sweeps, the trigger-head
+finder's settings and the interventions' settings."""
+
+# ------------------------------------------------------------------------------ probes
+
+PROBE_TOKENS = 64  # content tokens per probe at most (a text is cut to this length)
+N_RANDOM = 100
+RANDOM_SEED = 0
+
+PROBE_SETS = ("natural", "random")
+MIN_MEASURED = 2  # tokens a probe needs (special tokens included) to enter the metrics: a
+# query that sees a key besides the first
+
+# ------------------------------------------------------------------- the metrics' sweeps
+
+EPS_SWEEP = (0.1, 0.2, 0.3, 0.5, 0.7, 0.9)  # Gu sink-rate thresholds
+CUTOFF_SWEEP = (0.5, 0.7, 0.8, 0.89, 0.95, 0.99)  # Guo dormant-head cut-offs
+
+# ---------------------------------------------------------------- the trigger-head finder
+
+DORMANT_LEVEL = 0.8  # a query is "dormant" when its first-key weight is at least this
+DORMANT_SHARE = 0.7  # a head is mostly dormant when this share of its queries are
+MIN_COUNT = 3  # a token is tested when it occurs at least this many times
+MIN_POSITION = 4  # queries this early see few keys; they are left out of the finder
+FOLLOW = 0.5  # "attends to X" when at least this share of the row goes there
+SPREAD_ENTROPY = 0.8  # "spread over the previous tokens" from this normalised entropy on
+
+# ------------------------------------------------------------------------ interventions
+
+SINK_TOKENS = (0, 1, 4)  # StreamingLLM's k: the first k tokens kept beside the window
+HARMLESS = 0.01  # nats per token: a change of the mean loss smaller than this is "harmless"
+CONTROL_SEED = 0  # the random control heads' draw
+TARGETED_HEADS = 6  # at most this many of the finder's heads get the targeted ablation
+LOSS_TOKENS = 2  # a next-token loss needs a token to predict from and one to predict
+
+
+def needs_text(tokens: int, prefix: list[str]) -> str:
+    """What a measurement without data needs, in a user's terms: texts of at least N tokens,
+    and how many that is with the special tokens put in front (``prefix``, their names)."""
+    content = max(tokens - len(prefix), 1)
+    front = f" ({tokens} with {' '.join(prefix)} in front)" if prefix else ""
+    return f"not measured: needs texts of at least {content} token{'' if content == 1 else 's'}" \
+        f"{front}"
