@@ -246,7 +246,8 @@ def _add_render(sub: Any, common: argparse.ArgumentParser) -> None:
         "render", parents=[common],
         help="write reports in docs/ again from the records beside them",
         description="Write each FILE, a report a study copied with --docs FILE (known by the mark "
-                    "on its last line), again from the records beside it (FILE.json): after a "
+                    "on its last line or its study's heading, with its records beside it as "
+                    "FILE.json), again from those records: after a "
                     "change of the study's template or of the code that decides its claims. "
                     "Nothing is trained or measured and the figures are left as they are; the "
                     "claims are decided again from the records, and a line says whether they "
