@@ -12,7 +12,7 @@ TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup reproduce quick theory zoo lm test test-fast lint bench docs clean
+.PHONY: setup reproduce quick theory zoo lm test test-fast lint bench docs render clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -78,6 +78,12 @@ docs: $(STAMP)
 		--out results/docs-extensions --docs docs/extensions.md
 	$(BIN)/sinklab lm --model smollm2 --model minilm --out results/docs-lm \
 		--docs docs/real-models.md
+
+# Write the reports in docs/ again from the records committed beside them, after a change of a
+# template or of the code that decides the claims: nothing is trained or measured (seconds).
+REPORTS := docs/reproduction.md docs/theory.md docs/zoo.md docs/extensions.md docs/real-models.md
+render: $(STAMP)
+	$(BIN)/sinklab render $(REPORTS)
 
 clean:
 	rm -rf $(VENV) results runs

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import json
+from pathlib import Path
 
 import pytest
 
@@ -131,14 +132,99 @@ def test_emergence_reads_landmarks_off_the_training_log(tmp_path):
     assert ext.first_step(rows, "linf", lambda v: v < 1e-9) is None
 
 
-def test_sink_claims_follow_the_theorem_for_each_rule():
-    rows = [{"bos_max": 0.99}, {"bos_max": 0.97}, {"bos_max": 0.2}]
-    soft = ext._sink_claim("k", "at L = 8", "softmax", rows)
-    assert soft.rule == "every" and soft.outcome == "contradicted"  # one seed without a sink
-    relu = ext._sink_claim("k", "at L = 8", "relu", rows[2:])
-    assert relu.rule == "none" and relu.outcome == "undetermined"  # 0 of 1: too few seeds
+def _settings(bos: dict[str, list[float]], converged: bool = True):
+    """Per rule, two settings of runs with the given BOS weights (split in halves)."""
+    out = {}
+    for rule, values in bos.items():
+        rows = [{"bos_max": b, "converged": converged} for b in values]
+        half = len(rows) // 2
+        out[rule] = [("A", rows[:half]), ("B", rows[half:])]
+    return out
+
+
+def test_sink_claims_pool_settings_and_take_the_other_rule_as_control():
+    settings = _settings({"softmax": [0.99] * 10, "relu": [0.01] * 10})
+    soft = ext.sink_claim("k", "softmax", "at L = 8", settings)
+    assert soft.rule == "rate_at_least" and soft.kind == "empirical" and soft.n == 10
+    assert [(q["setting"], q["k"], q["n"]) for q in soft.parts] == [("A", 5, 5), ("B", 5, 5)]
+    assert soft.heterogeneity_p == 1.0
+    assert soft.outcome == "supported" and soft.standing == "discriminating" and soft.counted
+    assert soft.control_claim().outcome == "contradicted"  # ReLU through the same test
+    assert "10 of 10 reached the stop rule" in soft.sentence
+    relu = ext.sink_claim("k", "relu", "at L = 8", settings)
+    assert relu.rule == "rate_at_most" and relu.outcome == "supported" and relu.counted
+    assert relu.control["setting"].startswith("the softmax seeds")
     assert ext._within(0.01, 0.005) and not ext._within(0.0101, 0.005)
     assert ext._within(0.0, 0.0) and not ext._within(None, 0.1)
+
+
+def test_sink_claim_is_contradicted_on_seeds_built_to_contradict_it():
+    # softmax seeds without a sink head (and ReLU seeds with one): both predictions fail
+    settings = _settings({"softmax": [0.2] * 10, "relu": [0.99] * 10})
+    for rule in ext.RULES:
+        claim = ext.sink_claim("k", rule, "at L = 8", settings)
+        assert claim.outcome == "contradicted" and not claim.counted
+        assert claim.counterexamples == 10
+    # one counterexample among few seeds: undetermined, not supported
+    few = _settings({"softmax": [0.99, 0.99, 0.99, 0.2, 0.99, 0.99], "relu": [0.0] * 6})
+    assert ext.sink_claim("k", "softmax", "at L = 8", few).outcome == "undetermined"
+
+
+def test_sink_claim_is_non_discriminating_when_the_control_sinks_too():
+    settings = _settings({"softmax": [0.99] * 10, "relu": [0.95] * 10})
+    soft = ext.sink_claim("k", "softmax", "at L = 8", settings)
+    assert soft.outcome == "supported" and soft.standing == "non-discriminating"
+    assert not soft.counted
+
+
+def test_solves_is_descriptive_with_the_test_errors_beside_it():
+    rows = [{"converged": c, "test_linf": e} for c, e in ((True, 0.004), (True, 0.007),
+                                                          (False, 0.2))]
+    claim = ext.solves_claim("k", "relu", "at L = 8", [("L=8", rows)], 0.005)
+    assert claim.kind == "descriptive" and claim.outcome == "described"
+    assert claim.sentence == "2 of 3 ReLU seeds at L = 8 reached the stop rule"
+    assert "above the tolerance 0.005 in 2 of 3" in claim.data
+
+
+def _committed():
+    path = Path(__file__).resolve().parents[1] / "docs" / "extensions.json"
+    result = read_json(path)
+    return result["records"], ext.ExtensionsOptions(**result["options"])
+
+
+def test_committed_claims_have_controls_kinds_and_sized_primaries():
+    from sinklab import claims as cl
+
+    records, opts = _committed()
+    decided = ext.STUDY.decide(records, opts)  # raises on a claim with no control
+    by_key = {c.key: c for c in decided}
+    assert set(ext.STUDY.primary) <= set(by_key)
+    need = cl.seeds_all_agreeing(len(ext.STUDY.primary))
+    for key in ext.STUDY.primary:
+        assert by_key[key].primary and by_key[key].correction == "holm"
+        assert by_key[key].n >= need and len(by_key[key].parts) == len(ext.SEQ_LENS)
+    for c in decided:
+        assert c.kind in ("empirical", "descriptive")
+        for word in ("every", "never", "no seed", "all seeds", "converged", "solves"):
+            assert word not in c.sentence.lower(), (c.key, word)  # words a rate cannot carry
+        if c.kind == "empirical":
+            assert c.control_claim().rule == c.rule and c.standing is not None
+
+
+def test_committed_claims_can_fail_when_the_records_say_otherwise():
+    records, opts = _committed()
+    records = json.loads(json.dumps(records))
+    for row in records["seq_len"]:  # the softmax seeds lose their sink, ReLU seeds gain one
+        row["bos_max"] = 0.1 if row["rule"] == "softmax" else 0.99
+    by_key = {c.key: c for c in ext.STUDY.decide(records, opts)}
+    for key in ext.STUDY.primary:
+        assert by_key[key].outcome == "contradicted" and by_key[key].adjusted_p_against < 0.05
+    for row in records["trigger"]:  # ReLU trained with one trigger now keeps its error
+        row["mixed_linf_several"] = row["mixed_linf_one"]
+    by_key = {c.key: c for c in ext.STUDY.decide(records, opts)}
+    assert by_key["trigger.relu.several_unseen"].outcome == "contradicted"
+    assert by_key["trigger.softmax.several_unseen"].standing == "non-discriminating"
+    assert by_key["trigger.relu.several_seen"].standing == "non-discriminating"
 
 
 def _finished_zoo_run(root, cell):
@@ -208,13 +294,15 @@ def test_extensions_end_to_end_reuse_a_zoo_folder(tmp_path, capsys, tiny):
     for curve in records["curves"]:  # logged every LOG_EVERY steps up to the stop step
         assert curve["step"][:3] == [0, zoo.LOG_EVERY, 2 * zoo.LOG_EVERY]
     keys = {c["key"] for c in result["claims"]}
-    for key in ("seq_len.softmax.L8.sink", "seq_len.relu.L16.solves",
-                "trigger.relu.p0.5_k2.several", "block.1x1.softmax.self",
-                "length.1x1.relu.nontrigger", "length.1x1.softmax.trigger",
-                "emergence.1x1.softmax.sink_first", "emergence.1x1.relu.never"):
+    for key in ("seq_len.softmax.sink", "seq_len.relu.solves", "trigger.relu.sink",
+                "trigger.relu.several_unseen", "block.softmax.self", "length.relu.nontrigger",
+                "length.softmax.trigger", "emergence.softmax.sink_first",
+                "emergence.relu.bos_half"):
         assert key in keys
     rules = {c["key"]: c["rule"] for c in result["claims"]}
-    assert rules["seq_len.softmax.L8.sink"] == "every" and rules["seq_len.relu.L8.sink"] == "none"
+    assert rules["seq_len.softmax.sink"] == "rate_at_least"
+    assert rules["seq_len.relu.sink"] == "rate_at_most"
+    assert {c["key"] for c in result["claims"] if c["primary"]} == set(ext.PRIMARY)
     text = (out / "EXTENSIONS.md").read_text()
     assert text.startswith("# Extensions: past the paper's setting\n")
     for section in ("## Sequence length", "## Trigger frequency", "## Length generalisation",

@@ -12,6 +12,8 @@ import json
 import re
 from pathlib import Path
 
+from sinklab.claims import Claim
+
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = re.compile(r"<!-- claims from (docs/[\w.-]+\.json) -->\n(.*?)<!-- end of claims -->",
                    re.DOTALL)
@@ -32,9 +34,7 @@ def _blocks() -> list[tuple[str, list[list[str]]]]:
 
 
 def _result(claim: dict) -> str:
-    if claim["outcome"] == "undetermined":
-        return f"undetermined at n = {claim['n']}"
-    return claim["outcome"]
+    return Claim.from_dict(claim).result()
 
 
 def test_readme_quotes_the_reproductions_claims_as_recorded():

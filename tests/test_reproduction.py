@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sinklab.claims import CONTRADICTED, SUPPORTED, UNDETERMINED
+from sinklab import claims as cl
+from sinklab.claims import CONTRADICTED, DESCRIPTIVE, EMPIRICAL, SUPPORTED, UNDETERMINED
 from sinklab.config import build_run_config
 from sinklab.runs import folders
 from sinklab.runs.files import read_json, write_json
@@ -45,15 +46,14 @@ def test_reproduce_quick_report_resume_and_errors(tmp_path, capsys, tiny_reprodu
     soft = runs[0]
     assert soft["converged"] and soft["bos_mass_nontrigger"][0][0] >= 0.95
     claims = {c["key"]: c for c in result["claims"]}
-    # one seed decides no claim about every seed; the capped 2x2 runs contradict convergence
-    assert claims["1x1.softmax.converges"]["outcome"] == UNDETERMINED
-    assert claims["1x1.softmax.converges"]["needed"] == 9
-    assert claims["2x2.softmax.converges"]["outcome"] == CONTRADICTED
+    # one seed of each configuration decides neither primary claim; reaching the stop rule is
+    # described, not claimed
+    assert claims[rp.SINKS]["outcome"] == UNDETERMINED and claims[rp.SINKS]["primary"]
+    assert claims["2x2.softmax.reached_stop"]["kind"] == "descriptive"
     report = (out / "REPORT.md").read_text()
     assert report.startswith("# sinklab reproduction report\n")
-    assert "| Every 1x1 softmax seed reaches the stop rule | 1 of 1 seeds reached it" in report
-    assert "**undetermined at n = 1**" in report and "quick mode" in report
-    assert "supported only from 9 seeds on" in report
+    assert "**Primary claims**" in report and "quick mode" in report
+    assert "reached the stop rule (a training batch with L∞ below" in report
     for fig in ("fig_1x1", "fig_2x2_softmax", "fig_4x4_relu", "fig_bos_mass",
                 "fig_sorted_bos_4x4"):
         assert (out / "figures" / f"{fig}.png").is_file()
@@ -149,7 +149,7 @@ def _run(experiment, rule, seed, per_layer_bos, converged=True, steps=None):
             "status": "converged" if converged else "max_steps", "steps": steps or ref,
             "bos_mass_nontrigger": per_layer_bos, "sink_heads_per_layer": sinks,
             "sink_heads": sum(sinks), "trigger_key_mean": [[1 / 7] * len(per_layer_bos[0])]
-            * len(per_layer_bos), "test_linf": 1e-3}
+            * len(per_layer_bos), "test_linf": 1e-3, "train_linf": 4e-3}
 
 
 def _records(n_seeds, four_by_four_layer1_sink):
@@ -163,30 +163,47 @@ def _records(n_seeds, four_by_four_layer1_sink):
         runs.append(_run("4x4", "softmax", seed, [first, [1.0, 0.2, 0.1, 0.1],
                                                   [0.99, 0.2, 0.1, 0.1], [0.2, 0.95, 0.1, 0.1]]))
         runs.append(_run("4x4", "relu", seed, [[0.0] * 4] * 4))
-    return {"runs": runs, "protocol": {"eval_trigger": 7}}
+    return {"runs": runs, "protocol": {"eval_trigger": 7, "tol": 0.005}}
 
 
-def test_claims_on_ten_seeds_decide_the_papers_figures():
-    claims = {c.key: c for c in rp.claims(_records(10, False), rp.ReproduceOptions(seeds=10))}
-    assert claims["1x1.softmax.some_head_sinks"].outcome == SUPPORTED
-    assert claims["2x2.softmax.every_head_sinks"].outcome == SUPPORTED
-    assert claims["1x1.relu.never_sinks"].outcome == SUPPORTED
-    # no sink in layer 1 in 10 of 10 seeds against the reference code's 3 of 3: p = 1/286
+def _decided(records, seeds):
+    return {c.key: c for c in rp.STUDY.decide(records, rp.ReproduceOptions(seeds=seeds))}
+
+
+def test_claims_on_ten_seeds_decide_the_primary_claims_and_describe_the_rest():
+    claims = _decided(_records(10, False), 10)
+    for key in (rp.SINKS, rp.NO_SINK):  # 30 of 30 pooled, each the other's control
+        assert claims[key].outcome == SUPPORTED and claims[key].counted
+        assert claims[key].primary and claims[key].correction == "holm"
+        assert [p["n"] for p in claims[key].parts] == [10, 10, 10]
+    assert claims["2x2.softmax.like_the_figure"].kind == DESCRIPTIVE
+    assert claims["2x2.softmax.like_the_figure"].sentence.startswith("10 of 10")
+    # against the reference code's 3 of 5 seeds: described with its Fisher p-value, no verdict
     ref = claims["4x4.softmax.sink_in_layer_1_vs_reference"]
-    assert ref.outcome == SUPPORTED and ref.p_value == pytest.approx(1 / 286, abs=1e-12)
-    assert claims["4x4.softmax.sink_every_layer"].outcome == CONTRADICTED
-    assert claims["1x1.softmax.bos_mass_vs_paper"].outcome == SUPPORTED
-    assert claims["1x1.softmax.steps_vs_reference"].outcome == SUPPORTED
+    assert ref.kind == DESCRIPTIVE and ref.p_value == pytest.approx(cl.fisher(0, 10, 3, 5))
+    assert all(c.kind in (DESCRIPTIVE, EMPIRICAL) for c in claims.values())
 
 
 def test_claims_on_three_seeds_say_they_cannot_decide():
-    claims = {c.key: c for c in rp.claims(_records(3, False), rp.ReproduceOptions(seeds=3))}
-    ref = claims["4x4.softmax.sink_in_layer_1_vs_reference"]
-    assert ref.outcome == UNDETERMINED and ref.p_value == pytest.approx(0.1, abs=1e-12)
-    assert ref.result() == "undetermined at n = 3" and ref.needed is not None
-    assert claims["1x1.softmax.some_head_sinks"].outcome == UNDETERMINED
-    assert claims["1x1.softmax.some_head_sinks"].needed == 9
-    assert claims["4x4.softmax.sink_every_layer"].outcome == CONTRADICTED
+    claims = _decided(_records(3, False), 3)
+    sinks = claims[rp.SINKS]  # 9 of 9 pooled: p = 0.7**9 = 0.040, above 0.05 / 2 under Holm
+    assert sinks.outcome == UNDETERMINED and sinks.adjusted_p == pytest.approx(2 * 0.7**9)
+    assert sinks.needed == cl.seeds_all_agreeing(2)
+
+
+def test_the_sink_claim_is_contradicted_when_softmax_does_not_sink():
+    """Records built to contradict it: softmax models without a sink head, and ReLU models with
+    one, turn both primary claims around; softmax and ReLU alike make the claim
+    non-discriminating."""
+    records = _records(10, False)
+    for r in records["runs"]:
+        if r["rule"] == "softmax":
+            r["sink_heads"] = 0
+    claims = _decided(records, 10)
+    assert claims[rp.SINKS].outcome == CONTRADICTED
+    assert claims[rp.NO_SINK].outcome == SUPPORTED
+    assert claims[rp.NO_SINK].standing == cl.NON_DISCRIMINATING  # softmax passes it too
+    assert not claims[rp.NO_SINK].counted
 
 
 @settings(max_examples=25, deadline=None)

@@ -11,7 +11,15 @@ import pytest
 import torch
 from matplotlib.figure import Figure
 
-from sinklab.claims import CONTRADICTED, SUPPORTED, UNDETERMINED
+from sinklab.claims import (
+    CONTRADICTED,
+    CONTROL_UNDECIDED,
+    DISCRIMINATING,
+    EMPIRICAL,
+    NON_DISCRIMINATING,
+    SUPPORTED,
+    UNDETERMINED,
+)
 from sinklab.config import build_run_config
 from sinklab.errors import ConfigError
 from sinklab.metrics import SINK_HEAD_THRESHOLD
@@ -240,47 +248,65 @@ def by_key(runs: list[dict]) -> dict:
 
 
 def test_claim_keys_and_outcomes():
-    claims = by_key([{**r, "sink_heads": [] if r["rule"] == "relu" else r["sink_heads"]}
-                     for r in runs_of(10)])
-    for e in verdicts.PLAIN_EXPERIMENTS:
-        for key in ("some_head_sinks", "every_position_covered"):
-            assert claims[f"plain.{e}.softmax.{key}"].outcome == SUPPORTED
-        assert claims[f"plain.{e}.relu.no_sink_head"].outcome == SUPPORTED
-    assert len(claims) == 3 * len(verdicts.PLAIN_EXPERIMENTS)
+    relu = [fake_run(e, "relu", s, sink=False, covered=False)
+            for e in verdicts.PLAIN_EXPERIMENTS for s in range(10)]
+    claims = by_key([r for r in runs_of(10) if r["rule"] == "softmax"] + relu)
+    assert set(claims) == {"plain.softmax.some_head_sinks",
+                           "plain.softmax.every_position_covered", "plain.relu.no_sink_head"}
+    for key in ("some_head_sinks", "every_position_covered"):
+        claim = claims[f"plain.softmax.{key}"]
+        # one claim over both shapes' seeds, each shape's count beside it
+        assert claim.outcome == SUPPORTED and claim.n == 2 * 10
+        assert [p["setting"] for p in claim.parts] == list(verdicts.PLAIN_EXPERIMENTS)
+        assert claim.kind == EMPIRICAL and claim.standing == DISCRIMINATING
+    relu = claims["plain.relu.no_sink_head"]
+    assert relu.rule == "rate_at_most" and relu.outcome == SUPPORTED
+    assert relu.standing == DISCRIMINATING  # the softmax seeds sink: the control fails
 
 
-def test_one_seed_without_a_sink_contradicts():
-    runs = runs_of(10)
-    runs = [{**r, "sink_heads": []} if (r["rule"], r["seed"]) == ("softmax", 4)
-            else r for r in runs]
+def test_stacks_without_sinks_contradict_and_relu_sinks_make_it_non_discriminating():
+    runs = [{**r, "sink_heads": []} if (r["rule"], r["seed"] % 2) == ("softmax", 0) else r
+            for r in runs_of(10)]
     claims = by_key(runs)
-    assert claims["plain.4x4.softmax.some_head_sinks"].outcome == CONTRADICTED
-    assert claims["plain.4x4.softmax.every_position_covered"].outcome == SUPPORTED
-    # the ReLU seeds of runs_of have sink heads: each one contradicts "no seed has one"
-    assert claims["plain.2x2.relu.no_sink_head"].outcome == CONTRADICTED
+    assert claims["plain.softmax.some_head_sinks"].outcome == CONTRADICTED
+    assert claims["plain.softmax.some_head_sinks"].counterexamples == 10
+    assert claims["plain.softmax.every_position_covered"].outcome == SUPPORTED
+    # the ReLU seeds of runs_of have sink heads: they contradict "ReLU seeds rarely have one",
+    # and as the softmax claims' control they pass the same test
+    assert claims["plain.relu.no_sink_head"].outcome == CONTRADICTED
+    both = by_key(runs_of(10))
+    assert both["plain.softmax.some_head_sinks"].outcome == SUPPORTED
+    assert both["plain.softmax.some_head_sinks"].standing == NON_DISCRIMINATING
+    assert not both["plain.softmax.some_head_sinks"].counted
     uncovered = by_key(runs_of(10, covered=False))
-    assert uncovered["plain.2x2.softmax.every_position_covered"].outcome == CONTRADICTED
+    assert uncovered["plain.softmax.every_position_covered"].outcome == CONTRADICTED
 
 
 def test_few_seeds_are_undetermined():
-    claims = by_key(runs_of(3, sink=True))
-    assert claims["plain.2x2.softmax.some_head_sinks"].outcome == UNDETERMINED
-    assert claims["plain.2x2.softmax.some_head_sinks"].n == 3
-    relu = by_key(runs_of(3, sink=False))
-    assert relu["plain.4x4.relu.no_sink_head"].outcome == UNDETERMINED
+    claims = by_key(runs_of(2, sink=True))  # 4 seeds over both shapes: fewer than 5
+    assert claims["plain.softmax.some_head_sinks"].outcome == UNDETERMINED
+    assert claims["plain.softmax.some_head_sinks"].n == 4
+    relu = by_key(runs_of(2, sink=False))
+    assert relu["plain.relu.no_sink_head"].outcome == UNDETERMINED
 
 
 def test_claims_rest_on_the_seeds_that_solve_the_task():
-    """Seeds short of the stop rule are not tested: with none there, every claim is
-    undetermined and says why; a seed without a sink that did not converge contradicts
-    nothing."""
+    """Seeds short of the stop rule are not tested: with none there, every claim (and its
+    control) is undetermined and says why; a seed without a sink that did not reach the stop
+    rule contradicts nothing."""
     claims = by_key(runs_of(10, converged=False))
     assert all(c.outcome == UNDETERMINED and c.n == 0 and "reached the stop rule" in c.data
-               for c in claims.values())
+               and "nothing to test" in c.needed_text for c in claims.values())
+    assert all(c.standing == CONTROL_UNDECIDED for c in claims.values())
     runs = [{**r, "converged": False, "sink_heads": []} if r["seed"] == 0 else r
             for r in runs_of(10)]
-    some = by_key(runs)["plain.2x2.softmax.some_head_sinks"]
-    assert some.n == 9 and some.outcome == SUPPORTED
+    some = by_key(runs)["plain.softmax.some_head_sinks"]
+    assert some.n == 18 and some.outcome == SUPPORTED
+    # no ReLU seed at the stop rule: the softmax claim's control has nothing to test
+    relu_stuck = [{**r, "converged": False} if r["rule"] == "relu" else r for r in runs_of(10)]
+    lone = by_key(relu_stuck)["plain.softmax.some_head_sinks"]
+    assert lone.outcome == SUPPORTED and lone.standing == CONTROL_UNDECIDED and not lone.counted
+    assert "none of the 20 plain-target ReLU seeds" in lone.control_claim().data
 
 
 # ---------------------------------------------------------------------------- fragment
@@ -311,8 +337,8 @@ def test_fragment_renders_from_the_records():
     assert "777 steps" in text and f"{verdicts.PLATEAU_PATIENCE:,} steps" in text
     assert "99 test sequences" in text
     assert text.count("| 2x2 | softmax | ") == 3 + 1  # a row per seed, one in the stops table
-    assert "Every plain-target 4x4 softmax seed that reached the stop rule has some head" \
-        in text
+    assert "Plain-target softmax stacks (2x2, 4x4: no residual stream, the theorem's own " \
+        "multi-layer setting) that reached the stop rule have some head that sinks" in text
     assert "fig_plain.png" in text
     assert "not made for" not in text
     # every number comes from the records: another patience shows up as such
@@ -322,6 +348,6 @@ def test_fragment_renders_from_the_records():
 
 def test_fragment_says_when_no_seed_converged():
     text = render_fragment(synthetic(2, converged=False))
-    assert "No 2x2 softmax seed reached the stop rule within 777 steps" in text
-    assert "No 4x4 relu seed reached the stop rule" in text
+    assert "None of the 2x2 softmax seeds reached the stop rule within 777 steps" in text
+    assert "None of the 4x4 relu seeds reached the stop rule" in text
     assert "undetermined" in text

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import math
 import random
+import statistics
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,7 +16,18 @@ import torch
 
 from conftest import small_config
 from sinklab.attention import causal_mask
-from sinklab.claims import CONTRADICTED, SUPPORTED, UNDETERMINED
+from sinklab.claims import (
+    CHECK,
+    CONTRADICTED,
+    DESCRIPTIVE,
+    DISCRIMINATING,
+    EMPIRICAL,
+    FAILED,
+    NON_DISCRIMINATING,
+    SUPPORTED,
+    UNDETERMINED,
+    VERIFIED,
+)
 from sinklab.config import build_run_config
 from sinklab.errors import ConfigError
 from sinklab.metrics import row_types
@@ -325,17 +337,22 @@ def test_theory_trains_its_own_runs_writes_its_report_and_resumes(tmp_path, caps
     assert [p.parent for p in out.rglob(folders.MARKER) if folders.kind_of(p.parent) != "run"] \
         == [out]
     claims = {c["key"]: c for c in result["claims"]}
-    assert claims["relu.exact_float64"]["outcome"] == SUPPORTED
-    assert claims["relu.no_bos_weight"]["outcome"] == SUPPORTED
-    assert claims["family.error_proportional"]["outcome"] == SUPPORTED
-    # one seed decides nothing about a mean over seeds, and says how to get there
-    floor = claims["denied.softmax.removed.worst_above_stop"]
-    assert floor["outcome"] == UNDETERMINED and "run at least two" in floor["needed_text"]
-    # the worst-case sections: the certificate is never below the attack, checkpoints exist
-    # and every one is on the bound's allowed side
-    assert claims["worst.certified_above_attack"]["outcome"] == SUPPORTED
-    assert claims["necessity.every_checkpoint_allowed"]["outcome"] == SUPPORTED
-    assert claims["necessity.family_tight"]["outcome"] == SUPPORTED
+    # the constructions, the certificate and the bound are checks: verified, never evidence
+    for key in ("relu.exact_float64", "relu.no_bos_weight", "family.error_proportional",
+                "worst.certified_above_attack", "necessity.every_checkpoint_allowed",
+                "necessity.family_tight", "heads.error_is_what_remains"):
+        assert (claims[key]["kind"], claims[key]["outcome"]) == (CHECK, VERIFIED), key
+    # the primary claims are the declared ones, and every empirical claim has its control
+    assert {k for k, c in claims.items() if c["primary"]} == set(th.PRIMARY)
+    assert all(c["control"] is not None for c in claims.values() if c["kind"] == EMPIRICAL)
+    # one seed per setting: the pooled denied-sink claim rests on the 3 settings' seeds, fewer
+    # than a decision needs, and says so
+    reach = claims["denied.softmax.reaches_stop"]
+    assert reach["outcome"] == UNDETERMINED and reach["n"] == 3 and len(reach["parts"]) == 3
+    assert "fewer than the 5" in reach["needed_text"]
+    # the head claims' control, the untrained model of the same seed, was added by `complete`
+    assert [e["seed"] for e in records["heads_untrained"]] == [0]
+    assert claims["heads.mostly_constant"]["control"]["claim"]["n"] == 1
     worst = records["worst"]
     assert {f["rule"] for f in worst["finals"]} == {"softmax", "relu"}
     assert len(worst["checkpoints"]) >= 4 and all("check" in c for c in worst["checkpoints"]
@@ -446,40 +463,69 @@ def test_theory_options_defaults_quick_and_their_runs():
 # --------------------------------------------------------------- claims on constructed records
 
 
-def _denied_records(seeds, relu_fails=0, eps=(0.01, 0.1)):
-    rows = []
+def _denied_records(seeds, soft_reach=0, relu_trigger=0.003, relu_others=1e-5,
+                    eps=(0.01, 0.1)):
+    """Denied-sink records: softmax seeds below ``soft_reach`` reach the stop rule, ReLU seeds
+    always do; the attacked worst cases of the ReLU runs are ``relu_others`` away from row 1 and
+    ``relu_trigger`` at trigger rows (the real ones push trigger rows above the stop rule)."""
+    rows, worst = [], []
     for rule in ("softmax", "relu"):
         for setting, e in theory.denied_settings(eps):
             for s in range(seeds):
-                reached = rule == "relu" and not (setting == "removed" and s < relu_fails)
+                reached = rule == "relu" or s < soft_reach
                 best = 0.004 if reached else max(e or 0.5, 0.01) * (1 + 0.01 * s)
                 rows.append({"rule": rule, "setting": setting, "eps": e, "seed": s,
                              "converged": reached, "best_train_linf": best,
                              "best_train_mse": best ** 2, "test_linf": best,
                              "bos_mass_nontrigger": 0.0})
-    worst = [{"rule": r["rule"], "setting": r["setting"], "eps": r["eps"], "seed": r["seed"],
-              "row1": r["best_train_linf"], "others": r["best_train_linf"],
-              "trigger": r["best_train_linf"], "floor": 0.0} for r in rows]
+                relu = rule == "relu"
+                worst.append({"rule": rule, "setting": setting, "eps": e, "seed": s,
+                              "row1": 0.0 if relu else best,
+                              "others": relu_others * (1 + s / 10) if relu else best,
+                              "trigger": relu_trigger * (1 + s / 10) if relu else best,
+                              "floor": 0.0})
     return {"protocol": {"tol": 0.005, "denied_steps": 3000}, "denied": rows,
             "denied_settings": th.denied_settings(rows), "worst": {"denied": worst}}
 
 
-def test_denied_claims_rest_on_their_seeds():
-    claims = {c.key: c for c in th.denied_claims(_denied_records(5))}
-    assert len(claims) == 2 * 3 + 2
-    floor = claims["denied.softmax.capped-0.01.worst_above_stop"]
-    assert floor.rule == "mean_at_least" and floor.outcome == SUPPORTED and floor.n == 5
-    # five seeds cannot show that every seed of one setting reaches the stop rule ...
-    reach = claims["denied.relu.capped-0.1.reaches_stop"]
-    assert reach.outcome == UNDETERMINED and reach.n == 5 and reach.needed == 9
-    # ... but every setting's runs together can
-    assert claims["denied.relu.always_reaches"].outcome == SUPPORTED
-    assert claims["denied.relu.always_reaches"].n == 15
-    assert claims["denied.softmax.never_reaches"].outcome == SUPPORTED
-    failed = {c.key: c for c in th.denied_claims(_denied_records(5, relu_fails=1))}
-    assert failed["denied.relu.removed.reaches_stop"].outcome == CONTRADICTED
-    assert failed["denied.relu.always_reaches"].outcome == CONTRADICTED
-    assert failed["denied.relu.capped-0.01.reaches_stop"].outcome == UNDETERMINED
+def _denied_claims(records):
+    return {c.key: c for c in [*th.denied_claims(records),
+                               *verdicts.denied_worst_claims(records)]}
+
+
+def test_denied_claims_pool_the_settings_with_the_other_rule_as_control():
+    claims = _denied_claims(_denied_records(5))
+    assert set(claims) == {"denied.softmax.reaches_stop", "denied.relu.reaches_stop",
+                           "denied.softmax.worst_above_stop", "denied.softmax.beyond_row1"}
+    soft = claims["denied.softmax.reaches_stop"]
+    # one claim over the three settings' seeds, with each setting's count beside it
+    assert soft.rule == "rate_at_most" and soft.n == 15 and soft.outcome == SUPPORTED
+    assert [(p["setting"], p["k"], p["n"]) for p in soft.parts] == [
+        ("removed", 0, 5), ("capped-0.01", 0, 5), ("capped-0.1", 0, 5)]
+    # its control, the denied ReLU runs through the same test, comes out the other way
+    assert soft.standing == DISCRIMINATING and soft.control_claim().outcome == CONTRADICTED
+    assert soft.control_claim().n == 15 and soft.counted
+    relu = claims["denied.relu.reaches_stop"]
+    assert relu.rule == "rate_at_least" and relu.outcome == SUPPORTED and relu.counted
+    for key in ("denied.softmax.worst_above_stop", "denied.softmax.beyond_row1"):
+        assert claims[key].outcome == SUPPORTED and claims[key].standing == DISCRIMINATING
+
+
+def test_denied_claims_can_fail_and_their_controls_can_pass():
+    # softmax runs that reach the stop rule with the sink denied contradict the prediction
+    reached = _denied_claims(_denied_records(5, soft_reach=5))
+    assert reached["denied.softmax.reaches_stop"].outcome == CONTRADICTED
+    assert reached["denied.relu.reaches_stop"].standing == NON_DISCRIMINATING
+    # the attack pushes the ReLU models' trigger rows above the stop rule too, as it does in the
+    # committed records: the worst case over every row type no longer tells the rules apart,
+    # while the rows away from row 1 still do
+    loud = _denied_claims(_denied_records(5, relu_trigger=0.05))
+    worst = loud["denied.softmax.worst_above_stop"]
+    assert worst.outcome == SUPPORTED and worst.standing == NON_DISCRIMINATING
+    assert not worst.counted
+    assert loud["denied.softmax.beyond_row1"].standing == DISCRIMINATING
+    both = _denied_claims(_denied_records(5, relu_others=0.05))
+    assert both["denied.softmax.beyond_row1"].standing == NON_DISCRIMINATING
 
 
 def _frontier_run(experiment, rule, seed, points):
@@ -489,53 +535,172 @@ def _frontier_run(experiment, rule, seed, points):
             "n_low_sink": sum(p["bos_max"] >= th.SINK_HEAD_THRESHOLD for p in low)}
 
 
-def test_frontier_claims_count_runs_and_checkpoints():
-    def point(linf, bos):
-        return {"step": 0, "train_linf": linf, "bos_min": 0.0, "bos_max": bos}
+def _point(linf, bos):
+    return {"step": 0, "train_linf": linf, "bos_min": 0.0, "bos_max": bos}
 
-    runs = [_frontier_run(e, "softmax", s, [point(0.5, 0.3), point(0.004, 0.99)])
-            for e in ("1x1", "2x2", "4x4") for s in range(3)]
-    runs += [_frontier_run(e, "relu", s, [point(0.5, 0.0), point(0.004, 0.001)])
-             for e in ("1x1", "2x2", "4x4") for s in range(3)]
-    claims = {c.key: c for c in th.frontier_claims({"frontier_runs": runs})}
+
+def _frontier(seeds, soft_bos=0.99, relu_bos=0.001, soft_bad=0):
+    """Frontier runs of three configurations: a high-error checkpoint and a low-error one with
+    the given largest BOS mass; the first ``soft_bad`` softmax runs of each configuration have a
+    low-error checkpoint without a sink head."""
+    runs = [_frontier_run(e, "softmax", s, [_point(0.5, 0.3), _point(0.004, soft_bos)]
+                          + ([_point(0.003, 0.5)] if s < soft_bad else []))
+            for e in ("1x1", "2x2", "4x4") for s in range(seeds)]
+    runs += [_frontier_run(e, "relu", s, [_point(0.5, 0.0), _point(0.004, relu_bos)])
+             for e in ("1x1", "2x2", "4x4") for s in range(seeds)]
+    return {c.key: c for c in th.frontier_claims({"frontier_runs": runs})}
+
+
+def test_frontier_claims_pool_the_configurations_with_the_other_rule_as_control():
+    claims = _frontier(3)
     sink = claims["frontier.softmax.low_error_needs_sink"]
     assert sink.outcome == SUPPORTED and sink.n == 9 and "9 of 9 checkpoints" in sink.data
-    assert claims["frontier.relu.low_error_without_sink"].outcome == SUPPORTED
-    # one softmax checkpoint at low error without a sink head is a counterexample
-    runs[0] = _frontier_run("1x1", "softmax", 0, [point(0.004, 0.99), point(0.003, 0.5)])
-    sink = {c.key: c for c in th.frontier_claims({"frontier_runs": runs})}[
-        "frontier.softmax.low_error_needs_sink"]
-    assert sink.outcome == CONTRADICTED and "9 of 10 checkpoints" in sink.data
+    assert [p["n"] for p in sink.parts] == [3, 3, 3]
+    assert sink.standing == DISCRIMINATING and sink.control_claim().data.startswith("0 of 9")
+    assert claims["frontier.relu.low_error_without_sink"].standing == DISCRIMINATING
+    # the theorem is attributed to the single-layer models only
+    assert "outside its setting" in sink.sentence
 
 
-def test_head_claims_from_the_split():
-    def split(const, var):
-        return {"rms": math.hypot(const, var), "const": const, "var": var}
+def test_frontier_claims_can_fail_and_their_controls_can_pass():
+    # half the softmax runs reach low error without a sink head: the rate is below r0
+    bad = _frontier(10, soft_bad=5)["frontier.softmax.low_error_needs_sink"]
+    assert bad.outcome == CONTRADICTED and bad.counterexamples == 15
+    # ReLU runs that sink at low error too: the sink claim no longer tells the rules apart
+    both = _frontier(3, relu_bos=0.99)
+    assert both["frontier.softmax.low_error_needs_sink"].standing == NON_DISCRIMINATING
+    assert both["frontier.relu.low_error_without_sink"].outcome == CONTRADICTED
 
-    def model(seed, error):
-        layers = [{"heads": [{"bos_mass_nontrigger": 0.99, **split(0.2, 0.01)}] * 4,
-                   "layer": split(0.5, 0.1), "cumulative": split(0.5 if li < 3 else error, 0.1
-                                                                 if li < 3 else error)}
-                  for li in range(4)]
-        entry = {"seed": seed, "converged": True, "layers": layers,
-                 "error": layers[-1]["cumulative"]}
-        return {**entry, "constant_share": th.constant_share(entry),
-                "excursion": th.excursion(entry)}
 
-    heads = [model(s, 1e-3 * (1 + s / 10)) for s in range(4)]
-    claims = {c.key: c for c in th.head_claims({"heads": heads})}
-    assert claims["heads.mostly_constant"].outcome == SUPPORTED
-    assert claims["heads.mostly_constant"].estimate == pytest.approx(0.04 / (0.04 + 1e-4))
+def _split(const, var):
+    return {"rms": math.hypot(const, var), "const": const, "var": var}
+
+
+def _head_model(seed, error, const=0.2, var=0.01, converged=True, moved=0.5):
+    """A 4x4 model's head split: every head writes ``const`` / ``var``, the stream is moved
+    by ``moved`` and left ``error`` from its target after the last layer."""
+    layers = [{"heads": [{"bos_mass_nontrigger": 0.99, **_split(const, var)}] * 4,
+               "layer": _split(0.5, 0.1),
+               "cumulative": _split(moved, 0.1) if li < 3 else _split(error, error)}
+              for li in range(4)]
+    entry = {"seed": seed, "converged": converged, "layers": layers,
+             "error": layers[-1]["cumulative"]}
+    return {**entry, "constant_share": th.constant_share(entry),
+            "excursion": th.excursion(entry)}
+
+
+def _heads(trained, untrained):
+    return {c.key: c for c in th.head_claims({"heads": trained, "heads_untrained": untrained})}
+
+
+def test_head_claims_from_the_split_with_untrained_models_as_control():
+    trained = [_head_model(s, 1e-3 * (1 + s / 10), var=0.01 * (1 + s / 10)) for s in range(6)]
+    # untrained: heads whose variation outweighs their constant, layers that do not cancel
+    untrained = [_head_model(s, 0.02 * (1 + s / 10), const=0.01, var=0.02 * (1 + s / 10),
+                             moved=0.01) for s in range(6)]
+    claims = _heads(trained, untrained)
+    const = claims["heads.mostly_constant"]
+    assert const.rule == "median_at_least" and const.outcome == SUPPORTED
+    assert const.estimate == pytest.approx(statistics.median(
+        0.04 / (0.04 + (0.01 * (1 + s / 10)) ** 2) for s in range(6)))
+    assert const.standing == DISCRIMINATING and const.control_claim().n == 6
     assert claims["heads.cancel"].outcome == SUPPORTED
-    assert claims["heads.error_is_what_remains"].outcome == SUPPORTED
+    assert claims["heads.cancel"].standing == DISCRIMINATING
+    check = claims["heads.error_is_what_remains"]
+    assert (check.kind, check.outcome) == (CHECK, VERIFIED)
+    # untrained heads that write mostly a constant too, as at the paper's initialisation: the
+    # claim is supported but says nothing about training
+    alike = _heads(trained, [_head_model(s, 0.02, const=0.2, var=0.1 + s / 100, moved=0.01)
+                             for s in range(6)])
+    assert alike["heads.mostly_constant"].standing == NON_DISCRIMINATING
     # an output still far from its target does not cancel
-    far = [model(s, 0.3 + s / 100) for s in range(4)]
-    assert {c.key: c for c in th.head_claims({"heads": far})}["heads.cancel"].outcome == \
-        CONTRADICTED
+    far = _heads([_head_model(s, 0.3 + s / 100, var=0.01 * (1 + s / 10)) for s in range(6)],
+                 untrained)
+    assert far["heads.cancel"].outcome == CONTRADICTED
     # the bookkeeping check fails when the error is not what the layers left
-    broken = [{**h, "error": split(1.0, 0.0)} for h in heads]
-    assert {c.key: c for c in th.head_claims({"heads": broken})}[
-        "heads.error_is_what_remains"].outcome == CONTRADICTED
+    broken = [{**h, "error": _split(1.0, 0.0)} for h in trained]
+    assert _heads(broken, untrained)["heads.error_is_what_remains"].outcome == FAILED
+
+
+def test_complete_adds_the_untrained_models_of_the_same_seeds_once():
+    records = {"heads": [{"seed": 0}, {"seed": 2}],
+               "reproduction": {"head_sequences": 20, "quick": True}}
+    done = th.complete(records, th.TheoryOptions(quick=True))
+    untrained = done["heads_untrained"]
+    assert [e["seed"] for e in untrained] == [0, 2] and "heads_untrained" not in records
+    assert all(0 < e["constant_share"] < 1 and e["excursion"] > 0 for e in untrained)
+    assert len(untrained[0]["layers"]) == 4 and len(untrained[0]["layers"][0]["heads"]) == 4
+    # the weights each trained run starts from: the reproduction's config, built by training
+    from sinklab.train import build_ensemble
+
+    cfg = reproduction.run_config("4x4", "softmax", 2, reproduction.ReproduceOptions(seeds=3),
+                                  "cpu")
+    batch = theory.all_triggers_batch(cfg, 20, seed=0, dtype=torch.float32)
+    with torch.no_grad():
+        again = theory.head_split(build_ensemble([cfg], torch.device("cpu")), batch)
+    assert untrained[1]["error"] == pytest.approx(again["error"])
+    assert th.complete(done, th.TheoryOptions(quick=True)) is done  # present: kept
+    assert th.complete({"heads": []}, th.TheoryOptions(quick=True)) == {"heads": []}
+
+
+def _final(rule, seed, attacked, sampled, certified, zero=None):
+    rows = {"bos": [attacked], "pre": [attacked], "post": [None]}
+    out = {"rule": rule, "seed": seed, "attacked": {**rows, "trigger": [0.1]},
+           "sampled": {"bos": [sampled], "pre": [sampled], "post": [None], "trigger": [0.05]},
+           "certified": {"upper": certified}}
+    if zero is not None:
+        out["relu_score"] = {"certified_zero": zero}
+    return out
+
+
+def _worst(n, relu_zero=True, untrained_zero=False, certified=1.05):
+    finals = [_final("softmax", s, 1e-3, 4e-4 * (1 + s / 10), certified * 1e-3)
+              for s in range(n)]
+    finals += [_final("relu", s, 0.0, 0.0, 0.0, zero=relu_zero) for s in range(n)]
+    checkpoints = [{"rule": "relu", "seed": s, "step": step,
+                    "certified_zero": untrained_zero if step == 0 else relu_zero}
+                   for s in range(n) for step in (0, 50)]
+    return {c.key: c for c in verdicts.worst_claims(
+        {"worst": {"finals": finals, "checkpoints": checkpoints,
+                   "construction": {"relu_score": {"max": 0.0}}}})}
+
+
+def test_worst_case_claims_checks_a_description_and_a_controlled_rate():
+    claims = _worst(10)
+    kinds = {k: c.kind for k, c in claims.items()}
+    assert kinds == {"worst.certified_above_attack": CHECK,
+                     "worst.softmax.certified_within_factor": CHECK,
+                     "worst.softmax.sample_understates": DESCRIPTIVE,
+                     "worst.relu.zero_rows_certified": EMPIRICAL,
+                     "worst.relu.construction_certified": CHECK}
+    assert all(c.outcome == VERIFIED for c in claims.values() if c.kind == CHECK)
+    # a ratio over seeds is described by its median, with no verdict
+    under = claims["worst.softmax.sample_understates"]
+    assert under.p_value is None and under.estimate == pytest.approx(
+        statistics.median(1e-3 / (4e-4 * (1 + s / 10)) for s in range(10)))
+    zero = claims["worst.relu.zero_rows_certified"]
+    assert zero.outcome == SUPPORTED and zero.standing == DISCRIMINATING  # 10 of 10, step 0: 0
+    # trained models whose rows are not certified zero contradict it; untrained ones that are
+    # make it non-discriminating
+    assert _worst(10, relu_zero=False)["worst.relu.zero_rows_certified"].outcome == CONTRADICTED
+    assert _worst(10, untrained_zero=True)["worst.relu.zero_rows_certified"].standing == \
+        NON_DISCRIMINATING
+    # a certificate below the attack is a failed check, not a contradicted claim
+    assert _worst(3, certified=0.5)["worst.certified_above_attack"].outcome == FAILED
+
+
+def test_the_committed_report_decides_every_claim_with_its_kind_and_control():
+    """docs/theory.json, decided again: the same claims as committed, every empirical claim
+    with its control, the declared primary claims first among equals, checks never counted."""
+    result = read_json(Path(__file__).parents[1] / "docs" / "theory.json")
+    opts = th.TheoryOptions(**{k: v for k, v in result["options"].items() if k != "reproduce"})
+    claims = th.STUDY.decide(th.complete(result["records"], opts), opts)
+    assert [c.to_dict()["key"] for c in claims] == [c["key"] for c in result["claims"]]
+    assert {c.key for c in claims if c.primary} == set(th.PRIMARY)
+    assert all(c.control is not None for c in claims if c.kind == EMPIRICAL)
+    assert not any(c.counted for c in claims if c.kind != EMPIRICAL)
+    assert not any(" every seed" in c.sentence.lower() or "never" in c.sentence.lower()
+                   for c in claims if c.kind == EMPIRICAL)
 
 
 def test_theory_out_inside_the_reproduce_folder_is_refused(tmp_path, monkeypatch):

@@ -1,25 +1,42 @@
-"""Claims: every verdict in a sinklab report as a sentence, its data, its test and its outcome.
+"""Claims: every statement in a sinklab report, its kind, its data, its test, its control and
+its outcome.
 
 A `Claim` says what is claimed (`sentence`), what it rests on (`data`, in words with numbers),
-which test decides it (`test`, in words with its level) and how that test came out (`outcome`):
-supported, contradicted, or undetermined at the sample size we have. An undetermined claim also
-says how many seeds would decide it (`needed`) and how that number was worked out
-(`needed_text`).
+which test decides it (`test`) and how that test came out (`outcome`). Claims are of three
+kinds (`kind`):
 
-The builders below (`every`, `none`, `rate_differs`, `mean_at_least`, `mean_at_most`,
-`mean_within`, `mean_in_range`, `exact`) each apply one decision rule; `DECISION_RULES` states
-every rule in one sentence, built from the module's constants so that no number is written
-twice. All statistics come from scipy.stats: exact Clopper-Pearson intervals (beta quantiles),
-Fisher's exact test (and its hypergeometric null for exact power) and bootstrap intervals of a
-mean.
+- a *check* verifies sinklab's own computation (an identity, a construction, the soundness of a
+  bound). It cannot come out otherwise if the code is right, so it is *verified* or *failed* and
+  is never counted as evidence;
+- an *empirical* claim is about trained models or data. It has a p-value for each direction
+  (`p_value` for support, `p_against` for contradiction), a *control* (the same test run on a
+  setting that differs in the one factor the claim is about, where it must come out the other
+  way) and, once the study's claims are corrected together (`finalize`), adjusted p-values that
+  decide it: supported, contradicted, or undetermined at the n we have, with the seeds that
+  would decide it in each direction;
+- a *descriptive* claim reports what the data show (a count, a rate, an interval) with no
+  verdict, where no control is possible or the comparison is with a single illustrative model.
+
+Each study names a few *primary* claims before it runs (the paper's predictions it tests): they
+are corrected together by Holm's method and lead the report; the other empirical claims are
+secondary and corrected by Benjamini-Hochberg. A claim whose control passes too is
+*non-discriminating* and is not counted.
+
+The tests: a rate is tested against a stated rate r0 by the exact binomial test, its matching
+interval the one-sided Clopper-Pearson bound; a location over seeds is the median, tested by the
+sign test, its interval the order-statistic bound (exact for every continuous distribution, so
+skewed seeds do not make it overconfident); an estimate with a bootstrap distribution computed
+elsewhere (a real model's heads and probes) is tested by that distribution. No decision is made
+below `MIN_N` units or on values that are all equal. `DECISION_RULES` states every rule in one
+sentence, built from the module's constants so that no number is written twice. All statistics
+come from scipy.stats.
 """
 
 from __future__ import annotations
 
 import math
-import warnings
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 from typing import Any
 
@@ -43,17 +60,35 @@ def _stats() -> Any:
     return stats
 
 
-ALPHA = 0.05  # two-sided level of every interval/test (95% intervals)
-EVERY_LEVEL = 0.7  # "every seed X": all seeds do X and the one-sided lower bound is >= this
+ALPHA = 0.05  # level of every test; every bound is one-sided at 1 - ALPHA
+R0 = 0.7  # the rate a claim about "most seeds" must be shown to exceed (exact binomial test)
+MIN_N = 5  # no decision on fewer units than this
 POWER = 0.8  # power asked of a sample size suggestion
 MAX_SEEDS = 200  # largest n a power search considers
+PERMUTATIONS = 9999  # resamples of a heterogeneity permutation test
 
+# kinds of claim
+CHECK, EMPIRICAL, DESCRIPTIVE = "check", "empirical", "descriptive"
+KINDS = (CHECK, EMPIRICAL, DESCRIPTIVE)
+
+# outcomes: of an empirical claim, of a check, of a descriptive claim
 SUPPORTED, CONTRADICTED, UNDETERMINED = "supported", "contradicted", "undetermined"
-OUTCOMES = (SUPPORTED, CONTRADICTED, UNDETERMINED)
+VERIFIED, FAILED = "verified", "failed"
+DESCRIBED = "described"
+OUTCOMES = (SUPPORTED, CONTRADICTED, UNDETERMINED, VERIFIED, FAILED, DESCRIBED)
+OUTCOMES_OF = {EMPIRICAL: (SUPPORTED, CONTRADICTED, UNDETERMINED), CHECK: (VERIFIED, FAILED),
+               DESCRIPTIVE: (DESCRIBED,)}
 
-CONFIDENCE = f"{1 - ALPHA:.0%}"  # "95%", the level every interval and bound is stated at
-BOOTSTRAP_RESAMPLES = 9999  # resamples of each bootstrap interval
-_FISHER_TIE = 1e-7  # relative tolerance under which two tables count as equally likely
+# how an empirical claim's control came out, relative to the claim
+DISCRIMINATING = "discriminating"  # the control came out the other way
+NON_DISCRIMINATING = "non-discriminating"  # the control passed the same test
+CONTROL_UNDECIDED = "control undecided"  # the control came out neither way
+STANDINGS = (DISCRIMINATING, NON_DISCRIMINATING, CONTROL_UNDECIDED)
+
+HOLM, BH = "holm", "benjamini-hochberg"
+
+CONFIDENCE = f"{1 - ALPHA:.0%}"  # "95%", the level of every one-sided bound
+SEEDS = ("seed", "seeds")  # the unit a claim is over, singular and plural
 
 
 # --------------------------------------------------------------------------- input checks
@@ -77,6 +112,12 @@ def _check_alpha(alpha: float) -> None:
         raise ValueError(f"alpha must lie strictly between 0 and 1 (got {alpha}).")
 
 
+def _check_rate(r: float, name: str = "r0") -> None:
+    """Raise ValueError unless 0 < r < 1."""
+    if not (isinstance(r, (int, float)) and 0.0 < r < 1.0):
+        raise ValueError(f"{name} must be a rate strictly between 0 and 1 (got {r!r}).")
+
+
 def _check_finite(x: float, name: str) -> None:
     """Raise ValueError unless x is a finite number."""
     if not math.isfinite(x):
@@ -84,7 +125,7 @@ def _check_finite(x: float, name: str) -> None:
 
 
 def _as_values(values: Iterable[float]) -> np.ndarray:
-    """The per-seed values as a 1-d float64 array; ValueError if any is not finite."""
+    """The per-unit values as a 1-d float64 array; ValueError if any is not finite."""
     arr = np.asarray(list(values), dtype=np.float64)
     if arr.ndim != 1:
         raise ValueError(f"values must be one number per seed (got shape {arr.shape}).")
@@ -115,7 +156,8 @@ def clopper_pearson(k: int, n: int, level: float = 1 - ALPHA) -> tuple[float, fl
 def one_sided_lower(k: int, n: int, alpha: float = ALPHA) -> float:
     """One-sided Clopper-Pearson lower bound of a rate at level 1 - alpha (k of n successes).
 
-    It is 0 when k = 0 and alpha**(1/n) when every trial succeeds (k = n); n = 0 gives 0.
+    It is 0 when k = 0 and alpha**(1/n) when every trial succeeds (k = n); n = 0 gives 0. It
+    exceeds r0 exactly when the one-sided exact binomial test rejects rate <= r0 at alpha.
     """
     _check_count(k, n)
     _check_alpha(alpha)
@@ -140,35 +182,49 @@ def one_sided_upper(k: int, n: int, alpha: float = ALPHA) -> float:
     return float(_stats().beta.ppf(1 - alpha, k + 1, n - k))
 
 
-def bootstrap_mean(values: Sequence[float], seed: int = 0) -> tuple[float, float]:
-    """95% bootstrap (BCa) interval of the mean of per-seed values, reproducible through `seed`.
+def binomial_p(k: int, n: int, r0: float, greater: bool) -> float:
+    """One-sided exact binomial p-value of k of n against the rate r0: P(X >= k) when
+    ``greater`` (evidence that the rate exceeds r0), else P(X <= k); 1 when n = 0."""
+    _check_count(k, n)
+    _check_rate(r0)
+    if n == 0:
+        return 1.0
+    binom = _stats().binom
+    return float(min(1.0, binom.sf(k - 1, n, r0) if greater else binom.cdf(k, n, r0)))
 
-    Fewer than two values give (nan, nan): one seed has no spread to resample, and callers treat
-    the claim as undecidable. Values that are all equal give the degenerate interval (v, v).
-    If the BCa interval cannot be formed (non-finite bounds), the percentile interval is used.
-    """
-    arr = _as_values(values)
-    if arr.size < 2:
-        return (math.nan, math.nan)
-    if np.all(arr == arr[0]):
-        return (float(arr[0]), float(arr[0]))
-    for method in ("BCa", "percentile"):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            res = _stats().bootstrap(
-                (arr,),
-                np.mean,
-                confidence_level=1 - ALPHA,
-                n_resamples=BOOTSTRAP_RESAMPLES,
-                method=method,
-                vectorized=True,
-                axis=-1,
-                rng=np.random.default_rng(seed),
-            )
-        lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
-        if math.isfinite(lo) and math.isfinite(hi):
-            return (lo, hi)
-    return (math.nan, math.nan)
+
+@lru_cache(maxsize=1024)
+def order_rank(n: int, alpha: float = ALPHA) -> int | None:
+    """The rank j (1-based) of the order statistic X_(j) that is a one-sided lower bound of the
+    median at level 1 - alpha, the largest j with P(Binom(n, 1/2) >= j) >= 1 - alpha (X_(n+1-j)
+    is the upper bound); None when even the minimum is not (n too small: 0.5**n > alpha)."""
+    _check_count(0, n)
+    _check_alpha(alpha)
+    if n == 0 or 0.5**n > alpha:
+        return None
+    c = int(_stats().binom.ppf(alpha, n, 0.5))  # smallest c with cdf(c) >= alpha
+    if _stats().binom.cdf(c, n, 0.5) > alpha:
+        c -= 1
+    return c + 1
+
+
+def median_bounds(values: Sequence[float], alpha: float = ALPHA) -> tuple[float, float]:
+    """One-sided lower and upper bounds of the median at level 1 - alpha each (together a
+    two-sided 1 - 2 alpha interval), from order statistics: exact for every continuous
+    distribution and conservative with ties; (-inf, inf) when n is too small for any."""
+    arr = np.sort(_as_values(values))
+    j = order_rank(arr.size, alpha)
+    if j is None:
+        return (-math.inf, math.inf)
+    return (float(arr[j - 1]), float(arr[arr.size - j]))
+
+
+def sign_p(values: np.ndarray, threshold: float, above: bool) -> float:
+    """One-sided sign-test p-value that the median lies above (``above``) or below the
+    threshold: P(Binom(n, 1/2) >= the count strictly on that side); values equal to the
+    threshold count against."""
+    side = int(np.sum(values > threshold if above else values < threshold))
+    return binomial_p(side, int(values.size), 0.5, greater=True)
 
 
 # --------------------------------------------------------------------------- Fisher's test
@@ -186,6 +242,9 @@ def fisher(k1: int, n1: int, k2: int, n2: int) -> float:
         return 1.0
     table = [[k1, n1 - k1], [k2, n2 - k2]]
     return float(_stats().fisher_exact(table, alternative="two-sided").pvalue)
+
+
+_FISHER_TIE = 1e-7  # relative tolerance under which two tables count as equally likely
 
 
 @lru_cache(maxsize=4096)
@@ -236,6 +295,49 @@ def fisher_power(n1: int, p1: float, n2: int, p2: float, alpha: float = ALPHA) -
     return float(weights[pvalues < alpha].sum())
 
 
+# --------------------------------------------------------------------------- sample sizes
+
+
+def binomial_power(n: np.ndarray | int, p: float, r0: float, alpha: float = ALPHA) -> np.ndarray:
+    """Exact power of the one-sided binomial test of rate > r0 at level alpha, with n trials at
+    the true rate p (n may be an array): the chance that the count reaches the smallest k whose
+    p-value P(X >= k | r0) is below alpha."""
+    _check_rate(r0)
+    _check_alpha(alpha)
+    binom = _stats().binom
+    n = np.atleast_1d(np.asarray(n, dtype=np.int64))
+    ks = np.arange(int(n.max()) + 2)[None, :]
+    pvalues = binom.sf(ks - 1, n[:, None], r0)
+    reject = (pvalues < alpha) & (ks <= n[:, None])
+    crit = np.where(reject.any(axis=1), reject.argmax(axis=1), n + 1)
+    return binom.sf(crit - 1, n, p)
+
+
+def seeds_to_show(p: float, r0: float, start: int, alpha: float = ALPHA) -> int | None:
+    """Fewest n from ``start`` (and at least MIN_N) up to MAX_SEEDS at which the one-sided exact
+    binomial test of rate > r0 at alpha has power >= POWER when the true rate is p; None when p
+    <= r0 (no number could show it) or none up to MAX_SEEDS does."""
+    if p <= r0:
+        return None
+    ns = np.arange(max(start, MIN_N, 1), MAX_SEEDS + 1)
+    if ns.size == 0:
+        return None
+    ok = np.nonzero(binomial_power(ns, p, r0, alpha) >= POWER)[0]
+    return int(ns[ok[0]]) if ok.size else None
+
+
+def seeds_all_agreeing(m: int, r0: float = R0, alpha: float = ALPHA) -> int | None:
+    """Fewest seeds n at which n of n agreeing decide a rate claim against r0 when it is one of
+    m claims corrected by Holm: the smallest n with r0**n < alpha / m (None past MAX_SEEDS)."""
+    if m < 1:
+        raise ValueError(f"the number of primary claims must be at least 1 (got {m}).")
+    _check_rate(r0)
+    for n in range(1, MAX_SEEDS + 1):
+        if r0**n < alpha / m:
+            return n
+    return None
+
+
 def seeds_to_differ(p1: float, n2: int, p2: float, start: int = 1) -> int | None:
     """Fewest of our seeds, from `start` up to MAX_SEEDS, at which the Fisher test at ALPHA has
     exact power >= POWER against n2 of theirs when the true rates are p1 (ours) and p2 (theirs);
@@ -246,73 +348,142 @@ def seeds_to_differ(p1: float, n2: int, p2: float, start: int = 1) -> int | None
     return None
 
 
-def seeds_for_universal() -> int | None:
-    """Fewest seeds n, up to MAX_SEEDS, for which n of n seeds give a one-sided lower bound
-    alpha**(1/n) of at least EVERY_LEVEL (the same bound as `every` applies)."""
-    for n in range(1, MAX_SEEDS + 1):
-        if one_sided_lower(n, n) >= EVERY_LEVEL:
-            return n
-    return None
+# --------------------------------------------------------------------------- corrections
 
 
-def _seeds_for_margin(n: int, half_width: float, margin: float) -> int | None:
-    """Seeds at which an interval of this half-width, shrinking as 1/sqrt(n), fits inside the
-    margin: ceil(n * (half_width / margin)**2), and at least n + 1; None when margin is 0."""
-    if margin <= 0 or not math.isfinite(half_width):
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values (family-wise error at the nominal level)."""
+    p = np.asarray(pvalues, dtype=np.float64)
+    m = p.size
+    if m == 0:
+        return []
+    order = np.argsort(p, kind="stable")
+    adjusted = np.maximum.accumulate((m - np.arange(m)) * p[order])
+    out = np.empty(m)
+    out[order] = np.minimum(adjusted, 1.0)
+    return [float(x) for x in out]
+
+
+def benjamini_hochberg(pvalues: Sequence[float]) -> list[float]:
+    """Benjamini-Hochberg adjusted p-values (false discovery rate at the nominal level), the
+    same as scipy.stats.false_discovery_control."""
+    if len(pvalues) == 0:
+        return []
+    return [float(x) for x in _stats().false_discovery_control(np.asarray(pvalues, float))]
+
+
+# --------------------------------------------------------------------------- heterogeneity
+
+
+def rate_heterogeneity(counts: Sequence[tuple[int, int]]) -> float | None:
+    """Permutation p-value that the settings' rates differ (the chi-square statistic of the
+    settings x outcome table, its null from PERMUTATIONS shuffles of the outcomes among the
+    settings, seeded); 1.0 when every outcome is the same, None with fewer than two settings."""
+    if len(counts) < 2:
         return None
-    return max(n + 1, math.ceil(n * (half_width / margin) ** 2))
+    groups = [np.r_[np.ones(k), np.zeros(n - k)] for k, n in counts if n > 0]
+    total = sum(g.size for g in groups)
+    if len(groups) < 2 or np.ptp(np.concatenate(groups)) == 0:
+        return 1.0
+
+    def spread(*samples: np.ndarray, axis: int = -1) -> np.ndarray:
+        # between-setting sum of squares of the rates: the chi-square statistic for fixed margins
+        means = [s.mean(axis=axis) for s in samples]
+        overall = sum(s.sum(axis=axis) for s in samples) / total
+        return sum(s.shape[axis] * (m - overall) ** 2 for s, m in zip(samples, means))
+
+    res = _stats().permutation_test(groups, spread, permutation_type="independent",
+                                    n_resamples=PERMUTATIONS, alternative="greater",
+                                    vectorized=True, rng=np.random.default_rng(0))
+    return float(res.pvalue)
+
+
+def value_heterogeneity(parts: Sequence[np.ndarray]) -> float | None:
+    """Kruskal-Wallis p-value that the settings' values differ in location; 1.0 when every value
+    is the same, None with fewer than two settings."""
+    parts = [p for p in parts if p.size]
+    if len(parts) < 2:
+        return None
+    if np.ptp(np.concatenate(parts)) == 0:
+        return 1.0
+    return float(_stats().kruskal(*parts).pvalue)
 
 
 # --------------------------------------------------------------------------- decision rules
 
-UNIVERSAL_SEEDS = seeds_for_universal()
-
 DECISION_RULES: dict[str, str] = {
-    "every": (
-        f"'Every seed does X' is contradicted by any seed that does not, supported when all n "
-        f"seeds do and the one-sided {CONFIDENCE} Clopper-Pearson lower bound of the rate, "
-        f"{ALPHA}**(1/n), is at least {EVERY_LEVEL} (n >= {UNIVERSAL_SEEDS}), and otherwise "
-        f"undetermined."
+    "rate_at_least": (
+        f"'The rate of X is above r0' (r0 = {R0} unless the claim says otherwise): the "
+        f"one-sided exact binomial test of k of n against r0 gives the p-value for it, the "
+        f"mirror test (rate below r0) the p-value against it; the interval printed is the "
+        f"one-sided {CONFIDENCE} Clopper-Pearson bound that matches the test. Seeds that do not "
+        f"do X are counted as counterexamples, a verdict of their own on 'every seed does X'."
     ),
-    "none": (
-        f"'No seed does X' is contradicted by any seed that does, supported when no seed of n "
-        f"does and the one-sided {CONFIDENCE} Clopper-Pearson upper bound of the rate, "
-        f"1 - {ALPHA}**(1/n), is at most {1 - EVERY_LEVEL:.2g} (n >= {UNIVERSAL_SEEDS}), and "
-        f"otherwise undetermined."
+    "rate_at_most": (
+        f"'The rate of X is below r0' (r0 = {1 - R0:.2g} unless the claim says otherwise), the "
+        f"mirror image of rate_at_least: the one-sided exact binomial test for it and against "
+        f"it, with the one-sided {CONFIDENCE} Clopper-Pearson upper bound."
+    ),
+    "median_at_least": (
+        f"'The median over units is above T': the sign test (the count of units above T against "
+        f"Binomial(n, 1/2); units equal to T count against) gives the p-value for it, the count "
+        f"below T the p-value against it; the bound printed is the one-sided {CONFIDENCE} "
+        f"order-statistic bound of the median, exact for every continuous distribution."
+    ),
+    "median_at_most": (
+        "'The median over units is below T', the mirror image of median_at_least."
+    ),
+    "median_within": (
+        "'The median over units matches the reference R within t': two one-sided sign tests, "
+        "that the median is above R - t and below R + t, the larger p-value for it; the smaller "
+        "of the tests that it lies below R - t or above R + t against it."
+    ),
+    "median_in_range": (
+        "'The median over units lies in the range [L, H]': decided as median_within with "
+        "R - t = L and R + t = H."
+    ),
+    "bootstrap": (
+        "'The estimate is above T' (or below, or inside a band): the p-value for it is the share "
+        "(with one added to both counts) of the bootstrap distribution on the wrong side of T, "
+        "the share on the right side the p-value against it; the interval printed holds the "
+        f"distribution's central 1 - {2 * ALPHA:g}, its edges one-sided {CONFIDENCE} bounds."
     ),
     "rate_differs": (
-        f"'The two rates differ' is supported when the two-sided Fisher exact test gives "
-        f"p < {ALPHA}, and otherwise undetermined, never contradicted (a non-significant test "
-        f"does not show equal rates); the seeds that would decide it are the fewest, up to "
-        f"{MAX_SEEDS}, at which the test's exact power reaches {POWER} at the observed rates "
-        f"(or, when those are equal, at the largest difference possible)."
+        f"'The two rates differ': the two-sided Fisher exact test; never contradicted (a "
+        f"non-significant test does not show equal rates); the seeds that would decide it are "
+        f"the fewest, up to {MAX_SEEDS}, at which the test's exact power reaches {POWER}."
     ),
-    "mean_at_least": (
-        f"'The mean over seeds is at least T' is supported when the whole {CONFIDENCE} bootstrap "
-        f"interval of the mean is at or above T, contradicted when it is wholly below T, and "
-        f"otherwise (or with fewer than two seeds) undetermined."
+    "check": (
+        "A check of sinklab's own computation (an identity, a construction, the soundness of a "
+        "bound): verified when the computed value is within its bound, failed otherwise. It "
+        "cannot come out otherwise if the code is right, so it is not evidence."
     ),
-    "mean_at_most": (
-        f"'The mean over seeds is at most T' is supported when the whole {CONFIDENCE} bootstrap "
-        f"interval of the mean is at or below T, contradicted when it is wholly above T, and "
-        f"otherwise (or with fewer than two seeds) undetermined."
-    ),
-    "mean_within": (
-        f"'The mean over seeds matches the reference R within t' is supported when the whole "
-        f"{CONFIDENCE} bootstrap interval of the mean lies in [R - t, R + t], contradicted when "
-        f"it lies wholly outside it, and otherwise (or with fewer than two seeds) undetermined."
-    ),
-    "mean_in_range": (
-        f"'The mean lies in the reference range [L, H]' is supported when the whole "
-        f"{CONFIDENCE} bootstrap interval of the mean over independent units (seeds, or the "
-        f"probes a claim names) lies in [L, H], contradicted when it lies wholly outside it, "
-        f"and otherwise (or with fewer than two units) undetermined."
-    ),
-    "exact": (
-        "A deterministic check with no sampling is supported when the computed value is at most "
-        "its bound and contradicted otherwise."
+    "descriptive": (
+        "What the data show, with no verdict: a claim with no possible control, or one that "
+        "compares with a single illustrative model of the paper."
     ),
 }
+
+CORRECTION_RULE = (
+    f"Every empirical claim is decided at level {ALPHA} after correction for the others of its "
+    f"report: the primary claims together by Holm's step-down method (family-wise error), the "
+    f"secondary ones together by Benjamini-Hochberg (false discovery rate); the p-values for "
+    f"and against a claim are corrected separately. A claim is supported when its adjusted "
+    f"p-value for it is below {ALPHA}, contradicted when the adjusted p-value against it is, and "
+    f"otherwise undetermined; no decision is made on fewer than {MIN_N} units or on values that "
+    f"are all equal. The seeds that would decide an undetermined claim are the fewest at which "
+    f"the test has power {POWER} if the observed rate holds (at level {ALPHA}/m for one of m "
+    f"primary claims), stated for each direction the observation allows."
+)
+
+CONTROL_RULE = (
+    "Every empirical claim names a control: the same test run on a setting that differs in the "
+    "one factor the claim is about, where it must come out the other way. A claim whose control "
+    "is contradicted is discriminating; one whose control is supported too is "
+    "non-discriminating and is not counted as support; one whose control is undetermined has an "
+    "undecided control and is not counted either. Controls are judged uncorrected, which makes "
+    "'non-discriminating' the easier finding."
+)
 
 
 # --------------------------------------------------------------------------- the claim
@@ -320,7 +491,14 @@ DECISION_RULES: dict[str, str] = {
 
 @dataclass(frozen=True)
 class Claim:
-    """One verdict: the sentence, the data and test behind it, and the outcome of the test."""
+    """One statement of a report: its sentence, kind, data and test, and how the test came out.
+
+    ``p_value`` and ``p_against`` are the p-values for and against an empirical claim;
+    ``adjusted_p`` and ``adjusted_p_against`` the same after `finalize` corrected them
+    (``correction`` says how); ``reason`` says why no decision is possible (too few units,
+    values all equal); ``basis`` holds what the seeds needed are worked out from; ``parts`` the
+    per-setting counts or values of a pooled claim and ``heterogeneity_p`` whether they differ;
+    ``control`` the control's setting and claim (a dict), ``standing`` how it came out."""
 
     key: str
     sentence: str
@@ -334,23 +512,58 @@ class Claim:
     p_value: float | None = None
     needed: int | None = None
     needed_text: str | None = None
+    kind: str = EMPIRICAL
+    p_against: float | None = None
+    reason: str | None = None
+    basis: dict[str, Any] | None = None
+    counterexamples: int | None = None
+    parts: list[dict[str, Any]] | None = None
+    heterogeneity_p: float | None = None
+    control: dict[str, Any] | None = None
+    standing: str | None = None
+    primary: bool = False
+    correction: str | None = None
+    adjusted_p: float | None = None
+    adjusted_p_against: float | None = None
+    needed_against: int | None = None
 
     def __post_init__(self) -> None:
-        """Reject an unknown outcome or rule, a negative n, or a `needed` on a decided claim."""
-        if self.outcome not in OUTCOMES:
-            raise ValueError(f"outcome must be one of {OUTCOMES} (got {self.outcome!r}).")
+        """Reject an unknown kind, outcome or rule, a negative n, or a `needed` on a decided
+        claim."""
+        if self.kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS} (got {self.kind!r}).")
+        if self.outcome not in OUTCOMES_OF[self.kind]:
+            raise ValueError(f"a {self.kind} claim's outcome must be one of "
+                             f"{OUTCOMES_OF[self.kind]} (got {self.outcome!r}).")
         if self.rule not in DECISION_RULES:
             raise ValueError(f"rule must be a key of DECISION_RULES (got {self.rule!r}).")
         if self.n < 0:
             raise ValueError(f"n must be at least 0 (got {self.n}).")
-        if self.outcome != UNDETERMINED and (self.needed is not None or self.needed_text):
+        if self.outcome != UNDETERMINED and (
+                self.needed is not None or self.needed_against is not None or self.needed_text):
             raise ValueError("only an undetermined claim says how many seeds would decide it.")
+        if self.standing is not None and self.standing not in STANDINGS:
+            raise ValueError(f"standing must be one of {STANDINGS} (got {self.standing!r}).")
 
     def result(self) -> str:
-        """The outcome in words: 'supported', 'contradicted' or 'undetermined at n = N'."""
+        """The outcome in words: 'supported', 'contradicted', 'undetermined at n = N',
+        'verified', 'failed' or 'descriptive'."""
         if self.outcome == UNDETERMINED:
             return f"undetermined at n = {self.n}"
+        if self.outcome == DESCRIBED:
+            return "descriptive"
         return self.outcome
+
+    @property
+    def counted(self) -> bool:
+        """Whether the claim counts as support: empirical, supported, and its control came out
+        the other way."""
+        return (self.kind == EMPIRICAL and self.outcome == SUPPORTED
+                and self.standing == DISCRIMINATING)
+
+    def control_claim(self) -> Claim | None:
+        """The control as a Claim (None when there is none)."""
+        return None if self.control is None else Claim.from_dict(self.control["claim"])
 
     def to_dict(self) -> dict[str, Any]:
         """The claim as a JSON-able dict (the interval as a list)."""
@@ -370,123 +583,152 @@ class Claim:
 
 
 def summary_counts(claims: Iterable[Claim]) -> dict[str, int]:
-    """How many claims have each outcome (every outcome is a key, zero included)."""
-    counts = dict.fromkeys(OUTCOMES, 0)
-    for claim in claims:
-        counts[claim.outcome] += 1
+    """How many claims fall in each place of a report: checks verified and failed; empirical
+    claims counted as support, non-discriminating or with an undecided control (both supported
+    but not counted), contradicted and undetermined; descriptive; and the primary claims
+    supported and counted."""
+    counts = dict.fromkeys(
+        ("verified", "failed", "counted", "non-discriminating", "control undecided",
+         "contradicted", "undetermined", "descriptive", "empirical", "checks", "primary",
+         "primary counted"), 0)
+    for c in claims:
+        if c.kind == CHECK:
+            counts["checks"] += 1
+            counts[c.outcome] += 1
+        elif c.kind == DESCRIPTIVE:
+            counts["descriptive"] += 1
+        else:
+            counts["empirical"] += 1
+            counts["primary"] += c.primary
+            if c.outcome == SUPPORTED:
+                key = "counted" if c.counted else (c.standing or CONTROL_UNDECIDED)
+                counts[key] += 1
+                counts["primary counted"] += c.primary and c.counted
+            else:
+                counts[c.outcome] += 1
     return counts
 
 
-# --------------------------------------------------------------------------- builders
+# --------------------------------------------------------------------------- deciding
 
 
-def _rate_text(k: int, n: int, what: str = "") -> str:
-    """'k of n seeds <what>; rate r, 95% Clopper-Pearson interval [lo, hi]' (or 'no seeds')."""
-    if n == 0:
-        return f"no seeds run ({what})" if what else "no seeds run"
-    lo, hi = clopper_pearson(k, n)
-    seeds = f"{k} of {n} seeds {what}" if what else f"{k} of {n} seeds"
-    return f"{seeds}; rate {k / n:.2f}, {CONFIDENCE} Clopper-Pearson interval [{lo:.2f}, {hi:.2f}]"
+def _decide(p_for: float | None, p_against: float | None, reason: str | None) -> str:
+    """The outcome of an empirical claim from its (adjusted) p-values."""
+    if reason is not None:
+        return UNDETERMINED
+    if p_for is not None and p_for < ALPHA:
+        return SUPPORTED
+    if p_against is not None and p_against < ALPHA:
+        return CONTRADICTED
+    return UNDETERMINED
 
 
-def _universal_needed(n: int, upper: bool) -> tuple[int | None, str]:
-    """Seeds a universal claim needs, and how that number follows from its one-sided bound:
-    the lower bound alpha**(1/n) for 'every', the upper bound 1 - alpha**(1/n) for 'none'."""
-    needed = UNIVERSAL_SEEDS
-    if needed is None:
-        return None, f"no n up to {MAX_SEEDS} gives {ALPHA}**(1/n) >= {EVERY_LEVEL}."
-
-    def bound(m: int) -> float:
-        """The one-sided bound that m seeds, all alike, give."""
-        if m == 0:
-            return 1.0 if upper else 0.0
-        return one_sided_upper(0, m) if upper else one_sided_lower(m, m)
-
-    formula = f"1 - {ALPHA}**(1/{needed})" if upper else f"{ALPHA}**(1/{needed})"
-    goal = f"falls to {1 - EVERY_LEVEL:.2g} or below" if upper else f"reaches {EVERY_LEVEL}"
-    return needed, (
-        f"{needed} seeds, all alike, are the fewest whose one-sided {CONFIDENCE} bound "
-        f"{formula} = {bound(needed):.3f} {goal}; {n} give {bound(n):.3f}."
-    )
-
-
-def every(key: str, sentence: str, k: int, n: int, what: str) -> Claim:
-    """'Every seed does X', with k of n seeds doing it (rule 'every').
-
-    Contradicted when k < n (a seed that does not is a counterexample); supported when k = n and
-    the one-sided Clopper-Pearson lower bound alpha**(1/n) is >= EVERY_LEVEL; otherwise
-    undetermined, with the fewest seeds at which the bound would reach EVERY_LEVEL.
-    """
-    return _universal(key, sentence, k, n, what, none_of=False)
+def _needed(basis: dict[str, Any] | None, n: int, level: float,
+            unit: str = "seeds") -> tuple[int | None, int | None, str | None]:
+    """The seeds that would decide an undetermined claim for and against it, from its basis
+    (the count on each side, the rate tested against), at the given level."""
+    if basis is None:
+        return None, None, None
+    words, found = [], []
+    for direction in ("for", "against"):
+        count, total, r0 = basis[direction]
+        rate = count / total if total else 0.0
+        m = seeds_to_show(rate, r0, start=n + 1, alpha=level)
+        found.append(m)
+        side = "support it" if direction == "for" else "contradict it"
+        if m is not None:
+            words.append(f"{m} {unit} would {side} with power {POWER} at level {level:.3g} if "
+                         f"the observed share {count} of {total} holds")
+        elif rate > r0:
+            words.append(f"no number up to {MAX_SEEDS} would {side} at the observed share")
+        else:
+            words.append(f"the observed share {count} of {total} could never {side}")
+    return found[0], found[1], "; ".join(words) + "."
 
 
-def none(key: str, sentence: str, k: int, n: int, what: str) -> Claim:
-    """'No seed does X', with k of n seeds doing it (rule 'none'), the mirror image of `every`.
+def _empirical(key: str, sentence: str, data: str, test: str, n: int, rule: str, *,
+               p_for: float | None, p_against: float | None, reason: str | None = None,
+               basis: dict[str, Any] | None = None, **fields: Any) -> Claim:
+    """An empirical claim decided at the nominal level (before `finalize` corrects it)."""
+    if reason is None and n < MIN_N:
+        reason = f"{n} units are fewer than the {MIN_N} a decision needs"
+    outcome = _decide(p_for, p_against, reason)
+    needed = needed_against = needed_text = None
+    if outcome == UNDETERMINED:
+        needed, needed_against, needed_text = _needed(basis, n, ALPHA)
+        if reason is not None:
+            needed_text = f"{reason}." + (f" {needed_text}" if needed_text else "")
+    return Claim(key=key, sentence=sentence, data=data, test=test, outcome=outcome, n=n,
+                 rule=rule, p_value=p_for, p_against=p_against, reason=reason, basis=basis,
+                 needed=needed, needed_against=needed_against, needed_text=needed_text,
+                 **fields)
 
-    Contradicted when k > 0; supported when k = 0 and the one-sided Clopper-Pearson upper bound
-    1 - alpha**(1/n) is <= 1 - EVERY_LEVEL; otherwise undetermined.
-    """
-    return _universal(key, sentence, k, n, what, none_of=True)
+
+# --------------------------------------------------------------------------- rates
 
 
-def _universal(key: str, sentence: str, k: int, n: int, what: str, none_of: bool) -> Claim:
-    """`every` (none_of False) or its mirror image `none` (none_of True)."""
+def _parts_of_counts(parts: Sequence[tuple[str, int, int]]) -> tuple[int, int, list, float | None,
+                                                                     str]:
+    """Pooled k and n of per-setting counts, the parts as records, the heterogeneity p-value
+    and the per-setting counts in words."""
+    for _setting, k, n in parts:
+        _check_count(k, n)
+    k = sum(p[1] for p in parts)
+    n = sum(p[2] for p in parts)
+    het = rate_heterogeneity([(p[1], p[2]) for p in parts])
+    records = [{"setting": s, "k": int(kk), "n": int(nn)} for s, kk, nn in parts]
+    words = ", ".join(f"{s}: {kk}/{nn}" for s, kk, nn in parts)
+    if het is not None:
+        words += f"; heterogeneity across settings: permutation p = {het:.3g}"
+    return k, n, records, het, words
+
+
+def _rate(key: str, sentence: str, k: int | None, n: int | None, what: str, r0: float,
+          above: bool, unit: tuple[str, str], parts: Sequence[tuple[str, int, int]] | None
+          ) -> Claim:
+    _check_rate(r0)
+    records = het = None
+    pooled = ""
+    if parts is not None:
+        k, n, records, het, pooled = _parts_of_counts(parts)
+    if k is None or n is None:
+        raise ValueError("give k and n, or the parts to pool them from.")
     _check_count(k, n)
-    if none_of:
-        bound, side, level = one_sided_upper(k, n), "upper", f"<= {1 - EVERY_LEVEL:.2g}"
-        counterexample, decided = k > 0, n > 0 and one_sided_upper(k, n) <= 1 - EVERY_LEVEL
-    else:
-        bound, side, level = one_sided_lower(k, n), "lower", f">= {EVERY_LEVEL}"
-        counterexample, decided = n > 0 and k < n, n > 0 and one_sided_lower(k, n) >= EVERY_LEVEL
-    test = (
-        f"counterexample over {n} seeds, then one-sided {CONFIDENCE} Clopper-Pearson {side} "
-        f"bound of the rate (here {bound:.3f}) {level}"
-    )
-    needed, needed_text = None, None
-    if counterexample:
-        outcome = CONTRADICTED
-    elif decided:
-        outcome = SUPPORTED
-    else:
-        outcome = UNDETERMINED
-        needed, needed_text = _universal_needed(n, upper=none_of)
-    return Claim(
-        key=key,
-        sentence=sentence,
-        data=_rate_text(k, n, what),
-        test=test,
-        outcome=outcome,
-        n=n,
-        rule="none" if none_of else "every",
-        estimate=k / n if n else None,
-        interval=clopper_pearson(k, n),
-        needed=needed,
-        needed_text=needed_text,
-    )
+    lo, hi = one_sided_lower(k, n), one_sided_upper(k, n)
+    bound = (f"rate >= {lo:.2f}" if above else f"rate <= {hi:.2f}") + f" (one-sided {CONFIDENCE})"
+    one, many = unit
+    data = (f"{k} of {n} {many if n != 1 else one} {what}; {bound}" if n else
+            f"no {many} ({what})")
+    if pooled:
+        data += f"; pooled over settings ({pooled})"
+    side = ">" if above else "<"
+    test = f"one-sided exact binomial test of rate {side} {r0:g} over {n} {many}"
+    p_for = binomial_p(k, n, r0, greater=above)
+    p_against = binomial_p(k, n, r0, greater=not above)
+    basis = {"for": [k if above else n - k, n, r0 if above else 1 - r0],
+             "against": [n - k if above else k, n, 1 - r0 if above else r0]}
+    return _empirical(key, sentence, data, test, n, "rate_at_least" if above else "rate_at_most",
+                      p_for=p_for, p_against=p_against, basis=basis,
+                      estimate=k / n if n else None, interval=(lo, hi),
+                      counterexamples=(n - k) if above else k, parts=records,
+                      heterogeneity_p=het)
 
 
-def _alternative_rates(k1: int, n1: int, k2: int, n2: int) -> tuple[float, float, str]:
-    """The rates (ours, theirs) a power search assumes, and a clause saying which they are.
+def rate_at_least(key: str, sentence: str, k: int | None, n: int | None, what: str,
+                  r0: float = R0, unit: tuple[str, str] = SEEDS,
+                  parts: Sequence[tuple[str, int, int]] | None = None) -> Claim:
+    """'The rate of X is above r0', with k of n units doing X (rule 'rate_at_least'); the
+    units that do not are its counterexamples. ``parts`` (setting, k, n) pools replicate
+    settings that share one prediction into one claim (k and n then None)."""
+    return _rate(key, sentence, k, n, what, r0, True, unit, parts)
 
-    They are the observed rates unless those are equal (or we have no seeds), where no number
-    of seeds could show a difference; then ours is put at the far end from theirs (0 if theirs
-    is at least 0.5, else 1), the largest difference possible, so `needed` is the fewest seeds
-    that could ever decide it.
-    """
-    p2 = k2 / n2
-    if n1 > 0 and k1 / n1 != p2:
-        p1 = k1 / n1
-        return p1, p2, f"the true rates are the observed {p1:.2f} (ours) and {p2:.2f} (theirs)"
-    p1 = 0.0 if p2 >= 0.5 else 1.0
-    why = "our rate equals theirs" if n1 > 0 else "we have no seeds"
-    return (
-        p1,
-        p2,
-        (
-            f"{why}, so the stated alternative is the largest difference possible, ours {p1:.0f} "
-            f"against their observed {p2:.2f} (fewer seeds could never decide it)"
-        ),
-    )
+
+def rate_at_most(key: str, sentence: str, k: int | None, n: int | None, what: str,
+                 r0: float = 1 - R0, unit: tuple[str, str] = SEEDS,
+                 parts: Sequence[tuple[str, int, int]] | None = None) -> Claim:
+    """'The rate of X is below r0', with k of n units doing X (rule 'rate_at_most'), the
+    mirror image of `rate_at_least`; the k units that do X are its counterexamples."""
+    return _rate(key, sentence, k, n, what, r0, False, unit, parts)
 
 
 def rate_differs(
@@ -494,258 +736,278 @@ def rate_differs(
 ) -> Claim:
     """'The rates differ': k1 of our n1 seeds against k2 of their n2 (rule 'rate_differs').
 
-    Fisher's exact test, two-sided: supported when p < ALPHA, otherwise undetermined at n = n1.
-    This rule never returns `contradicted`: a non-significant test does not show the rates equal.
-    An undetermined claim names the fewest of our seeds (theirs fixed, up to MAX_SEEDS) at which
-    the test's exact power reaches POWER (see `_alternative_rates` for the rates assumed), or
-    None with a sentence when no number up to MAX_SEEDS would do.
-    """
+    Fisher's exact test, two-sided: supported when p < ALPHA, otherwise undetermined (never
+    contradicted: a non-significant test does not show the rates equal)."""
     _check_count(k1, n1, "k1")
     _check_count(k2, n2, "k2")
     if n2 == 0:
         raise ValueError("their sample must have at least one seed or model (n2 >= 1).")
     p = fisher(k1, n1, k2, n2)
-    theirs_text = f"{theirs}: {k2} of {n2} (rate {k2 / n2:.2f})"
-    data = f"{ours}: {_rate_text(k1, n1)}; {theirs_text}"
-    test = f"two-sided Fisher exact test on the 2x2 table at alpha = {ALPHA}: p = {p:.3g}"
-    needed, needed_text = None, None
-    if p < ALPHA:
-        outcome = SUPPORTED
-    else:
-        outcome = UNDETERMINED
-        p1, p2, assumed = _alternative_rates(k1, n1, k2, n2)
-        needed = seeds_to_differ(p1, n2, p2, start=n1 + 1)
-        if needed is None:
-            needed_text = (
-                f"no number of our seeds from {n1 + 1} to {MAX_SEEDS} gives the Fisher test at "
-                f"{ALPHA} power {POWER} against {n2} of {theirs} if {assumed}; more of theirs "
-                f"would be needed."
-            )
-        else:
-            needed_text = (
-                f"{needed} of our seeds (theirs fixed at {n2}) are the fewest from {n1 + 1} at "
-                f"which the Fisher test at {ALPHA} has exact power >= {POWER} if {assumed}."
-            )
-    return Claim(
-        key=key,
-        sentence=sentence,
-        data=data,
-        test=test,
-        outcome=outcome,
-        n=n1,
-        rule="rate_differs",
-        estimate=k1 / n1 - k2 / n2 if n1 else None,
-        interval=clopper_pearson(k1, n1),
-        p_value=p,
-        needed=needed,
-        needed_text=needed_text,
-    )
+    lo1, hi1 = clopper_pearson(k1, n1)
+    data = (f"{ours}: {k1} of {n1} (rate {k1 / n1 if n1 else math.nan:.2f}, two-sided "
+            f"{CONFIDENCE} interval [{lo1:.2f}, {hi1:.2f}]); {theirs}: {k2} of {n2} (rate "
+            f"{k2 / n2:.2f})")
+    test = f"two-sided Fisher exact test on the 2x2 table: p = {p:.3g}"
+    return _empirical(key, sentence, data, test, n1, "rate_differs", p_for=p, p_against=None,
+                      estimate=k1 / n1 - k2 / n2 if n1 else None)
 
 
-SEEDS = ("seed", "seeds")  # the unit a mean is over, singular and plural
+# --------------------------------------------------------------------------- medians
 
 
-def _mean_text(arr: np.ndarray, lo: float, hi: float, unit: tuple[str, str] = SEEDS) -> str:
-    """'mean m over n seeds; 95% bootstrap interval [lo, hi]' (or why there is none)."""
-    n = arr.size
+def _values_of(values: Iterable[float] | None,
+               parts: Sequence[tuple[str, Iterable[float]]] | None
+               ) -> tuple[np.ndarray, list | None, float | None, str]:
+    """The values (pooled from ``parts`` when given), the parts as records, their
+    heterogeneity p-value and the per-setting medians in words."""
+    if parts is None:
+        if values is None:
+            raise ValueError("give the values, or the parts to pool them from.")
+        return _as_values(values), None, None, ""
+    arrays = [(s, _as_values(v)) for s, v in parts]
+    het = value_heterogeneity([a for _, a in arrays])
+    records = [{"setting": s, "n": int(a.size), "median": float(np.median(a)) if a.size else None}
+               for s, a in arrays]
+    words = ", ".join(f"{s}: median {np.median(a):.4g} of {a.size}" if a.size else f"{s}: none"
+                      for s, a in arrays)
+    if het is not None:
+        words += f"; heterogeneity across settings: Kruskal-Wallis p = {het:.3g}"
+    pooled = np.concatenate([a for _, a in arrays]) if arrays else np.zeros(0)
+    return pooled, records, het, words
+
+
+def _median_claim(key: str, sentence: str, arr: np.ndarray, low: float, high: float, rule: str,
+                  test: str, unit: tuple[str, str], what: str, records: list | None,
+                  het: float | None, pooled: str) -> Claim:
+    """A median claimed to lie in [low, high] (an edge may be infinite), by sign tests."""
+    n = int(arr.size)
+    lo, hi = median_bounds(arr) if n else (-math.inf, math.inf)
+    ps_for, ps_against, basis_for, basis_against = [], [], [], []
+    if math.isfinite(low):
+        ps_for.append(sign_p(arr, low, above=True))
+        ps_against.append(sign_p(arr, low, above=False))
+        basis_for.append((int(np.sum(arr > low)), n, 0.5))
+        basis_against.append((int(np.sum(arr < low)), n, 0.5))
+    if math.isfinite(high):
+        ps_for.append(sign_p(arr, high, above=False))
+        ps_against.append(sign_p(arr, high, above=True))
+        basis_for.append((int(np.sum(arr < high)), n, 0.5))
+        basis_against.append((int(np.sum(arr > high)), n, 0.5))
+    p_for, p_against = max(ps_for), min(ps_against)
+    basis = ({"for": list(min(basis_for)), "against": list(max(basis_against))} if n else None)
+    reason = None
+    if n >= 2 and np.ptp(arr) == 0:
+        reason = f"all {n} values are equal ({arr[0]:.4g}), so there is no spread to judge from"
     one, many = unit
     if n == 0:
-        return f"no {many} run"
-    if not (math.isfinite(lo) and math.isfinite(hi)):
-        return f"mean {arr.mean():.4g} over {n} {one}; one {one} gives no bootstrap interval"
-    return (
-        f"mean {arr.mean():.4g} over {n} {many}; {CONFIDENCE} bootstrap interval "
-        f"[{lo:.4g}, {hi:.4g}]"
-    )
+        data = f"no {many}"
+    else:
+        bounds = ("no bound at this n" if not math.isfinite(lo) else
+                  f"one-sided {CONFIDENCE} bounds of the median [{lo:.4g}, {hi:.4g}]")
+        data = (f"median {np.median(arr):.4g} over {n} {many if n != 1 else one} (range "
+                f"{arr.min():.4g} to {arr.max():.4g}); {bounds}")
+    if what:
+        data = f"{what}; {data}"
+    if pooled:
+        data += f"; pooled over settings ({pooled})"
+    return _empirical(key, sentence, data, test, n, rule, p_for=p_for, p_against=p_against,
+                      reason=reason, basis=basis, estimate=float(np.median(arr)) if n else None,
+                      interval=(lo, hi) if math.isfinite(lo) else None, parts=records,
+                      heterogeneity_p=het)
 
 
-def _mean_claim(
-    key: str,
-    sentence: str,
-    arr: np.ndarray,
-    rule: str,
-    test: str,
-    decide: Callable[[float, float], str],
-    margin: Callable[[float], float],
-    margin_words: str,
-    unit: tuple[str, str] = SEEDS,
-    what: str = "",
-) -> Claim:
-    """A claim about a mean over seeds (or other units): `decide(lo, hi)` gives the outcome of
-    a decidable interval, `margin(mean)` the distance an undetermined interval has to fit
-    inside; `what` says what each value is."""
-    lo, hi = bootstrap_mean(arr)
-    n = int(arr.size)
-    decidable = math.isfinite(lo) and math.isfinite(hi)
-    outcome = decide(lo, hi) if decidable else UNDETERMINED
-    needed, needed_text = None, None
-    if outcome == UNDETERMINED:
-        if not decidable:
-            needed_text = (
-                f"{n} {unit[0]}(s) give no bootstrap interval; run at least two, then judge how "
-                f"many more from their spread."
-            )
-        else:
-            mean = float(arr.mean())
-            half = (hi - lo) / 2
-            m = margin(mean)
-            needed = _seeds_for_margin(n, half, m)
-            if needed is None:
-                needed_text = f"the mean sits on {margin_words}, so no number of seeds decides it."
-            else:
-                needed_text = (
-                    f"if the spread stays as it is, the interval's half-width {half:.4g} shrinks "
-                    f"as 1/sqrt(n) and falls below the margin {m:.4g} to {margin_words} at "
-                    f"n = ceil({n} * ({half:.4g} / {m:.4g})**2) = {needed} (at least n + 1)."
-                )
-    return Claim(
-        key=key,
-        sentence=sentence,
-        data=(f"{what}; " if what else "") + _mean_text(arr, lo, hi, unit),
-        test=test,
-        outcome=outcome,
-        n=n,
-        rule=rule,
-        estimate=float(arr.mean()) if n else None,
-        interval=(lo, hi) if decidable else None,
-        needed=needed,
-        needed_text=needed_text,
-    )
-
-
-def _one_side(
-    key: str, sentence: str, values: Iterable[float], threshold: float, up: bool,
-    unit: tuple[str, str] = SEEDS, what: str = "",
-) -> Claim:
-    """The mean over seeds (or ``unit``) is at least (up) or at most (not up) the threshold."""
+def _one_side(key: str, sentence: str, values: Iterable[float] | None, threshold: float,
+              up: bool, unit: tuple[str, str], what: str,
+              parts: Sequence[tuple[str, Iterable[float]]] | None) -> Claim:
     _check_finite(threshold, "threshold")
-    arr = _as_values(values)
-    side = ">=" if up else "<="
-    test = (
-        f"{CONFIDENCE} bootstrap interval of the mean over {unit[1]} wholly {side} "
-        f"{threshold:.4g} (supported) or wholly on the other side (contradicted)"
-    )
-
-    # a one-sided claim is a band with an infinite edge: the same decision and margin
+    arr, records, het, pooled = _values_of(values, parts)
+    test = (f"one-sided sign test that the median over {unit[1]} is "
+            f"{'above' if up else 'below'} {threshold:.4g}")
     low, high = (threshold, math.inf) if up else (-math.inf, threshold)
-    return _band_claim(key, sentence, arr, low, high, "mean_at_least" if up else "mean_at_most",
-                       test, unit, what, edge_words=f"the threshold {threshold:.4g}")
+    return _median_claim(key, sentence, arr, low, high,
+                         "median_at_least" if up else "median_at_most", test, unit, what,
+                         records, het, pooled)
 
 
-def mean_at_least(key: str, sentence: str, values: Iterable[float], threshold: float,
-                  unit: tuple[str, str] = SEEDS, what: str = "") -> Claim:
-    """'The mean over seeds is at least threshold' (rule 'mean_at_least'); ``unit`` names other
-    independent units (a real model's probes) and ``what`` says what each value is.
-
-    Supported when the whole 95% bootstrap interval is >= threshold, contradicted when it is
-    wholly below, otherwise undetermined with needed = ceil(n * (half_width / margin)**2).
-    """
-    return _one_side(key, sentence, values, threshold, up=True, unit=unit, what=what)
+def median_at_least(key: str, sentence: str, values: Iterable[float] | None, threshold: float,
+                    unit: tuple[str, str] = SEEDS, what: str = "",
+                    parts: Sequence[tuple[str, Iterable[float]]] | None = None) -> Claim:
+    """'The median over seeds (or ``unit``) is above threshold' (rule 'median_at_least');
+    ``what`` says what each value is; ``parts`` (setting, values) pools replicate settings."""
+    return _one_side(key, sentence, values, threshold, True, unit, what, parts)
 
 
-def mean_at_most(key: str, sentence: str, values: Iterable[float], threshold: float,
-                 unit: tuple[str, str] = SEEDS, what: str = "") -> Claim:
-    """'The mean over seeds is at most threshold' (rule 'mean_at_most'), mirroring
-    `mean_at_least`."""
-    return _one_side(key, sentence, values, threshold, up=False, unit=unit, what=what)
+def median_at_most(key: str, sentence: str, values: Iterable[float] | None, threshold: float,
+                   unit: tuple[str, str] = SEEDS, what: str = "",
+                   parts: Sequence[tuple[str, Iterable[float]]] | None = None) -> Claim:
+    """'The median over seeds (or ``unit``) is below threshold' (rule 'median_at_most')."""
+    return _one_side(key, sentence, values, threshold, False, unit, what, parts)
 
 
-def mean_within(
-    key: str, sentence: str, values: Iterable[float], reference: float, tolerance: float,
-    unit: tuple[str, str] = SEEDS, what: str = "",
-) -> Claim:
-    """'The mean over seeds (or ``unit``) matches the reference within tolerance' (rule
-    'mean_within').
-
-    Supported when the 95% bootstrap interval lies inside [reference - tolerance,
-    reference + tolerance], contradicted when it lies wholly outside it, otherwise undetermined
-    with needed from the interval's half-width against the mean's distance to the nearer edge.
-    """
-    _check_finite(reference, "reference")
-    _check_finite(tolerance, "tolerance")
-    if tolerance < 0:
-        raise ValueError(f"tolerance must be at least 0 (got {tolerance}).")
-    arr = _as_values(values)
-    low_edge, high_edge = reference - tolerance, reference + tolerance
-    test = (
-        f"{CONFIDENCE} bootstrap interval of the mean over {unit[1]} inside [{low_edge:.4g}, "
-        f"{high_edge:.4g}] = {reference:.4g} +/- {tolerance:.4g} (supported) or wholly outside "
-        f"it (contradicted)"
-    )
-
-    return _band_claim(key, sentence, arr, low_edge, high_edge, "mean_within", test, unit, what)
-
-
-def mean_in_range(
-    key: str,
-    sentence: str,
-    values: Iterable[float],
-    low: float,
-    high: float,
-    unit: tuple[str, str] = SEEDS,
-    what: str = "",
-) -> Claim:
-    """'The mean lies in the reference range [low, high]' (rule 'mean_in_range'), the mean
-    taken over independent units (seeds, or for a real model its probes: ``unit`` names them,
-    ``what`` says what each value is).
-
-    Supported when the 95% bootstrap interval of the mean over the units lies inside
-    [low, high], contradicted when it lies wholly outside it, otherwise undetermined with
-    needed from the interval's half-width against the mean's distance to the nearer edge.
-    """
+def median_in_range(key: str, sentence: str, values: Iterable[float] | None, low: float,
+                    high: float, unit: tuple[str, str] = SEEDS, what: str = "",
+                    parts: Sequence[tuple[str, Iterable[float]]] | None = None,
+                    rule: str = "median_in_range") -> Claim:
+    """'The median over seeds (or ``unit``) lies in [low, high]' (rule 'median_in_range')."""
     _check_finite(low, "low")
     _check_finite(high, "high")
     if high < low:
         raise ValueError(f"the range must have low <= high (got [{low}, {high}]).")
-    arr = _as_values(values)
-    test = (
-        f"{CONFIDENCE} bootstrap interval of the mean over {unit[1]} inside [{low:.4g}, "
-        f"{high:.4g}] (supported) or wholly outside it (contradicted)"
-    )
-
-    return _band_claim(key, sentence, arr, low, high, "mean_in_range", test, unit, what)
+    arr, records, het, pooled = _values_of(values, parts)
+    test = (f"two one-sided sign tests that the median over {unit[1]} lies in [{low:.4g}, "
+            f"{high:.4g}]")
+    return _median_claim(key, sentence, arr, low, high, rule, test, unit, what, records, het,
+                         pooled)
 
 
-def _band_claim(key: str, sentence: str, arr: np.ndarray, low: float, high: float, rule: str,
-                test: str, unit: tuple[str, str] = SEEDS, what: str = "",
-                edge_words: str | None = None) -> Claim:
-    """A mean claimed to lie in [low, high] (an edge may be infinite): supported when its
-    bootstrap interval lies inside, contradicted when wholly outside, else undetermined (needed
-    from the distance of the mean to the nearer edge, which ``edge_words`` names)."""
-
-    def decide(lo: float, hi: float) -> str:
-        if low <= lo and hi <= high:
-            return SUPPORTED
-        if hi < low or lo > high:
-            return CONTRADICTED
-        return UNDETERMINED
-
-    return _mean_claim(
-        key,
-        sentence,
-        arr,
-        rule,
-        test,
-        decide,
-        lambda mean: min(abs(mean - low), abs(mean - high)),
-        edge_words or f"the nearer edge of [{low:.4g}, {high:.4g}]",
-        unit,
-        what,
-    )
+def median_within(key: str, sentence: str, values: Iterable[float] | None, reference: float,
+                  tolerance: float, unit: tuple[str, str] = SEEDS, what: str = "",
+                  parts: Sequence[tuple[str, Iterable[float]]] | None = None) -> Claim:
+    """'The median over seeds matches the reference within tolerance' (rule 'median_within')."""
+    _check_finite(reference, "reference")
+    _check_finite(tolerance, "tolerance")
+    if tolerance < 0:
+        raise ValueError(f"tolerance must be at least 0 (got {tolerance}).")
+    return median_in_range(key, sentence, values, reference - tolerance, reference + tolerance,
+                           unit, what, parts, rule="median_within")
 
 
-def exact(key: str, sentence: str, value: float, bound: float, what: str) -> Claim:
-    """A deterministic check with no sampling (rule 'exact'): supported when value <= bound,
-    otherwise contradicted (a nan value fails the check). n = 1."""
+# --------------------------------------------------------------------------- bootstrap
+
+
+def bootstrap_claim(key: str, sentence: str, estimate: float, resampled: Sequence[float],
+                    n: int, low: float = -math.inf, high: float = math.inf,
+                    unit: tuple[str, str] = SEEDS, what: str = "", how: str = "bootstrap"
+                    ) -> Claim:
+    """'The estimate lies in [low, high]' (one edge may be infinite: 'above low', 'below
+    high'), decided by a bootstrap distribution of the estimate computed elsewhere (``how``
+    names it, e.g. a two-level bootstrap over heads and probes); ``n`` is the number of the
+    outer units resampled (rule 'bootstrap')."""
+    _check_finite(estimate, "estimate")
+    if not (math.isfinite(low) or math.isfinite(high)) or high < low:
+        raise ValueError(f"give a threshold or a band [low, high] with low <= high (got "
+                         f"[{low}, {high}]).")
+    draws = _as_values(resampled)
+    if draws.size < 2:
+        raise ValueError(f"the bootstrap distribution must have at least 2 draws (got "
+                         f"{draws.size}).")
+    b = draws.size
+    ps_for, ps_against = [], []
+    if math.isfinite(low):
+        ps_for.append((1 + np.sum(draws <= low)) / (b + 1))
+        ps_against.append((1 + np.sum(draws >= low)) / (b + 1))
+    if math.isfinite(high):
+        ps_for.append((1 + np.sum(draws >= high)) / (b + 1))
+        ps_against.append((1 + np.sum(draws <= high)) / (b + 1))
+    lo, hi = (float(x) for x in np.quantile(draws, [ALPHA, 1 - ALPHA]))
+    reason = "the bootstrap distribution has no spread" if np.ptp(draws) == 0 else None
+    if math.isfinite(low) and math.isfinite(high):
+        target = f"inside [{low:.4g}, {high:.4g}]"
+    else:
+        target = f"above {low:.4g}" if math.isfinite(low) else f"below {high:.4g}"
+    data = (f"{what + '; ' if what else ''}estimate {estimate:.4g} over {n} {unit[1]}; "
+            f"one-sided {CONFIDENCE} bounds [{lo:.4g}, {hi:.4g}] from {b:,} {how} draws")
+    test = f"{how} test that the estimate is {target}"
+    return _empirical(key, sentence, data, test, n, "bootstrap", p_for=float(max(ps_for)),
+                      p_against=float(min(ps_against)), reason=reason, estimate=float(estimate),
+                      interval=(lo, hi))
+
+
+# --------------------------------------------------------------------------- checks, descriptions
+
+
+def check(key: str, sentence: str, value: float, bound: float, what: str) -> Claim:
+    """A check of sinklab's own computation (rule 'check'): verified when value <= bound,
+    failed otherwise (a nan value fails). n = 1."""
     _check_finite(bound, "bound")
     ok = value <= bound
-    return Claim(
-        key=key,
-        sentence=sentence,
-        data=f"{what} = {value:.3g}",
-        test=f"deterministic comparison, no sampling: {what} <= {bound:.3g}",
-        outcome=SUPPORTED if ok else CONTRADICTED,
-        n=1,
-        rule="exact",
-        estimate=float(value) if math.isfinite(value) else None,
-    )
+    return Claim(key=key, sentence=sentence, data=f"{what} = {value:.3g}",
+                 test=f"deterministic comparison, no sampling: {what} <= {bound:.3g}",
+                 outcome=VERIFIED if ok else FAILED, n=1, rule="check", kind=CHECK,
+                 estimate=float(value) if math.isfinite(value) else None)
+
+
+def check_all(key: str, sentence: str, k: int, n: int, what: str) -> Claim:
+    """A check over n cases (rule 'check'): verified when all n pass (k = n >= 1)."""
+    _check_count(k, n)
+    return Claim(key=key, sentence=sentence, data=f"{k} of {n} {what}",
+                 test=f"every one of the {n} cases passes", n=n, rule="check", kind=CHECK,
+                 outcome=VERIFIED if n > 0 and k == n else FAILED,
+                 estimate=k / n if n else None)
+
+
+def descriptive(key: str, sentence: str, data: str, n: int = 0, estimate: float | None = None,
+                interval: tuple[float, float] | None = None, p_value: float | None = None,
+                test: str = "none: what the data show") -> Claim:
+    """What the data show, with no verdict (rule 'descriptive')."""
+    return Claim(key=key, sentence=sentence, data=data, test=test, outcome=DESCRIBED, n=n,
+                 rule="descriptive", kind=DESCRIPTIVE, estimate=estimate, interval=interval,
+                 p_value=p_value)
+
+
+def as_descriptive(claim: Claim, sentence: str | None = None) -> Claim:
+    """The same data and numbers with no verdict: for a claim with no possible control, or a
+    comparison with a single illustrative model."""
+    return descriptive(claim.key, sentence or claim.sentence, claim.data, claim.n,
+                       claim.estimate, claim.interval, claim.p_value,
+                       test=f"none (descriptive); the numbers are those of: {claim.test}")
+
+
+def with_control(claim: Claim, control: Claim, setting: str) -> Claim:
+    """The claim with its control: the same test run on ``setting``, which differs in the one
+    factor the claim is about. The standing says whether the control came out the other way."""
+    if claim.kind != EMPIRICAL or control.kind != EMPIRICAL:
+        raise ValueError("only an empirical claim has a control, and the control is one too.")
+    if control.rule != claim.rule:
+        raise ValueError(f"a control runs the same test (rule {claim.rule!r}, got "
+                         f"{control.rule!r}).")
+    standing = {SUPPORTED: NON_DISCRIMINATING, CONTRADICTED: DISCRIMINATING}.get(
+        control.outcome, CONTROL_UNDECIDED)
+    return replace(claim, control={"setting": setting, "claim": control.to_dict()},
+                   standing=standing)
+
+
+def finalize(claims: Sequence[Claim], primary: Sequence[str] = ()) -> list[Claim]:
+    """The study's claims decided together: the ``primary`` keys corrected by Holm, the other
+    empirical claims by Benjamini-Hochberg, and each empirical claim's outcome and seeds
+    needed decided again from its adjusted p-values. Raises ValueError when a primary key is not
+    an empirical claim of the list, or an empirical claim has no control."""
+    by_key = {c.key: c for c in claims}
+    if len(by_key) != len(claims):
+        raise ValueError("two claims share a key.")
+    for key in primary:
+        if key not in by_key or by_key[key].kind != EMPIRICAL:
+            raise ValueError(f"the primary claim {key!r} is not an empirical claim of the "
+                             f"study.")
+    missing = [c.key for c in claims if c.kind == EMPIRICAL and c.control is None]
+    if missing:
+        raise ValueError(f"every empirical claim needs a control; these have none: "
+                         f"{', '.join(missing)}.")
+    chosen = set(primary)
+    out = {c.key: c for c in claims}
+    m = len(chosen)
+    for keys, correct, name, level in (
+            ([c.key for c in claims if c.key in chosen], holm, HOLM, ALPHA / max(m, 1)),
+            ([c.key for c in claims if c.kind == EMPIRICAL and c.key not in chosen],
+             benjamini_hochberg, BH, ALPHA)):
+        if not keys:
+            continue
+        p_for = correct([_p(by_key[k].p_value) for k in keys])
+        p_against = correct([_p(by_key[k].p_against) for k in keys])
+        for key, pf, pa in zip(keys, p_for, p_against):
+            c = by_key[key]
+            outcome = _decide(pf, pa, c.reason)
+            needed = needed_against = needed_text = None
+            if outcome == UNDETERMINED:
+                needed, needed_against, needed_text = _needed(c.basis, c.n, level)
+                if c.reason is not None:
+                    needed_text = f"{c.reason}." + (f" {needed_text}" if needed_text else "")
+            out[key] = replace(c, primary=key in chosen, correction=name, adjusted_p=pf,
+                               adjusted_p_against=pa, outcome=outcome, needed=needed,
+                               needed_against=needed_against, needed_text=needed_text)
+    return [out[c.key] for c in claims]
+
+
+def _p(p: float | None) -> float:
+    """A missing p-value (a test with no such direction) as 1."""
+    return 1.0 if p is None else float(p)

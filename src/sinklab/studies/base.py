@@ -46,11 +46,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from sinklab import claims as claims_mod
 from sinklab.claims import Claim
 from sinklab.config import RunConfig, build_run_config, check_count, coerce, read_toml_text
 from sinklab.errors import ConfigError, ResultsError, SinklabError
 from sinklab.runs import folders, limits
 from sinklab.runs.files import jsonable, read_json, write_atomic, write_json
+from sinklab.studies import reference
 
 Log = Callable[[str], None]
 RECORDS = "records.json"
@@ -238,10 +240,21 @@ class Study:
     reuse: Callable[[Any], Sequence[Path]] | None = None  # folders to adopt finished runs from
     docs_example: str = ""
     default_out: str = ""
+    # the keys of the study's primary claims, named before it runs: corrected together by Holm
+    primary: tuple[str, ...] = ()
+    # records a claim's control needs that are cheap to compute from the options alone (an
+    # untrained model's measurements): added to records that lack them, by a run and by
+    # `sinklab render`, and returned as the records completed
+    complete: Callable[[dict[str, Any], Any], dict[str, Any]] | None = None
 
     @property
     def heading(self) -> str:
         return f"# {self.title}"
+
+    def decide(self, records: Any, opts: Any) -> list[Claim]:
+        """The report's claims decided together (``claims.finalize``): the primary claims
+        corrected by Holm, the other empirical claims by Benjamini-Hochberg."""
+        return claims_mod.finalize(self.claims(records, opts), self.primary)
 
     def marker(self) -> dict[str, Any]:
         """What the folder's marker says about the study (read by ``sinklab report``)."""
@@ -606,8 +619,8 @@ def _describe(job: Job, summaries: list[dict[str, Any]], seconds: float) -> str:
                     if s["status"] == "diverged")
     plateau = sum(s["status"] == "plateau" for s in summaries)
     stops = f", plateau {plateau}/{len(summaries)}" if plateau else ""
-    return (f"{job.label}: converged {converged}/{len(summaries)}{stops}, steps {step_text}, "
-            f"{seconds:.0f} s{extra}")
+    return (f"{job.label}: reached the stop rule {converged}/{len(summaries)}{stops}, "
+            f"steps {step_text}, {seconds:.0f} s{extra}")
 
 
 def _fitting(job: Job) -> list[Job]:
@@ -828,9 +841,15 @@ def render_docs(docs: Path) -> tuple[str, bool]:
     study = STUDIES[name]
     result = read_json(docs.with_suffix(".json"))
     opts = options_from(study, result["options"])
-    claims = study.claims(result["records"], opts)
-    same = json.loads(json.dumps(jsonable([c.to_dict() for c in claims]))) == result["claims"]
+    if study.complete is not None:
+        result = {**result, "records": study.complete(result["records"], opts)}
+    claims = study.decide(result["records"], opts)
+    decided = json.loads(json.dumps(jsonable([c.to_dict() for c in claims])))
+    same = decided == result["claims"]
+    # the records were made by a run before the claims' code decided them this way
+    result = {**result, "claims": decided, "reference": reference.records(), "redecided": True}
     text = render.report(study, result, claims, opts, docs.with_suffix("").name)
+    write_json(docs.with_suffix(".json"), result)
     write_atomic(docs, (text.rstrip("\n") + "\n\n" + docs_mark(name, docs) + "\n").encode())
     return name, same
 
@@ -1035,6 +1054,8 @@ def _run(study: Study, out: Path, opts: Any, exe: Execution, docs: Path | None,
     run_all(jobs, workers, log, out, exe, origin=study.name)
     train_s = time.perf_counter() - start
     records = study.collect(Context(study, out, opts, exe, log))
+    if study.complete is not None:
+        records = study.complete(records, opts)
     wall = time.perf_counter() - start
     invocation = {
         "command": command or f"sinklab {study.name} --out {out}",
@@ -1045,10 +1066,10 @@ def _run(study: Study, out: Path, opts: Any, exe: Execution, docs: Path | None,
         "versions": {**versions(), "matplotlib": _matplotlib_version()},
     }
     history = record_invocation(out, invocation)
-    claims = study.claims(records, opts)
+    claims = study.decide(records, opts)
     meta = {**invocation, "study": study.name, "history": history}
     result = {"meta": meta, "options": options_dict(opts), "records": records,
-              "claims": [c.to_dict() for c in claims]}
+              "claims": [c.to_dict() for c in claims], "reference": reference.records()}
     write_json(out / RECORDS, result)
     write_atomic(out / CLAIMS_CSV, to_csv([c.to_dict() for c in claims]).encode())
     for table in study.tables:

@@ -49,7 +49,8 @@ from sinklab.studies.base import (
 
 RULES = ("softmax", "relu")
 # What the theorem predicts of each rule: softmax must sink to solve the task, ReLU need not
-# (its all-zero rows output zero), so the sink claims are "every seed sinks" and "no seed does".
+# (its all-zero rows output zero), so a softmax seed has a sink head at a rate above r0 and a
+# ReLU seed at a rate below 1 - r0, each with the other rule as its control.
 EXPECTS_SINK = {"softmax": True, "relu": False}
 LR = {c: zoo_study.middle_lr(c) for c in zoo_study.CONFIGS}  # the middle rate of each grid
 SEQ_LENS = (8, 16, 32, 64, 128)
@@ -341,16 +342,97 @@ def _emergence_group(rows: list[dict[str, Any]], config: str, rule: str) -> dict
 
 
 # ------------------------------------------------------------------------------- claims
+#
+# Each empirical claim below is one prediction, pooled over the replicate settings that share it
+# (``parts``: per-setting counts and a heterogeneity test), and carries its control: the same
+# test run on the setting that differs in the one factor the claim is about (the other rule for
+# a claim about the rule). Where no setting can come out the other way the claim is descriptive.
+
+PRIMARY = ("seq_len.softmax.sink", "seq_len.relu.sink")  # the theorem's prediction, both rules
+RULE_NAMES = {"softmax": "softmax", "relu": "ReLU"}
+Parts = list[tuple[str, int, int]]
 
 
-def _sink_claim(key: str, where: str, rule: str, rows: list[dict[str, Any]]) -> Claim:
-    """The theorem's prediction for ``rule`` over the seeds ``rows``: every softmax seed has a
-    sink head, no ReLU seed does."""
-    k, n = sum(is_sink(r) for r in rows), len(rows)
-    what = f"have a sink head (non-trigger BOS weight >= {SINK_HEAD_THRESHOLD:g})"
-    if EXPECTS_SINK[rule]:
-        return cl.every(key, f"Every {rule} seed {where} has a sink head", k, n, what)
-    return cl.none(key, f"No {rule} seed {where} has a sink head", k, n, what)
+def _other(rule: str) -> str:
+    return next(r for r in RULES if r != rule)
+
+
+def _seeds(rule: str, where: str, start: bool = True) -> str:
+    """'Softmax seeds trained at L = 8 to 128', capitalised to ``start`` a sentence."""
+    words = f"{RULE_NAMES[rule]} seeds {where}"
+    return words[0].upper() + words[1:] if start else words
+
+
+def _rate(key: str, sentence: str, parts: Parts, what: str, above: bool) -> Claim:
+    """The pooled rate claim: above r0 (``above``) or below 1 - r0."""
+    build = cl.rate_at_least if above else cl.rate_at_most
+    return build(key, sentence, None, None, what, parts=parts)
+
+
+def _controlled(key: str, sentence: str, what: str, above: bool, parts: Parts,
+                control: Parts, setting: str) -> Claim:
+    """The pooled rate claim with its control: the same test on the ``control`` parts."""
+    claim = _rate(key, sentence, parts, what, above)
+    test = _rate(f"{key}.control", f"the same test on {setting}", control, what, above)
+    return cl.with_control(claim, test, setting)
+
+
+def _count(rows: list[dict[str, Any]], test: Any) -> tuple[int, int]:
+    return sum(bool(test(r)) for r in rows), len(rows)
+
+
+def _parts(settings: list[tuple[str, list[dict[str, Any]]]], test: Any) -> Parts:
+    """(setting, k, n) per setting: k of its n rows pass ``test``."""
+    return [(name, *_count(rows, test)) for name, rows in settings]
+
+
+def _reached(settings: list[tuple[str, list[dict[str, Any]]]]) -> tuple[int, int]:
+    rows = [r for _, rows in settings for r in rows]
+    return _count(rows, lambda r: r["converged"])
+
+
+SINK_WHAT = f"have a sink head (non-trigger BOS weight >= {SINK_HEAD_THRESHOLD:g})"
+
+
+def sink_claim(key: str, rule: str, where: str,
+               settings: dict[str, list[tuple[str, list[dict[str, Any]]]]]) -> Claim:
+    """The theorem's prediction for ``rule`` pooled over ``settings[rule]`` (setting, rows): a
+    softmax seed has a sink head at a rate above r0, a ReLU seed at a rate below 1 - r0; the
+    control is the other rule through the same test, in the same settings. The sentence says
+    how many of the seeds reached the stop rule."""
+    above = EXPECTS_SINK[rule]
+    k, n = _reached(settings[rule])
+    rate = f"above {cl.R0:g}" if above else f"below {1 - cl.R0:.2g}"
+    sentence = (f"{_seeds(rule, where)} have a sink head at a rate {rate} ({k} of {n} reached "
+                f"the stop rule)")
+    other = _other(rule)
+    return _controlled(key, sentence, SINK_WHAT, above, _parts(settings[rule], is_sink),
+                       _parts(settings[other], is_sink),
+                       f"the {RULE_NAMES[other]} seeds {where}")
+
+
+def _errors(rows: list[dict[str, Any]], tol: float) -> str:
+    """The test L∞ over ``rows`` in words: median, range and how many exceed the tolerance."""
+    if not rows:
+        return "no seeds"
+    values = np.array([r["test_linf"] for r in rows])
+    return (f"test L∞ median {np.median(values):.3g} (range {values.min():.3g} to "
+            f"{values.max():.3g}), above the tolerance {tol:g} in {int(np.sum(values > tol))} "
+            f"of {values.size}")
+
+
+def solves_claim(key: str, rule: str, where: str,
+                 settings: list[tuple[str, list[dict[str, Any]]]], tol: float) -> Claim:
+    """How many seeds reached the stop rule, with their test errors: the protocol's outcome,
+    descriptive (there is nothing for a control to differ in)."""
+    k, n = _reached(settings)
+    per = ", ".join(f"{name}: {_count(rows, lambda r: r['converged'])[0]}/{len(rows)}"
+                    for name, rows in settings)
+    rows = [r for _, rows in settings for r in rows]
+    data = (f"{k} of {n} seeds reached the stop rule (a training batch's L∞ below {tol:g}); "
+            f"per setting {per}; {_errors(rows, tol)}")
+    return cl.descriptive(key, f"{k} of {n} {_seeds(rule, where, False)} reached the stop "
+                          "rule", data, n=n, estimate=k / n if n else None)
 
 
 def _within(ratio_of: float | None, base: float | None) -> bool:
@@ -360,92 +442,199 @@ def _within(ratio_of: float | None, base: float | None) -> bool:
     return ratio_of <= GENERALISE_FACTOR * base
 
 
+def keeps_several(run: dict[str, Any]) -> bool:
+    """Whether a run's L∞ on the mixed set's sequences with several triggers stays within
+    ``GENERALISE_FACTOR`` of its L∞ on those with one."""
+    return _within(run["mixed_linf_several"], run["mixed_linf_one"])
+
+
+def _trigger_claims(records: dict[str, Any], opts: ExtensionsOptions) -> list[Claim]:
+    """Sink heads pooled over the trigger settings; several triggers split by whether training
+    had as many triggers as the mixed test set (a different prediction for ReLU)."""
+    out: list[Claim] = []
+    f = GENERALISE_FACTOR
+    most = records["protocol"]["mixed"]["max_triggers"]
+
+    def settings(rule: str, seen: bool | None = None) -> list[tuple[str, list[dict[str, Any]]]]:
+        return [(f"P(no trigger) {p:g}, <= {k}",
+                 _group(records["trigger"], rule=rule, no_trigger_prob=p, max_triggers=k))
+                for p, k in frequencies(opts) if seen is None or (k >= most) == seen]
+
+    where = f"trained at {len(frequencies(opts))} trigger frequencies"
+    by_rule = {r: settings(r) for r in RULES}
+    for rule in RULES:
+        out.append(sink_claim(f"trigger.{rule}.sink", rule, where, by_rule))
+    what = (f"keep their L∞ on the mixed set's sequences with several triggers within {f:g}x "
+            f"their L∞ on those with one")
+    fewer = " or ".join(str(k) for k in sorted({k for _, k in frequencies(opts) if k < most}))
+    unseen = {r: _parts(settings(r, seen=False), keeps_several) for r in RULES}
+    seen = {r: _parts(settings(r, seen=True), keeps_several) for r in RULES}
+    unseen_where = (f"trained with at most {fewer} trigger(s) per sequence (fewer than the "
+                    f"mixed set's up to {most})")
+    seen_where = (f"trained with up to {most} triggers per sequence (as many as the mixed set "
+                  "has)")
+    if unseen["softmax"]:
+        for rule in RULES:
+            above = rule == "softmax"
+            other = _other(rule)
+            rate = f"above {cl.R0:g}" if above else f"below {1 - cl.R0:.2g}"
+            out.append(_controlled(
+                f"trigger.{rule}.several_unseen",
+                f"{_seeds(rule, unseen_where)} keep their error on several triggers within "
+                f"{f:g}x their error on one at a rate {rate}", what, above, unseen[rule],
+                unseen[other], f"the {RULE_NAMES[other]} seeds {unseen_where}"))
+    if seen["relu"]:
+        # the factor here is training with several triggers: the control is the ReLU seeds
+        # trained with fewer, through the same test (softmax passes it either way: below)
+        out.append(_controlled(
+            "trigger.relu.several_seen",
+            f"{_seeds('relu', seen_where)} keep their error on several triggers within "
+            f"{f:g}x their error on one at a rate above {cl.R0:g}", what, True, seen["relu"],
+            unseen["relu"], f"the ReLU seeds {unseen_where}"))
+        k, n, kf, nf, kr, nr = (sum(q[i] for q in parts) for parts in (
+            seen["softmax"], unseen["softmax"], seen["relu"]) for i in (1, 2))
+        out.append(cl.as_descriptive(
+            _rate("trigger.softmax.several_seen", "", seen["softmax"], what, True),
+            f"{k} of {n} {_seeds('softmax', seen_where, False)} keep their error on several "
+            f"triggers within {f:g}x their error on one (descriptive; the settings a control "
+            f"could come from: {kf} of {nf} softmax seeds trained with fewer triggers and {kr} "
+            f"of {nr} ReLU seeds trained alike do so)"))
+    return out
+
+
+def _length_claims(records: dict[str, Any], opts: ExtensionsOptions) -> list[Claim]:
+    """The L = 16 models at longer lengths, over the seeds that reached the stop rule there."""
+    out: list[Claim] = []
+    p = records["protocol"]
+    tol, f, trained = p["tol"], GENERALISE_FACTOR, p["seq_len"]
+
+    def seeds_of(rule: str) -> list[tuple[str, list[list[dict[str, Any]]]]]:
+        """Per configuration, each seed's tests (the seeds that reached the stop rule)."""
+        result = []
+        for config in block_configs(opts):
+            rows = _group(records["length"], config=config, rule=rule)
+            ids = sorted({r["seed"] for r in rows if r["converged"]})
+            result.append((config, [[r for r in rows if r["seed"] == s] for s in ids]))
+        return result
+
+    def base(tests: list[dict[str, Any]], key: str) -> float:
+        return next(t[key] for t in tests
+                    if t["seq_len"] == trained and t["trigger"] == p["eval_trigger"])
+
+    def parts(rule: str, test: Any) -> Parts:
+        return [(config, sum(bool(test(s)) for s in seeds), len(seeds))
+                for config, seeds in seeds_of(rule)]
+
+    def carried(key: str) -> Any:
+        return lambda tests: all(_within(t[key], base(tests, key)) for t in tests)
+
+    def below_tol(tests: list[dict[str, Any]]) -> bool:
+        return all(t["linf_nontrigger"] <= tol for t in tests)
+
+    lengths = ", ".join(str(n) for n in p["eval_lengths"])
+    where = (f"trained at L = {trained} that reached the stop rule there, tested at L = "
+             f"{lengths}")
+    what = (f"keep their non-trigger L∞ within {f:g}x their L = {trained} value at each tested "
+            f"length and trigger position")
+    counts = {r: parts(r, carried("linf_nontrigger")) for r in RULES}
+    for rule in RULES:
+        above = not EXPECTS_SINK[rule]  # ReLU's all-zero rows do not see the length
+        other = _other(rule)
+        rate = f"above {cl.R0:g}" if above else f"below {1 - cl.R0:.2g}"
+        out.append(_controlled(
+            f"length.{rule}.nontrigger",
+            f"{_seeds(rule, where)} keep their non-trigger L∞ within {f:g}x their L = "
+            f"{trained} value at a rate {rate}", what, above, counts[rule], counts[other],
+            f"the {RULE_NAMES[other]} seeds {where}"))
+    for key, test, what in (
+            ("tol", below_tol, f"keep their non-trigger L∞ below the stop tolerance {tol:g} at "
+                               "each tested length and trigger position"),
+            ("trigger", carried("linf_trigger"),
+             f"keep their trigger-row L∞ within {f:g}x their L = {trained} value at each tested "
+             "length and trigger position")):
+        both = {r: parts(r, test) for r in RULES}
+        for rule in RULES:
+            other = _other(rule)
+            k, n = (sum(q[i] for q in both[rule]) for i in (1, 2))
+            ko, no = (sum(q[i] for q in both[other]) for i in (1, 2))
+            out.append(cl.as_descriptive(
+                _rate(f"length.{rule}.{key}", "", both[rule], what, True),
+                f"{k} of {n} {_seeds(rule, where, False)} {what} (descriptive; the same "
+                f"count for the {RULE_NAMES[other]} seeds: {ko} of {no})"))
+    return out
+
+
+def _emergence_claims(records: dict[str, Any], opts: ExtensionsOptions) -> list[Claim]:
+    """When the sink forms in the L = 16 runs' training logs, pooled over the configurations."""
+    level, low = max(SINK_STEP_LEVELS), min(SINK_STEP_LEVELS)
+
+    def settings(rule: str) -> list[tuple[str, list[dict[str, Any]]]]:
+        return [(config, _group(records["emergence"], config=config, rule=rule))
+                for config in block_configs(opts)]
+
+    def first(r: dict[str, Any]) -> bool:
+        sink, drop = r[f"bos{level:g}_step"], r["error_drop_step"]
+        return sink is not None and drop is not None and sink < drop
+
+    def half(r: dict[str, Any]) -> bool:
+        return r[f"bos{low:g}_step"] is not None
+
+    where = f"trained at L = {records['protocol']['seq_len']}"
+    return [
+        _controlled(
+            "emergence.softmax.sink_first",
+            f"{_seeds('softmax', where)} form the sink before the error drops at a rate above "
+            f"{cl.R0:g}: the most sinking head reaches BOS weight {level:g} at an earlier "
+            f"logged step than the training batch L∞ falls below {ERROR_DROP:g}",
+            f"reach BOS weight {level:g} before the batch L∞ falls below {ERROR_DROP:g}", True,
+            _parts(settings("softmax"), first), _parts(settings("relu"), first),
+            f"the ReLU seeds {where}"),
+        _controlled(
+            "emergence.relu.bos_half",
+            f"{_seeds('relu', where)} reach BOS weight {low:g} (the most sinking head, at "
+            f"any logged training step) at a rate below {1 - cl.R0:.2g}",
+            f"reach BOS weight {low:g} at a logged step", False,
+            _parts(settings("relu"), half), _parts(settings("softmax"), half),
+            f"the softmax seeds {where}"),
+    ]
+
+
 def claims(records: dict[str, Any], opts: ExtensionsOptions) -> list[Claim]:
-    """The sweeps' verdicts over seeds: sink fate per setting, whether the model solves, how
-    its errors carry over to unseen lengths and trigger counts, and when the sink forms."""
+    """The sweeps' claims over seeds: sink heads per sweep (pooled over its settings, the other
+    rule the control), how many seeds reached the stop rule, how errors carry over to unseen
+    lengths and trigger counts, and when the sink forms."""
     out: list[Claim] = []
     tol = records["protocol"]["tol"]
-    f = GENERALISE_FACTOR
+    lens = seq_lens(opts)
+    where = f"trained and tested at L = {lens[0]} to {lens[-1]}"
+    seq = {r: [(f"L={n}", _group(records["seq_len"], rule=r, seq_len=n)) for n in lens]
+           for r in RULES}
     for rule in RULES:
-        for n in seq_lens(opts):
-            rows = _group(records["seq_len"], rule=rule, seq_len=n)
-            out.append(cl.every(f"seq_len.{rule}.L{n}.solves",
-                                f"Every {rule} seed trained at L = {n} reaches the stop rule",
-                                sum(r["converged"] for r in rows), len(rows), "reached it"))
-            out.append(_sink_claim(f"seq_len.{rule}.L{n}.sink", f"trained at L = {n}", rule,
-                                   rows))
+        out.append(sink_claim(f"seq_len.{rule}.sink", rule, where, seq))
     for rule in RULES:
-        for p, k in frequencies(opts):
-            rows = _group(records["trigger"], rule=rule, no_trigger_prob=p, max_triggers=k)
-            setting = f"p{p:g}_k{k}"
-            words = f"trained with P(no trigger) = {p:g} and at most {k} trigger(s)"
-            out.append(_sink_claim(f"trigger.{rule}.{setting}.sink", words, rule, rows))
-            out.append(cl.every(
-                f"trigger.{rule}.{setting}.several",
-                f"Every {rule} seed {words} keeps its L∞ on the mixed set's sequences with "
-                f"several triggers within {f:g}x its L∞ on those with one",
-                sum(_within(r["mixed_linf_several"], r["mixed_linf_one"]) for r in rows),
-                len(rows), f"stay within {f:g}x"))
-    for config in block_configs(opts):
-        for rule in RULES:
-            rows = _group(records["block"], config=config, rule=rule, block="standard")
-            where = f"of the {config} standard block"
-            out.append(cl.every(f"block.{config}.{rule}.solves",
-                                f"Every {rule} seed {where} reaches the stop rule",
-                                sum(r["converged"] for r in rows), len(rows), "reached it"))
-            out.append(_sink_claim(f"block.{config}.{rule}.sink", where, rule, rows))
-            out.append(cl.none(
-                f"block.{config}.{rule}.self",
-                f"No {rule} seed {where} moves its non-trigger rows onto the query itself",
-                sum(r["self_max"] >= MOVED for r in rows), len(rows),
-                f"have a head with self weight >= {MOVED:g} at non-trigger rows"))
-    length = records["length"]
-    for config in block_configs(opts):
-        for rule in RULES:
-            rows = _group(length, config=config, rule=rule)
-            seeds = sorted({r["seed"] for r in rows if r["converged"]})
-            trained = records["protocol"]["seq_len"]
-
-            def of(seed: int, rows: list[dict[str, Any]] = rows) -> list[dict[str, Any]]:
-                return [r for r in rows if r["seed"] == seed]
-
-            zero = sum(all(t["linf_nontrigger"] <= tol for t in of(s)) for s in seeds)
-            out.append(cl.every(
-                f"length.{config}.{rule}.nontrigger",
-                f"Every converged {config} {rule} seed trained at L = {trained} keeps its "
-                f"non-trigger L∞ below the stop tolerance {tol:g} at every tested length",
-                zero, len(seeds), "(the converged ones) stay below it"))
-            base = {s: next(t["linf_trigger"] for t in of(s) if t["seq_len"] == trained
-                            and t["trigger"] == records["protocol"]["eval_trigger"])
-                    for s in seeds}
-            kept = sum(all(_within(t["linf_trigger"], base[s]) for t in of(s)) for s in seeds)
-            out.append(cl.every(
-                f"length.{config}.{rule}.trigger",
-                f"Every converged {config} {rule} seed keeps its trigger-row L∞ within "
-                f"{f:g}x its L = {trained} value at every tested length and trigger position",
-                kept, len(seeds), f"(the converged ones) stay within {f:g}x"))
-    level = max(SINK_STEP_LEVELS)
-    for config in block_configs(opts):
-        for rule in RULES:
-            rows = _group(records["emergence"], config=config, rule=rule)
-            if EXPECTS_SINK[rule]:
-                early = sum(r[f"bos{level:g}_step"] is not None
-                            and r["error_drop_step"] is not None
-                            and r[f"bos{level:g}_step"] < r["error_drop_step"] for r in rows)
-                out.append(cl.every(
-                    f"emergence.{config}.{rule}.sink_first",
-                    f"In every {config} {rule} seed the sink forms before the error drops (the "
-                    f"most sinking head reaches BOS weight {level:g} at an earlier logged step "
-                    f"than the training batch L∞ falls below {ERROR_DROP:g})",
-                    early, len(rows), "form the sink first"))
-            else:
-                low = min(SINK_STEP_LEVELS)
-                out.append(cl.none(
-                    f"emergence.{config}.{rule}.never",
-                    f"No {config} {rule} seed's most sinking head reaches BOS weight {low:g} at "
-                    "any logged training step", sum(r[f"bos{low:g}_step"] is not None
-                                                    for r in rows),
-                    len(rows), f"reach BOS weight {low:g}"))
+        out.append(solves_claim(f"seq_len.{rule}.solves", rule, where, seq[rule], tol))
+    out += _trigger_claims(records, opts)
+    configs = block_configs(opts)
+    where = f"with the standard block ({', '.join(configs)})"
+    block = {r: [(c, _group(records["block"], config=c, rule=r, block="standard"))
+                 for c in configs] for r in RULES}
+    for rule in RULES:
+        out.append(sink_claim(f"block.{rule}.sink", rule, where, block))
+    for rule in RULES:
+        out.append(solves_claim(f"block.{rule}.solves", rule, where, block[rule], tol))
+        k, n = _count([r for _, rows in block[rule] for r in rows],
+                      lambda r: r["self_max"] >= MOVED)
+        out.append(cl.descriptive(
+            f"block.{rule}.self",
+            f"{k} of {n} {_seeds(rule, where, False)} have a head that puts at least "
+            f"{MOVED:g} of its non-trigger rows on the query itself",
+            f"{k} of {n} seeds have a head with self weight >= {MOVED:g} at non-trigger rows "
+            f"(per configuration " + ", ".join(
+                f"{c}: {_count(rows, lambda r: r['self_max'] >= MOVED)[0]}/{len(rows)}"
+                for c, rows in block[rule]) + "); no setting of this study must move its "
+            "rows onto the query, so none is a control", n=n, estimate=k / n if n else None))
+    out += _length_claims(records, opts)
+    out += _emergence_claims(records, opts)
     return out
 
 
@@ -592,7 +781,7 @@ STUDY = Study(
                 "CSV per sweep and EXTENSIONS.md. Rerunning with the same --out resumes: "
                 "finished runs are kept.",
     options=ExtensionsOptions, template="extensions.md.j2", collect=collect, cells=cells,
-    claims=claims, figures=FIGURES,
+    claims=claims, figures=FIGURES, primary=PRIMARY,
     tables=("seq_len", "trigger", "block", "length", "emergence"), report="EXTENSIONS.md",
     reuse=_reuse, check=_check, docs_example="docs/extensions.md",
     default_out="results/extensions")

@@ -11,7 +11,8 @@ Inside a template:
   (mean ± sd), ``interval(d)`` ([lo, hi]);
 - ``table(headers, rows)`` a Markdown table; ``figure(name, caption)`` an image link;
   ``claims_table(keys)`` the claims with their data, test and outcome; ``decision_rules()``
-  the rules behind every outcome in this report; ``history()`` the folder's invocations.
+  the rules behind every outcome in this report; ``verdicts()`` the primary claims and the
+  counts of each kind; ``history()`` the folder's invocations.
 
 Undefined names are errors (``StrictUndefined``), so a template never prints a blank number.
 """
@@ -70,26 +71,104 @@ ENV.filters.update(sci=md.sci, fixed=_fixed, pct=_pct, count=_count, spread=_spr
                    interval=_interval, g=_gnum)
 
 
+def _p_text(c: Claim) -> str:
+    """The p-values that decided an empirical claim: adjusted (and how) beside the raw ones."""
+    parts = []
+    for raw, adjusted, side in ((c.p_value, c.adjusted_p, "for"),
+                                (c.p_against, c.adjusted_p_against, "against")):
+        if raw is None:
+            continue
+        text = f"p {side} = {raw:.3g}"
+        if adjusted is not None and c.correction is not None:
+            name = "Holm" if c.correction == claims_mod.HOLM else "BH"
+            text += f" ({name} {adjusted:.3g})"
+        parts.append(text)
+    return "; ".join(parts)
+
+
+def _outcome_cell(c: Claim) -> str:
+    """The outcome in bold, with its p-values, counterexamples and seeds needed."""
+    words = [f"**{c.result()}**"]
+    if c.kind == claims_mod.EMPIRICAL:
+        if c.standing and c.outcome == claims_mod.SUPPORTED:
+            words.append("counted" if c.counted else f"not counted: {c.standing}")
+        p = _p_text(c)
+        if p:
+            words.append(p)
+        if c.counterexamples:
+            words.append(f"not every unit: {c.counterexamples} of {c.n} are counterexamples")
+        if c.needed_text:
+            words.append(c.needed_text)
+    elif c.p_value is not None:
+        words.append(f"p = {c.p_value:.3g}")
+    return "; ".join(words)
+
+
+def _control_cell(c: Claim) -> str:
+    """The control's setting, data and outcome."""
+    control = c.control_claim()
+    if control is None:
+        return "none" if c.kind == claims_mod.EMPIRICAL else "-"
+    return (f"{c.control['setting']}: {control.data} **{control.result()}** "
+            f"({_p_text(control)})")
+
+
 def claims_table(claims: list[Claim]) -> str:
-    """The claims as a table: claim, data, test, outcome (with its interval or p-value)."""
+    """The claims as a table: claim (and kind), data, test, control and its outcome, outcome."""
     rows = []
     for c in claims:
-        numbers = []
-        if c.interval is not None and all(v is not None for v in c.interval):
-            numbers.append(f"95% interval {_interval(c.interval)}")
-        if c.p_value is not None:
-            numbers.append(f"p = {c.p_value:.3g}")
-        if c.needed_text:
-            numbers.append(c.needed_text)
-        rows.append((c.sentence, c.data, c.test, f"**{c.result()}**", "; ".join(numbers)))
-    return md.table(["claim", "data", "test", "outcome", "interval, p-value, seeds needed"],
-                    rows)
+        label = c.kind + (", primary" if c.primary else "")
+        rows.append((f"{c.sentence} *({label})*", c.data, c.test, _control_cell(c),
+                     _outcome_cell(c)))
+    return md.table(["claim", "data", "test", "control: the same test where it must fail",
+                     "outcome"], rows)
 
 
 def decision_rules(claims: list[Claim]) -> str:
-    """The decision rule of every kind of claim used, as a list."""
+    """The decision rule of every kind of claim used, the correction and the control rule."""
     used = list(dict.fromkeys(c.rule for c in claims))
-    return "\n".join(f"- *{rule}*: {claims_mod.DECISION_RULES[rule]}" for rule in used)
+    lines = [f"- *{rule}*: {claims_mod.DECISION_RULES[rule]}" for rule in used]
+    if any(c.kind == claims_mod.EMPIRICAL for c in claims):
+        lines += [f"- *correction*: {claims_mod.CORRECTION_RULE}",
+                  f"- *controls*: {claims_mod.CONTROL_RULE}"]
+    return "\n".join(lines)
+
+
+def verdicts(claims: list[Claim], redecided: bool = False) -> str:
+    """The report's verdicts at a glance: the primary claims first (with r0 and the seeds Holm
+    needs), then how many claims are checks, counted, not counted and descriptive, naming the
+    non-discriminating ones. ``redecided``: the records were made before the claims were
+    decided this way (`sinklab render`), which the text says."""
+    counts = claims_mod.summary_counts(claims)
+    primary = [c for c in claims if c.primary]
+    lines = []
+    if primary:
+        m = len(primary)
+        need = claims_mod.seeds_all_agreeing(m)
+        when = ("named in the study's declaration after these records were made: they were "
+                "decided again from the records by `sinklab render`, so this is a re-analysis, "
+                "and a run on new seeds is what would test them as declared" if redecided else
+                "named in the study's declaration before it ran")
+        lines += [f"**Primary claims** ({when}; corrected together by Holm's method; r0 = "
+                  f"{claims_mod.R0:g} for a rate claim, at which {m} primary claim(s) need "
+                  f"{need} seeds all agreeing to be supported):", "",
+                  claims_table(primary), ""]
+    else:
+        lines += ["This study names no primary claim: every empirical claim is secondary.", ""]
+    lines.append(
+        f"Of {len(claims)} statements: {counts['checks']} are checks of sinklab's own "
+        f"computation ({counts['verified']} verified, {counts['failed']} failed; not evidence), "
+        f"{counts['descriptive']} are descriptive (no verdict) and {counts['empirical']} are "
+        f"empirical ({counts['primary']} primary): {counts['counted']} supported and counted, "
+        f"{counts['non-discriminating']} supported but non-discriminating, "
+        f"{counts['control undecided']} supported with an undecided control, "
+        f"{counts['contradicted']} contradicted, {counts['undetermined']} undetermined.")
+    nondisc = [c for c in claims if c.standing == claims_mod.NON_DISCRIMINATING
+               and c.outcome == claims_mod.SUPPORTED]
+    if nondisc:
+        lines.append("Non-discriminating (their control passes the same test): "
+                     + ", ".join(f"`{c.key}`" for c in nondisc) + ".")
+    return "\n".join(lines)
 
 
 def history(meta: dict[str, Any]) -> str:
@@ -122,6 +201,7 @@ def report(study: Any, result: dict[str, Any], claims: list[Claim], opts: Any,
         options=result["options"], claims=by_key, claim_list=claims, ref=reference,
         consts=reference.constants(), table=md.table, figure=figure, claims_table=table_of,
         decision_rules=lambda: decision_rules(claims), history=lambda: history(result["meta"]),
+        verdicts=lambda: verdicts(claims, bool(result.get("redecided"))),
         counts=claims_mod.summary_counts(claims), prefix=prefix)
     if not text.startswith(study.heading + "\n"):
         raise RuntimeError(f"the template {study.template} must begin with {study.heading!r}")

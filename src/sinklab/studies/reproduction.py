@@ -39,8 +39,9 @@ class ReproduceOptions:
 
     seeds: int | None = field(default=None, metadata={
         "help": f"seeds per configuration (default: {DEFAULT_SEEDS}; {QUICK_SEEDS} with "
-                f"--quick); claims about every seed need {cl.UNIVERSAL_SEEDS} or more to be "
-                "decided",
+                f"--quick); the two primary claims pool the {len(EXPERIMENTS)} configurations, "
+                f"and with every seed agreeing they need {cl.seeds_all_agreeing(2)} seeds in "
+                "all to be decided",
         "metavar": "N"})
     quick: bool = field(default=False, metadata={
         "help": f"smoke test, about a minute: {QUICK_SEEDS} seed, multi-layer runs capped at "
@@ -100,11 +101,15 @@ def _run_record(experiment: str, rule: str, summary: dict[str, Any]) -> dict[str
     return row
 
 
-def _mean_ci(values: list[float]) -> dict[str, Any]:
+def _median_ci(values: list[float]) -> dict[str, Any]:
+    """The median over seeds with its one-sided 95% order-statistic bounds (None below the
+    seeds a bound needs)."""
     arr = [float(v) for v in values if v is not None and math.isfinite(float(v))]
     if not arr:
-        return {"mean": None, "interval": None, "n": 0}
-    return {"mean": float(np.mean(arr)), "interval": list(cl.bootstrap_mean(arr)), "n": len(arr)}
+        return {"median": None, "interval": None, "n": 0}
+    lo, hi = cl.median_bounds(arr)
+    return {"median": float(np.median(arr)),
+            "interval": [lo, hi] if math.isfinite(lo) else None, "n": len(arr)}
 
 
 def layer_summaries(runs: list[dict[str, Any]], experiment: str, rule: str
@@ -144,14 +149,14 @@ def group_summary(runs: list[dict[str, Any]], experiment: str, rule: str) -> dic
     return {
         "experiment": experiment, "rule": rule, "n": len(group),
         "converged": sum(r["converged"] for r in group),
-        "steps": _mean_ci(steps), "steps_min": min(steps), "steps_max": max(steps),
+        "steps": _median_ci(steps), "steps_min": min(steps), "steps_max": max(steps),
         "steps_sd": float(np.std(steps, ddof=1)) if len(steps) > 1 else None,
         "paper_steps": paper.steps, "paper_steps_range": paper.steps_range,
         "paper_steps_range_seeds": paper.steps_range_seeds,
-        "test_linf": _mean_ci([r["test_linf"] for r in group]),
-        "linf_nontrigger": _mean_ci([r["linf_nontrigger"] for r in group]),
-        "linf_trigger": _mean_ci([r["linf_trigger"] for r in group]),
-        "mse": _mean_ci([r["mse"] for r in group]),
+        "test_linf": _median_ci([r["test_linf"] for r in group]),
+        "linf_nontrigger": _median_ci([r["linf_nontrigger"] for r in group]),
+        "linf_trigger": _median_ci([r["linf_trigger"] for r in group]),
+        "mse": _median_ci([r["mse"] for r in group]),
         "sink_heads": [r["sink_heads"] for r in group],
         "bos_max": max(max(max(layer) for layer in r["bos_mass_nontrigger"]) for r in group),
     }
@@ -179,18 +184,26 @@ def protocol(opts: ReproduceOptions, exe: Execution) -> dict[str, Any]:
             "d_model": single.task.d_model}
 
 
+def summaries(records: dict[str, Any], opts: ReproduceOptions | None = None
+              ) -> dict[str, Any]:
+    """The records with each group's and layer's summaries worked out from the runs (the
+    study's ``complete``: records written by an older sinklab get today's summaries)."""
+    runs = records["runs"]
+    return {**records,
+            "groups": [group_summary(runs, e, r) for e in EXPERIMENTS for r in RULES],
+            "layers": [row for e in EXPERIMENTS for r in RULES
+                       for row in layer_summaries(runs, e, r)]}
+
+
 def collect(ctx: Context) -> dict[str, Any]:
     opts = ctx.opts
     runs = [_run_record(e, r, ctx.summary(run_name(e, r, s)))
             for e in EXPERIMENTS for r in RULES for s in range(opts.seeds)]
-    return {
+    return summaries({
         "protocol": protocol(opts, ctx.exe),
         "runs": runs,
-        "groups": [group_summary(runs, e, r) for e in EXPERIMENTS for r in RULES],
-        "layers": [row for e in EXPERIMENTS for r in RULES
-                   for row in layer_summaries(runs, e, r)],
         "maps": {f"{e}_{r}": _maps(ctx, e, r) for e in EXPERIMENTS for r in RULES},
-    }
+    })
 
 
 # ------------------------------------------------------------------------------- claims
@@ -206,81 +219,134 @@ def _any_sink(run: dict[str, Any]) -> bool:
     return run["sink_heads"] >= 1
 
 
+SINKS, NO_SINK = "softmax.sinks", "relu.no_sink"  # the primary claims
+
+
+def _sink_parts(records: dict[str, Any], rule: str) -> list[tuple[str, int, int]]:
+    """Per configuration: (configuration, seeds of ``rule`` that reached the stop rule and have
+    a sink head, seeds that reached the stop rule)."""
+    parts = []
+    for experiment in EXPERIMENTS:
+        reached = _group(records, experiment, rule, converged=True)
+        parts.append((experiment, sum(_any_sink(r) for r in reached), len(reached)))
+    return parts
+
+
+def _sink_claims(records: dict[str, Any]) -> list[Claim]:
+    """The two predictions, pooled over the three configurations: softmax models that reached
+    the stop rule have a sink head; ReLU models do not. Each is the other's control."""
+    sink = f"have a head at non-trigger BOS mass >= {SINK_HEAD_THRESHOLD:g}"
+    what = f"that reached the stop rule {sink}"
+    configs = ", ".join(EXPERIMENTS)
+    name = {"softmax": "Softmax", "relu": "ReLU"}
+
+    def sinks(rule: str) -> Claim:
+        return cl.rate_at_least(
+            SINKS, f"{name[rule]} models ({configs}) that reached the stop rule have a "
+            f"sink head at a rate above {cl.R0:g} (the paper's prediction; its theorem is for "
+            "stacks without a residual stream, these models have one)",
+            None, None, what, parts=_sink_parts(records, rule))
+
+    def no_sink(rule: str) -> Claim:
+        return cl.rate_at_most(
+            NO_SINK, f"{name[rule]} models ({configs}) that reached the stop rule have a "
+            f"sink head at a rate below {1 - cl.R0:.2g} (the paper: ReLU attention needs none)",
+            None, None, what, parts=_sink_parts(records, rule))
+
+    return [cl.with_control(sinks("softmax"), sinks("relu"),
+                            "ReLU models of the same configurations, trained alike"),
+            cl.with_control(no_sink("relu"), no_sink("softmax"),
+                            "softmax models of the same configurations, trained alike")]
+
+
+def _errors_text(group: list[dict[str, Any]]) -> str:
+    """The test and training errors of a group, for the sentence about reaching the stop rule."""
+    if not group:
+        return "no seeds"
+    test = [r["test_linf"] for r in group]
+    train = [r["train_linf"] for r in group]
+    return (f"test L∞ on the held-out sequences median {np.median(test):.2g} (range "
+            f"{min(test):.2g}-{max(test):.2g}); last training-batch L∞ median "
+            f"{np.median(train):.2g}")
+
+
 def claims(records: dict[str, Any], opts: ReproduceOptions) -> list[Claim]:
-    """The reproduction's verdicts, each decided by its test."""
-    out: list[Claim] = []
+    """The reproduction's statements: two primary claims (softmax sinks, ReLU does not; each
+    the other's control) and what the data show beside the paper's one example model and the
+    reference code."""
+    out: list[Claim] = list(_sink_claims(records))
     thr = SINK_HEAD_THRESHOLD
-    sink = f"a head at non-trigger BOS mass >= {thr:g}"
+    tol = records["protocol"]["tol"]
     for experiment in EXPERIMENTS:
         for rule in RULES:
             group = _group(records, experiment, rule)
-            out.append(cl.every(
-                f"{experiment}.{rule}.converges",
-                f"Every {experiment} {rule} seed reaches the stop rule",
-                sum(r["converged"] for r in group), len(group), "reached it"))
-    for experiment in EXPERIMENTS:
-        conv = _group(records, experiment, "softmax", converged=True)
-        out.append(cl.every(
-            f"{experiment}.softmax.some_head_sinks",
-            f"Every converged {experiment} softmax seed has a sink head (the theorem: some "
-            "head must sink)", sum(_any_sink(r) for r in conv), len(conv),
-            f"(the converged ones) have {sink}"))
+            k = sum(r["converged"] for r in group)
+            out.append(cl.descriptive(
+                f"{experiment}.{rule}.reached_stop",
+                f"{k} of {len(group)} {experiment} {rule} seeds reached the stop rule (a "
+                f"training batch with L∞ below {tol:g})",
+                f"{k} of {len(group)} seeds; {_errors_text(group)}", n=len(group),
+                estimate=k / len(group) if group else None))
     conv = _group(records, "2x2", "softmax", converged=True)
     n_2x2 = EXPERIMENTS["2x2"][0] * EXPERIMENTS["2x2"][1]
-    out.append(cl.every(
-        "2x2.softmax.every_head_sinks",
-        f"In every converged 2x2 softmax seed all {n_2x2} heads sink (the paper's figure)",
-        sum(r["sink_heads"] == n_2x2 for r in conv), len(conv),
-        f"(the converged ones) have all {n_2x2} heads at non-trigger BOS mass >= {thr:g}"))
+    k = sum(r["sink_heads"] == n_2x2 for r in conv)
+    out.append(cl.descriptive(
+        "2x2.softmax.like_the_figure",
+        f"{k} of {len(conv)} 2x2 softmax seeds that reached the stop rule look like the paper's "
+        f"figure (one example model): all {n_2x2} heads sink",
+        f"{k} of {len(conv)} seeds have all {n_2x2} heads at non-trigger BOS mass >= {thr:g}",
+        n=len(conv)))
     conv = _group(records, "4x4", "softmax", converged=True)
     every_layer = sum(all(n >= 1 for n in r["sink_heads_per_layer"]) for r in conv)
-    out.append(cl.every(
-        "4x4.softmax.sink_every_layer",
-        "Every converged 4x4 softmax seed has a sink head in every layer (the paper's figure)",
-        every_layer, len(conv),
-        f"(the converged ones) have a sink head in each of the {EXPERIMENTS['4x4'][0]} layers"))
-    paper_every = int(all(n >= 1 for n in PAPER[("4x4", "softmax")].sink_heads_per_layer(thr)))
-    out.append(cl.rate_differs(
-        "4x4.softmax.sink_every_layer_vs_paper",
-        "The share of 4x4 softmax models with a sink head in every layer differs from the "
-        "paper's", every_layer, len(conv), paper_every, 1,
-        "converged seeds", "the paper's one model"))
+    paper_layers = PAPER[("4x4", "softmax")].sink_heads_per_layer(thr)
+    out.append(cl.descriptive(
+        "4x4.softmax.like_the_figure",
+        f"{every_layer} of {len(conv)} 4x4 softmax seeds that reached the stop rule look like "
+        "the paper's figure (one example model): a sink head in each layer",
+        f"{every_layer} of {len(conv)} seeds have a sink head in each of the "
+        f"{EXPERIMENTS['4x4'][0]} layers; the paper's model has "
+        f"{', '.join(str(n) for n in paper_layers)} sink heads in layers 1-4", n=len(conv)))
     ref = REFERENCE_SEEDS["4x4.softmax.sink_in_layer_1"]
     layer1 = sum(r["sink_heads_per_layer"][0] >= 1 for r in conv)
-    out.append(cl.rate_differs(
+    out.append(cl.as_descriptive(cl.rate_differs(
         "4x4.softmax.sink_in_layer_1_vs_reference",
-        "sinklab's 4x4 softmax seeds put a sink head in layer 1 at a different rate than the "
-        "authors' reference code", layer1, len(conv), ref.k, ref.n,
-        "converged seeds with a sink head in layer 1", ref.label))
-    for experiment in EXPERIMENTS:
-        group = _group(records, experiment, "relu")
-        out.append(cl.none(
-            f"{experiment}.relu.never_sinks",
-            f"No {experiment} ReLU seed has a sink head", sum(_any_sink(r) for r in group),
-            len(group), f"have {sink}"))
+        f"4x4 softmax seeds with a sink head in layer 1: sinklab {layer1} of {len(conv)}, the "
+        f"authors' reference code {ref.k} of {ref.n}",
+        layer1, len(conv), ref.k, ref.n,
+        "sinklab's seeds that reached the stop rule, with a sink head in layer 1", ref.label)))
     soft = _group(records, "1x1", "softmax", converged=True)
     paper = PAPER[("1x1", "softmax")]
-    out.append(cl.mean_within(
-        "1x1.softmax.bos_mass_vs_paper",
-        f"The 1x1 softmax model's non-trigger BOS mass matches the paper's "
-        f"{paper.bos_mass_nontrigger[0][0]:.2f} within {AGREE:g}",
-        [r["bos_mass_nontrigger"][0][0] for r in soft], paper.bos_mass_nontrigger[0][0], AGREE))
-    out.append(cl.mean_within(
-        "1x1.softmax.trigger_key_vs_paper",
-        f"The 1x1 softmax trigger row's weight per key 1..{records['protocol']['eval_trigger']} "
-        f"matches the paper's "
-        f"{paper.trigger_key_mean[0][0]:.2f} within {AGREE:g}",
-        [r["trigger_key_mean"][0][0] for r in soft], paper.trigger_key_mean[0][0], AGREE))
+    for name, field_, ref_value, words in (
+            ("bos_mass", "bos_mass_nontrigger", paper.bos_mass_nontrigger[0][0],
+             "non-trigger BOS mass"),
+            ("trigger_key", "trigger_key_mean", paper.trigger_key_mean[0][0],
+             f"trigger-row weight per key 1..{records['protocol']['eval_trigger']}")):
+        values = [r[field_][0][0] for r in soft]
+        near = sum(abs(v - ref_value) <= AGREE for v in values)
+        out.append(cl.descriptive(
+            f"1x1.softmax.{name}_like_the_figure",
+            f"{near} of {len(values)} 1x1 softmax seeds that reached the stop rule have a "
+            f"{words} within {AGREE:g} of the paper's {ref_value:.2f} (one example model)",
+            (f"median {np.median(values):.4g} (range {min(values):.4g}-{max(values):.4g}) over "
+             f"{len(values)} seeds" if values else "no seeds"), n=len(values),
+            estimate=float(np.median(values)) if values else None))
     for experiment in EXPERIMENTS:
         for rule in RULES:
             conv = _group(records, experiment, rule, converged=True)
             ref_steps = PAPER[(experiment, rule)].steps
-            out.append(cl.mean_within(
-                f"{experiment}.{rule}.steps_vs_reference",
-                f"{experiment} {rule}: steps to the stop rule within a factor of "
-                f"{STEPS_FACTOR:g} of the reference code's seed 0 ({ref_steps:,}), on a log2 "
-                "scale", [math.log2(r["steps"] / ref_steps) for r in conv], 0.0,
-                math.log2(STEPS_FACTOR)))
+            steps = [r["steps"] for r in conv]
+            lo, hi = cl.median_bounds(steps) if steps else (math.nan, math.nan)
+            bounds = (f"; one-sided {cl.CONFIDENCE} bounds of the median [{lo:,.0f}, {hi:,.0f}]"
+                      if math.isfinite(lo) else "")
+            near = sum(ref_steps / STEPS_FACTOR <= s <= ref_steps * STEPS_FACTOR for s in steps)
+            out.append(cl.descriptive(
+                f"{experiment}.{rule}.steps_beside_reference",
+                f"{experiment} {rule}: {near} of {len(steps)} seeds reached the stop rule within "
+                f"a factor of {STEPS_FACTOR:g} of the reference code's seed 0 ({ref_steps:,} "
+                "steps)",
+                (f"steps median {np.median(steps):,.0f} (range {min(steps):,}-{max(steps):,}) "
+                 f"over {len(steps)} seeds{bounds}" if steps else "no seeds"), n=len(steps),
+                estimate=float(np.median(steps)) if steps else None))
     return out
 
 
@@ -365,5 +431,6 @@ STUDY = Study(
                 "figures, records.json, claims.csv and REPORT.md. Rerunning with the same --out "
                 "resumes: finished runs are kept.",
     options=ReproduceOptions, template="reproduction.md.j2", collect=collect, cells=cells,
-    claims=claims, figures=FIGURES, tables=("runs", "groups", "layers"), bulk=("maps",),
+    claims=claims, primary=(SINKS, NO_SINK), complete=summaries, figures=FIGURES,
+    tables=("runs", "groups", "layers"), bulk=("maps",),
     docs_example="docs/reproduction.md", default_out="results/reproduce")

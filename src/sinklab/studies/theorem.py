@@ -79,15 +79,25 @@ CANCEL_SHARE = 0.01  # "cancels": the output keeps at most this share of the str
 IDENTITY_REL = 1e-3  # two float32 paths to the same error agree to this relative difference
 HEAD_FIGURE_SEEDS = 4  # seeds drawn in the head figure (every seed is in the records)
 
+# The theorem's predictions this study tests, named before it runs and corrected together (Holm):
+# denying the sink keeps a softmax model from the stop rule; at low error a softmax model has a
+# sink; a plain-target softmax stack (the theorem's multi-layer setting) that reaches the stop
+# rule has a sink head.
+PRIMARY = ("denied.softmax.reaches_stop", "frontier.softmax.low_error_needs_sink",
+           "plain.softmax.some_head_sinks")
+
 
 @dataclass
 class TheoryOptions:
     """What ``sinklab theory`` computes and trains; checked on creation."""
 
     seeds: int | None = field(default=None, metadata={
-        "help": f"seeds per denied-sink setting, and of the reproduction it trains without "
-                f"--reproduce (default: {DEFAULT_SEEDS}; {QUICK_SEEDS} with --quick); claims "
-                f"about every seed need {cl.UNIVERSAL_SEEDS} or more to be decided",
+        "help": f"seeds of each denied-sink setting, of the 1x1 frontier runs and of the plain "
+                f"stacks, and of the reproduction it trains without --reproduce (default: "
+                f"{DEFAULT_SEEDS}; {QUICK_SEEDS} with --quick); a rate claim with every seed "
+                f"agreeing needs {cl.seeds_all_agreeing(1)} seeds alone and "
+                f"{cl.seeds_all_agreeing(len(PRIMARY))} as one of this study's {len(PRIMARY)} "
+                "primary claims (the denied-sink claims pool every setting's seeds)",
         "metavar": "N"})
     steps: int | None = field(default=None, metadata={
         "help": f"step cap of the denied-sink runs, which stop earlier on a plateau (no new "
@@ -569,36 +579,39 @@ def collect(ctx: Context) -> dict[str, Any]:
 
 
 def relu_claims(records: dict[str, Any]) -> list[Claim]:
+    """The hand-built ReLU construction: exact, and no weight on BOS (checks)."""
     relu = records["relu_construction"]
     sizes = ", ".join(f"({n}, {d})" for n, d in records["protocol"]["relu_sizes"])
     out = []
     for dtype in ("float64", "float32"):
         rows = [r for r in relu if r["dtype"] == dtype]
-        out.append(cl.exact(
+        out.append(cl.check(
             f"relu.exact_{dtype}",
             f"The hand-built ReLU weights solve the task exactly in {dtype}: 1x1 and 2x2, "
             f"(seq_len, d_model) in {sizes}, every trigger position",
             max(r["linf"] for r in rows), RELU_BOUND[dtype],
             f"largest L∞ error over {len(rows)} checks"))
-    out.append(cl.exact(
+    out.append(cl.check(
         "relu.no_bos_weight",
-        "The ReLU construction puts weight 0 on BOS at every row of every check (no sink)",
+        "The ReLU construction puts weight 0 on BOS at each row of each check (no sink)",
         max(r["bos_weight_max"] for r in relu), 0.0,
         f"largest BOS weight at any row over {len(relu)} checks"))
     return out
 
 
 def family_claims(records: dict[str, Any]) -> list[Claim]:
+    """The softmax sink family: its error falls with the gap, in proportion to the mass off
+    BOS (checks of a construction)."""
     fam = records["family"]
     errors = [p["linf_nontrigger"] for p in fam["points"]]
     rise = max(b - a for a, b in zip(errors, errors[1:]))
     gaps = [p["c"] for p in fam["points"]]
     return [
-        cl.exact("family.error_never_rises",
+        cl.check("family.error_never_rises",
                  f"In the softmax sink family the non-trigger L∞ error falls as the logit gap c "
                  f"grows from {gaps[0]:g} to {gaps[-1]:g} and the BOS mass rises",
                  rise, 0.0, "largest change of the error from one gap to the next"),
-        cl.exact("family.error_proportional",
+        cl.check("family.error_proportional",
                  f"The family's non-trigger error is proportional to 1 - BOS mass (log-log slope "
                  f"{FAMILY_SLOPE:g} within {FAMILY_SLOPE_TOL:g}), so it falls to 0 only as the "
                  "BOS mass goes to 1",
@@ -612,109 +625,189 @@ def _setting_words(setting: str, eps: float | None) -> str:
 
 
 def denied_claims(records: dict[str, Any]) -> list[Claim]:
+    """The denied-sink runs, each claim pooled over the settings (one prediction): softmax
+    reaches the stop rule at a rate below 1 - r0 (control: the denied ReLU runs), ReLU at a
+    rate above r0 (control: the denied softmax runs), and the softmax worst case stays above
+    the stop rule (control: the denied ReLU runs, which it does not tell apart)."""
     tol = records["protocol"]["tol"]
     steps = records["protocol"]["denied_steps"]
+    settings = records["denied_settings"]
+    n_settings = len({s["setting"] for s in settings})
+    parts = {rule: [(s["setting"], s["converged"], s["n"]) for s in settings
+                    if s["rule"] == rule] for rule in RULES}
+    stop = (f"(training-batch L∞ below {tol:g}, before the plateau rule or the cap of {steps:,} "
+            "steps ends the run)")
+    pooled = f"pooled over the {n_settings} denied-sink settings (BOS removed, or its share capped)"
     out = []
-    for s in records["denied_settings"]:
-        words = _setting_words(s["setting"], s["eps"])
-        if s["rule"] == "softmax":
-            worst = [max(r["row1"], r["others"], r["trigger"])
-                     for r in records["worst"]["denied"]
-                     if r["rule"] == "softmax" and r["setting"] == s["setting"]]
-            out.append(cl.mean_at_least(
-                f"denied.softmax.{s['setting']}.worst_above_stop",
-                f"Softmax 1x1, {words}: the worst-case L∞ error over every input (attacked, a "
-                f"lower bound) stays at or above the stop rule's {tol:g} (mean over seeds)",
-                worst, tol))
-        else:
-            out.append(cl.every(
-                f"denied.relu.{s['setting']}.reaches_stop",
-                f"ReLU 1x1, {words}: every seed reaches the stop rule before the plateau rule or "
-                f"the cap of {steps:,} steps stops it",
-                s["converged"], s["n"], "reached it"))
-    for rule in RULES:
-        sel = [r for r in records["denied"] if r["rule"] == rule]
-        k = sum(r["converged"] for r in sel)
-        n_settings = len(records["denied_settings"]) // len(RULES)
-        what = f"(runs of all {n_settings} denied-sink settings pooled) reached it"
-        if rule == "softmax":
-            out.append(cl.none(
-                "denied.softmax.never_reaches",
-                f"No softmax 1x1 run with its sink denied reaches the stop rule before the "
-                f"plateau rule or the cap of {steps:,} steps stops it, whatever the setting",
-                k, len(sel), what))
-        else:
-            out.append(cl.every(
-                "denied.relu.always_reaches",
-                f"Every ReLU 1x1 run with its sink denied reaches the stop rule before the "
-                f"plateau rule or the cap of {steps:,} steps stops it, whatever the setting",
-                k, len(sel), what))
+    for rule, other, build, r0 in (("softmax", "relu", cl.rate_at_most, 1 - cl.R0),
+                                   ("relu", "softmax", cl.rate_at_least, cl.R0)):
+        key = f"denied.{rule}.reaches_stop"
+        side = "below" if build is cl.rate_at_most else "above"
+        name = verdicts.NAMES[rule]
+        sentence = (f"{name[:1].upper()}{name[1:]} 1x1 runs with their sink denied reach the "
+                    f"stop rule at a rate {side} {r0:.2g} {stop}; {pooled}")
+        claim, control = (build(k, sentence, None, None, "reached the stop rule",
+                                parts=parts[r])
+                          for k, r in ((key, rule), (f"{key}.control", other)))
+        out.append(verdicts.controlled(
+            claim, control, f"the denied {verdicts.NAMES[other]} 1x1 runs (same settings, seeds "
+                            "and protocol)"))
+    worst = {rule: verdicts.denied_parts(records["worst"]["denied"], rule,
+                                         lambda r: max(r["row1"], r["others"], r["trigger"]))
+             for rule in RULES}
+    if worst["softmax"]:
+        sentence = (f"Softmax 1x1 models with their sink denied: the worst-case L∞ error over "
+                    f"every input (attacked, a lower bound; every row type) stays above the stop "
+                    f"rule's {tol:g}: the median over seeds, {pooled}")
+        what = ("attacked worst-case error over every row type (row 1, the other non-trigger rows "
+                "and the trigger rows), per seed")
+        claim, control = (cl.median_at_least(k, sentence, None, tol, what=what, parts=worst[r])
+                          for k, r in (("denied.softmax.worst_above_stop", "softmax"),
+                                       ("denied.softmax.worst_above_stop.control", "relu")))
+        out.append(verdicts.controlled(claim, control, verdicts.DENIED_CONTROL))
     return out
 
 
+def _frontier_parts(records: dict[str, Any], rule: str, sinks: bool
+                    ) -> tuple[list[tuple[str, int, int]], int, int]:
+    """Per experiment, over ``rule``'s runs with a checkpoint below FRONTIER_LOW: how many have
+    a sink head at every such checkpoint (``sinks``) or at none of them (not ``sinks``), of how
+    many; and the checkpoints that do so, of the low-error checkpoints in all."""
+    runs = [r for r in records["frontier_runs"] if r["rule"] == rule and r["n_low"]]
+    experiments = dict.fromkeys(r["experiment"] for r in records["frontier_runs"])
+
+    def ok(r: dict[str, Any]) -> bool:
+        return r["n_low_sink"] == r["n_low"] if sinks else r["n_low_sink"] == 0
+
+    parts = [(e, sum(ok(r) for r in runs if r["experiment"] == e),
+              sum(r["experiment"] == e for r in runs)) for e in experiments]
+    n_low = sum(r["n_low"] for r in runs)
+    hits = sum(r["n_low_sink"] for r in runs)
+    return parts, (hits if sinks else n_low - hits), n_low
+
+
 def frontier_claims(records: dict[str, Any]) -> list[Claim]:
+    """The error-BOS frontier of the reproduction's runs, pooled over the configurations: at
+    low error softmax runs have a sink head at every checkpoint (control: the ReLU runs through
+    the same test), ReLU runs at none (control: the softmax runs)."""
     thr, low = SINK_HEAD_THRESHOLD, FRONTIER_LOW
+    configs = ", ".join(dict.fromkeys(r["experiment"] for r in records["frontier_runs"]))
+    where = ("the theorem predicts this for the single-layer models, which have no residual "
+             "stream; the residual multi-layer stacks are outside its setting, and for them it is "
+             "the paper's observation")
     out = []
-    for rule in RULES:
-        runs = [r for r in records["frontier_runs"] if r["rule"] == rule and r["n_low"]]
-        n_low = sum(r["n_low"] for r in runs)
-        n_sink = sum(r["n_low_sink"] for r in runs)
-        configs = ", ".join(dict.fromkeys(r["experiment"] for r in records["frontier_runs"]))
-        pooled = f"({rule} runs of {configs} that have a checkpoint below L∞ {low:g}, pooled)"
-        if rule == "softmax":
-            out.append(cl.every(
-                "frontier.softmax.low_error_needs_sink",
-                f"What the theorem predicts: a softmax model at low error has a sink. In every "
-                f"softmax run, every checkpoint with training-batch L∞ below {low:g} has a head "
-                f"at non-trigger BOS mass >= {thr:g}",
-                sum(r["n_low_sink"] == r["n_low"] for r in runs), len(runs),
-                f"{pooled} have such a head at all of them ({n_sink} of {n_low} checkpoints)"))
+    for rule, other, sinks in (("softmax", "relu", True), ("relu", "softmax", False)):
+        key = ("frontier.softmax.low_error_needs_sink" if sinks else
+               "frontier.relu.low_error_without_sink")
+        if sinks:
+            sentence = (f"Softmax runs of the reproduction ({configs}) have a head at non-trigger "
+                        f"BOS mass >= {thr:g} at each of their checkpoints with training-batch "
+                        f"L∞ below {low:g}, at a rate above {cl.R0:g}; pooled over the "
+                        f"configurations; {where}")
+            have = f"have such a head at each checkpoint below L∞ {low:g}"
         else:
-            out.append(cl.every(
-                "frontier.relu.low_error_without_sink",
-                f"ReLU needs no sink: in every ReLU run, every checkpoint with training-batch "
-                f"L∞ below {low:g} has all heads at non-trigger BOS mass below {thr:g}",
-                sum(r["n_low_sink"] == 0 for r in runs), len(runs),
-                f"{pooled} have no such head at any of them ({n_low - n_sink} of {n_low} "
-                "checkpoints have none)"))
+            sentence = (f"ReLU needs no sink: ReLU runs of the reproduction ({configs}) have all "
+                        f"heads at non-trigger BOS mass below {thr:g} at each of their "
+                        f"checkpoints with training-batch L∞ below {low:g}, at a rate above "
+                        f"{cl.R0:g}; pooled over the configurations")
+            have = f"have no such head at any checkpoint below L∞ {low:g}"
+        pair = []
+        for k, r in ((key, rule), (f"{key}.control", other)):
+            parts, hits, n_low = _frontier_parts(records, r, sinks)
+            pair.append(cl.rate_at_least(
+                k, sentence, None, None,
+                f"(of the {verdicts.NAMES[r]} runs with a checkpoint there) {have} ({hits} of "
+                f"{n_low} checkpoints do)", parts=parts))
+        out.append(verdicts.controlled(pair[0], pair[1], f"the {verdicts.NAMES[other]} runs of "
+                                                         "the same configurations and seeds"))
     return out
 
 
 def head_claims(records: dict[str, Any]) -> list[Claim]:
+    """What the heads of the trained 4x4 softmax models write at non-trigger rows: mostly a
+    constant, and it cancels (control: the same models at the paper's initialisation, before
+    any update, ``records["heads_untrained"]``, which ``complete`` adds); and the bookkeeping
+    identity (a check)."""
     entries = records["heads"]
     conv = [e for e in entries if e["converged"]]
+    untrained = records["heads_untrained"]
     gaps = [abs(e["layers"][-1]["cumulative"]["rms"] - e["error"]["rms"])
             / max(e["error"]["rms"], 1e-30) for e in entries]
     n_layers = len(entries[0]["layers"])
-    return [
-        cl.mean_at_least(
-            "heads.mostly_constant",
-            f"In converged 4x4 softmax models, most of what the heads write at non-trigger rows "
-            f"is a constant: the heads' constant parts hold at least {CONSTANT_SHARE:g} of their "
-            "summed squared outputs (mean over seeds)",
-            [e["constant_share"] for e in conv], CONSTANT_SHARE),
-        cl.mean_at_most(
-            "heads.cancel",
-            f"What the layers write at non-trigger rows cancels on the way to the output: the "
-            f"output's RMS error there is at most {CANCEL_SHARE:g} of the largest RMS by which "
-            "the layers have moved the stream (mean over converged seeds)",
-            [e["error"]["rms"] / e["excursion"] for e in conv], CANCEL_SHARE),
-        cl.exact(
-            "heads.error_is_what_remains",
-            f"What layers 1..{n_layers} have added at non-trigger rows is the model's error there "
-            "(the target is x): the two, computed by separate passes, agree",
-            max(gaps) if gaps else float("nan"), IDENTITY_REL,
-            f"largest relative difference over {len(entries)} models"),
-    ]
+    setting = ("the same 4x4 softmax models at the paper's initialisation (same seeds, before "
+               "any update; the same test sequences)")
+    const = (f"In the trained 4x4 softmax models that reached the stop rule, most of what the "
+             f"heads write at non-trigger rows is a constant: the heads' constant parts hold more "
+             f"than {CONSTANT_SHARE:g} of their summed squared outputs (median over seeds)")
+    cancel = (f"What the layers write at non-trigger rows cancels on the way to the output: the "
+              f"output's RMS error there is below {CANCEL_SHARE:g} of the largest RMS by which "
+              f"the layers have moved the stream (median over the seeds that reached the stop "
+              "rule)")
+
+    def ratio(e: dict[str, Any]) -> float:
+        return e["error"]["rms"] / e["excursion"]
+
+    out = []
+    for key, sentence, build, threshold, value, what in (
+            ("heads.mostly_constant", const, cl.median_at_least, CONSTANT_SHARE,
+             lambda e: e["constant_share"], "constant share of the heads' summed squares"),
+            ("heads.cancel", cancel, cl.median_at_most, CANCEL_SHARE, ratio,
+             "output RMS error over the largest RMS the layers moved the stream")):
+        claim = build(key, sentence, [value(e) for e in conv], threshold, what=what)
+        control = build(f"{key}.control", sentence, [value(e) for e in untrained], threshold,
+                        what=f"{what}, untrained")
+        out.append(verdicts.controlled(claim, control, setting))
+    out.append(cl.check(
+        "heads.error_is_what_remains",
+        f"What layers 1..{n_layers} have added at non-trigger rows is the model's error there "
+        "(the target is x): the two, computed by separate passes, agree (an identity)",
+        max(gaps) if gaps else float("nan"), IDENTITY_REL,
+        f"largest relative difference over {len(entries)} models"))
+    return out
 
 
 def claims(records: dict[str, Any], opts: TheoryOptions) -> list[Claim]:
-    """The theory's verdicts, each decided by its test."""
+    """The theory's claims, each with its kind, test and (empirical ones) control; decided
+    together by ``STUDY.decide``, the ``PRIMARY`` ones corrected by Holm."""
     return [*relu_claims(records), *family_claims(records), *verdicts.worst_claims(records),
             *verdicts.necessity_claims(records), *denied_claims(records),
             *verdicts.denied_worst_claims(records),
             *verdicts.plain_claims(records["plain"]["runs"]), *frontier_claims(records),
             *(head_claims(records) if records["heads"] else [])]
+
+
+def untrained_head_records(seeds: list[int], n_sequences: int, quick: bool
+                           ) -> list[dict[str, Any]]:
+    """``head_split`` of the reproduction's 4x4 softmax models at the paper's initialisation
+    (``train.build_ensemble``: the weights the trained run of each seed started from), on the
+    test sequences the trained ones are measured on; on the CPU, about 0.1 s a seed."""
+    # torch: not for the help texts
+    import torch
+
+    from sinklab.theory import constructions as theory
+    from sinklab.train import build_ensemble
+
+    rep = reproduction.ReproduceOptions(seeds=max(seeds) + 1, quick=quick)
+    out = []
+    for seed in seeds:
+        cfg = reproduction.run_config("4x4", "softmax", seed, rep, "cpu")
+        model = build_ensemble([cfg], torch.device("cpu"))
+        batch = theory.all_triggers_batch(cfg, n_sequences, seed=0, dtype=torch.float32)
+        with torch.no_grad():
+            entry = {"seed": seed, "step": 0, **theory.head_split(model, batch)}
+        out.append({**entry, "constant_share": constant_share(entry),
+                    "excursion": excursion(entry)})
+    return out
+
+
+def complete(records: dict[str, Any], opts: TheoryOptions) -> dict[str, Any]:
+    """The records with the head claims' control added when absent: ``heads_untrained``, the
+    untrained 4x4 softmax models of the seeds in ``heads`` (``untrained_head_records``)."""
+    if not records.get("heads") or "heads_untrained" in records:
+        return records
+    rp = records["reproduction"]
+    return {**records, "heads_untrained": untrained_head_records(
+        [e["seed"] for e in records["heads"]], rp["head_sequences"], rp["quick"])}
 
 
 # ----------------------------------------------------------------------------- figures
@@ -838,7 +931,8 @@ STUDY = Study(
                 "runs, figures, records.json, claims.csv and THEORY.md; rerunning with the same "
                 "--out resumes.",
     options=TheoryOptions, template="theorem.md.j2", collect=collect, cells=cells,
-    claims=claims, figures=FIGURES, check=check, report="THEORY.md",
+    claims=claims, figures=FIGURES, check=check, report="THEORY.md", primary=PRIMARY,
+    complete=complete,
     tables=("denied", "denied_settings", "frontier", "head_rows", "head_layers",
             "relu_construction"),
     docs_example="docs/theory.md", default_out="results/theory")

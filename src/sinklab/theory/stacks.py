@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from sinklab import claims as cl
 from sinklab import metrics
 from sinklab.config import RunConfig, build_run_config
 from sinklab.definitions import SINK_HEAD_THRESHOLD
@@ -89,7 +88,7 @@ def plain_protocol(seeds: int, max_steps: int) -> dict[str, Any]:
         "train_trigger_min": cfg.task.train_trigger_min,
         "train_trigger_max": cfg.task.train_trigger_max,
         "eval_sequences": cfg.eval.n_sequences, "eval_trigger": cfg.task.eval_trigger,
-        "threshold": SINK_HEAD_THRESHOLD, "universal_seeds": cl.UNIVERSAL_SEEDS,
+        "threshold": SINK_HEAD_THRESHOLD,
     }
 
 
@@ -193,11 +192,3 @@ def plain_collect(ctx: Context, seeds: int, max_steps: int,
     runs = plain_records(ctx, seeds, n_sequences)
     return {"protocol": plain_protocol(seeds, max_steps), "sequences": n_sequences,
             "runs": runs, "groups": plain_groups(runs)}
-
-
-# ------------------------------------------------------------------------------ claims
-
-
-# ----------------------------------------------------------------------------- figures
-
-

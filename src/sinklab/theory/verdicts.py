@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -22,12 +23,10 @@ DENIED_EPS = (0.01, 0.03, 0.1, 0.3, 0.5)  # BOS share caps 1 - eps of the denied
 # The plateau rule of every run the theory study trains to a plateau (denied sinks, plain stacks):
 # a run stops when its training-batch L-infinity error has set no new best for this many steps
 # (``train.patience``), or at its step cap.
-# The plateau rule of every run the theory study trains to a plateau (denied sinks, plain stacks):
-# a run stops when its training-batch L-infinity error has set no new best for this many steps
-# (``train.patience``), or at its step cap.
 PLATEAU_PATIENCE = 2000
 ERROR_BINS = ((1.0, math.inf), (0.1, 1.0), (0.01, 0.1), (0.0, 0.01))
 RULES = ("softmax", "relu")
+NAMES = {"softmax": "softmax", "relu": "ReLU"}  # the rules as the reports write them
 SAMPLED = 2000  # test sequences of the sampled errors (every trigger position)
 UNDERSTATES = 2.0  # "the sample understates the worst case": attacked / sampled at least this
 FACTOR = 2.0  # the certified upper bound within this factor of the attack's lower bound
@@ -39,7 +38,6 @@ PLAIN_RULES = ("softmax", "relu")
 PLAIN_LOG_EVERY = 100
 PLAIN_LR = 1e-3  # the plain stacks' learning rate (the paper's 1x1 rate)
 PLAIN_SEQUENCES, QUICK_PLAIN_SEQUENCES = 1000, 200  # test sequences of the BOS measurements
-# How a run can end (``sinklab.train``): the stop rule, the plateau rule, the step cap, NaN.
 # How a run can end (``sinklab.train``): the stop rule, the plateau rule, the step cap, NaN.
 STOPS = ("converged", "plateau", "max_steps", "diverged")
 
@@ -95,44 +93,87 @@ def ratio_certified_attacked(final: dict[str, Any]) -> float:
     return cert / att if att > 0 else (1.0 if cert <= 0 else math.inf)
 
 
+def controlled(claim: Claim, control: Claim, setting: str) -> Claim:
+    """The claim with its control (``claims.with_control``): the same builder run on the
+    ``setting`` that differs in the one factor the claim is about."""
+    return cl.with_control(claim, control, setting)
+
+
+def no_premise(claim: Claim, why: str, cap: int | None) -> Claim:
+    """A rate claim over the seeds that reached the stop rule, when none did: there is nothing
+    to test, and the claim says so, with what would decide it (instead of a count of zero seeds
+    and a sample size worked out from it). ``cap`` is the largest step count of those runs."""
+    cap_words = (f"these runs all stopped by step {cap:,}: a longer budget" if cap else
+                 "a longer budget")
+    reason = (f"{why}, so the claim has nothing to test; it needs seeds that reach the stop rule "
+              f"({cap_words}, or another protocol): at least {cl.MIN_N} for any decision, and "
+              f"{cl.seeds_all_agreeing(1)} all agreeing before even an uncorrected test could "
+              f"support it")
+    return dataclasses.replace(claim, reason=reason, basis=None, needed=None,
+                               needed_against=None, data=why, needed_text=f"{reason}.")
+
+
 def worst_claims(records: dict[str, Any]) -> list[Claim]:
+    """The worst-case section: the certifier's soundness and tightness and the ReLU
+    construction's certificate (checks), how much random sequences understate the worst case
+    (descriptive: no setting must come out the other way), and trained ReLU models' zero rows
+    (empirical; control: the same runs at step 0, untrained)."""
     w = records["worst"]
     finals = w["finals"]
     out = []
     gaps = [nontrigger(f["attacked"]) - f["certified"]["upper"] for f in finals
             if f.get("certified")]
-    out.append(cl.exact(
+    out.append(cl.check(
         "worst.certified_above_attack",
-        "On every trained 1x1 model, the certified upper bound of the non-trigger supremum is "
-        "never below the attack's lower bound", max(gaps), 0.0,
+        "The certificate is sound on the trained 1x1 models: on each, the certified upper bound "
+        "of the non-trigger supremum is at or above the attack's lower bound (a check of "
+        "sinklab's certifier and attack against each other)",
+        max(gaps, default=math.nan), 0.0,
         f"largest attacked minus certified over {len(gaps)} models"))
     soft = [f for f in finals if f["rule"] == "softmax"]
     if soft:
         ratios = [ratio_certified_attacked(f) for f in soft]
-        out.append(cl.exact(
+        out.append(cl.check(
             "worst.softmax.certified_within_factor",
-            f"On every trained 1x1 softmax model the certified upper bound of the non-trigger "
-            f"supremum is within a factor {FACTOR:g} of the attack's lower bound",
+            f"The certificate is tight on the trained 1x1 softmax models: on each, the certified "
+            f"upper bound of the non-trigger supremum is within a factor {FACTOR:g} of the "
+            "attack's lower bound (a property of sinklab's certifier, not of the models)",
             max(ratios), FACTOR, f"largest certified / attacked over {len(ratios)} models"))
         under = [nontrigger(f["attacked"]) / max(finite(f["sampled"]["bos"]
                                                          + f["sampled"]["pre"]
                                                          + f["sampled"]["post"]))
                  for f in soft]
-        out.append(cl.mean_at_least(
-            "worst.softmax.sample_understates",
-            f"Random test sequences understate a trained softmax model's non-trigger worst case "
-            f"at least {UNDERSTATES:g}-fold: the attacked error over the sampled one ({SAMPLED:,}"
-            " sequences), mean over seeds", under, UNDERSTATES))
+        base = cl.median_at_least(
+            "worst.softmax.sample_understates", "", under, UNDERSTATES,
+            what=f"attacked over sampled non-trigger error per model ({SAMPLED:,} sampled "
+                 f"sequences); {sum(u >= UNDERSTATES for u in under)} of {len(under)} at least "
+                 f"{UNDERSTATES:g}-fold")
+        sentence = (f"How far random test sequences ({SAMPLED:,} of them) understate a trained "
+                    f"1x1 softmax model's non-trigger worst case: the attacked error over the "
+                    f"sampled one, per seed, beside {UNDERSTATES:g}-fold. Descriptive: no setting "
+                    "must come out the other way, so there is no control and no verdict")
+        out.append(cl.descriptive(
+            base.key, sentence, base.data, base.n, base.estimate, base.interval,
+            test="none (descriptive): the median over seeds with its one-sided "
+                 f"{cl.CONFIDENCE} order-statistic bounds"))
     relu = [f for f in finals if f["rule"] == "relu"]
     if relu:
-        out.append(cl.every(
-            "worst.relu.zero_rows_certified",
-            "Every trained 1x1 ReLU model's non-trigger rows are certified zero for every input "
-            "(no non-trigger query gives any key a positive score)",
+        untrained = [c for c in w["checkpoints"] if c["rule"] == "relu" and c["step"] == 0]
+        sentence = (f"Trained 1x1 ReLU models have every non-trigger row certified zero for every "
+                    f"input (no non-trigger query gives any key a positive score) at a rate above "
+                    f"{cl.R0:g}")
+        claim = cl.rate_at_least(
+            "worst.relu.zero_rows_certified", sentence,
             sum(f["relu_score"]["certified_zero"] for f in relu), len(relu),
-            "certified zero"))
+            "have every non-trigger row certified zero (final models)")
+        control = cl.rate_at_least(
+            "worst.relu.zero_rows_certified.control", sentence,
+            sum(c["certified_zero"] for c in untrained), len(untrained),
+            "have every non-trigger row certified zero (step-0 checkpoints: the paper's "
+            "initialisation, before any update)")
+        out.append(controlled(claim, control, "the same ReLU runs at step 0, untrained"))
     con = w["construction"]
-    out.append(cl.exact(
+    out.append(cl.check(
         "worst.relu.construction_certified",
         "The hand-built ReLU construction's non-trigger rows are certified zero for every input",
         con["relu_score"]["max"], 0.0, "largest score of a non-trigger query over every input"))
@@ -140,42 +181,61 @@ def worst_claims(records: dict[str, Any]) -> list[Claim]:
 
 
 def necessity_claims(records: dict[str, Any]) -> list[Claim]:
+    """The necessity bound at the checkpoints and along the family: checks of the proof and its
+    code (the bound holds for any weights), not evidence about training."""
     w = records["worst"]
     checks = [c["check"] for c in w["checkpoints"] if c["rule"] == "softmax"]
     out = []
     if checks:
-        out.append(cl.exact(
+        out.append(cl.check(
             "necessity.every_checkpoint_allowed",
-            "Every saved checkpoint of every trained 1x1 softmax model lies on the allowed side "
-            "of the necessity bound (both parts, every pre-trigger row)",
+            "Each saved checkpoint of the trained 1x1 softmax models lies on the allowed side of "
+            "the necessity bound (both parts, every pre-trigger row). A check of the proof and "
+            "its code, not evidence about training: the bound holds for any weights, trained or "
+            "not, since the error it plugs in includes the error at X* itself",
             max(c["violation"] for c in checks), 0.0,
             f"largest bound minus attacked error over {len(checks)} checkpoints"))
     fam = [f for f in w["family"] if f["check"]["min_slack"] is not None]
     if fam:
-        out.append(cl.exact(
+        out.append(cl.check(
             "necessity.family_tight",
             f"Along the sink family the bound is tight: made {STRONGER:g} times stronger it is "
-            "violated by some family member",
+            "violated by some family member (a check of the bound against exact errors)",
             min(f["check"]["min_slack"] for f in fam) / STRONGER, 1.0,
             f"smallest slack (error / bound) over {len(fam)} gaps, divided by {STRONGER:g}"))
     return out
 
 
+DENIED_CONTROL = "the denied ReLU 1x1 runs (same settings, seeds, protocol and attack)"
+
+
+def denied_parts(rows: list[dict[str, Any]], rule: str, value: Callable[[dict[str, Any]], float]
+                 ) -> list[tuple[str, list[float]]]:
+    """Per denied-sink setting (in order), the value of each of ``rule``'s rows."""
+    return [(setting, [value(r) for r in rows if r["rule"] == rule and r["setting"] == setting])
+            for setting in dict.fromkeys(r["setting"] for r in rows)]
+
+
 def denied_worst_claims(records: dict[str, Any]) -> list[Claim]:
+    """Away from row 1, whose error the cap forces by arithmetic, the denied softmax models'
+    worst-case non-trigger error stays above the stop rule; pooled over the settings, with the
+    denied ReLU models (whose non-trigger rows can be zero) through the same test."""
     tol = records["protocol"]["tol"]
     rows = records["worst"]["denied"]
-    out = []
-    for setting in dict.fromkeys(r["setting"] for r in rows):
-        sel = [r for r in rows if r["setting"] == setting]
-        soft = [r for r in sel if r["rule"] == "softmax"]
-        if not soft:
-            continue
-        out.append(cl.mean_at_least(
-            f"denied.softmax.{setting}.beyond_row1",
-            f"Softmax 1x1, {setting}: away from row 1 too, the worst-case non-trigger error "
-            f"stays at or above the stop rule's {tol:g} (mean over seeds)",
-            [r["others"] for r in soft], tol))
-    return out
+    if not any(r["rule"] == "softmax" for r in rows):
+        return []
+    parts = {rule: denied_parts(rows, rule, lambda r: r["others"]) for rule in RULES}
+    n_settings = len(parts["softmax"])
+    sentence = (f"Softmax 1x1 models with their sink denied: away from row 1 too (the other "
+                f"non-trigger rows, which the arithmetic of row 1 does not reach), the worst-case "
+                f"error over every input (attacked, a lower bound) stays above the stop rule's "
+                f"{tol:g}: the median over seeds, pooled over the {n_settings} denied-sink "
+                f"settings")
+    what = "attacked worst-case error at the non-trigger rows other than row 1, per seed"
+    claim, control = (cl.median_at_least(key, sentence, None, tol, what=what, parts=parts[rule])
+                      for key, rule in (("denied.softmax.beyond_row1", "softmax"),
+                                        ("denied.softmax.beyond_row1.control", "relu")))
+    return [controlled(claim, control, DENIED_CONTROL)]
 
 
 COLORS = {"softmax": "tab:blue", "relu": "tab:orange"}
@@ -358,44 +418,68 @@ def plain_groups(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def plain_claims(records: list[dict[str, Any]]) -> list[Claim]:
-    """The theorem's multi-layer claim, tested where its premise holds: over the seeds of each
-    (experiment, rule) that reached the stop rule. Softmax: every such seed has a sink head,
-    and a sinking head at every non-trigger position; ReLU: no such seed has a sink head. With
-    no seed at the stop rule the claim is undetermined and says so; how often the seeds that
-    did not get there sink is a table (``plain_groups``), not a claim."""
+    """The theorem's multi-layer claim, tested where its premise holds: over the seeds that
+    reached the stop rule, pooled over the stack shapes (one prediction; the per-shape counts
+    and a heterogeneity test are in each claim). Softmax: such seeds have a sink head, and a
+    sinking head at every non-trigger position, at a rate above r0 (control: the plain ReLU
+    seeds that reached the stop rule, through the same test); ReLU: such seeds have a sink head
+    at a rate below 1 - r0 (control: the softmax seeds). With no seed at the stop rule a claim
+    (or its control) has nothing to test, and says so; how often the seeds that did not get
+    there sink is a table (``plain_groups``), not a claim."""
     thr = SINK_HEAD_THRESHOLD
-    sink = f"a head at non-trigger BOS mass >= {thr:g}"
-    out = []
-    for e, rule, sel in _by_config(records):
-        conv = [r for r in sel if r["converged"]]
-        what = f"plain-target {e} {rule}"
-        whose = f"(those of {len(sel)} that reached the stop rule) "
-        tests = ([("no_sink_head", cl.none,
-                   f"No {what} seed that reached the stop rule has a sink head: ReLU "
-                   "needs none without a residual stream either",
-                   sum(bool(r["sink_heads"]) for r in conv), f"have {sink}")]
-                 if rule == "relu" else
-                 [("some_head_sinks", cl.every,
-                   f"Every {what} seed that reached the stop rule has some head that "
-                   "sinks (the theorem's existential claim)",
-                   sum(bool(r["sink_heads"]) for r in conv), f"have {sink}"),
-                  ("every_position_covered", cl.every,
-                   f"In every {what} seed that reached the stop rule, every non-trigger "
-                   f"query position has a head somewhere in the stack with BOS mass >= "
-                   f"{thr:g} there", sum(all_covered(r) for r in conv),
-                   "have such a head at every non-trigger position")])
-        for name, build, sentence, k, have in tests:
-            claim = build(f"plain.{e}.{rule}.{name}", sentence, k, len(conv),
-                          whose + have)
-            if not conv:  # the premise holds for no seed: nothing to test
-                claim = dataclasses.replace(
-                    claim, data=f"none of the {len(sel)} seed(s) reached the stop rule "
-                                "within the step cap, so no model solves the task",
-                    needed_text=f"seeds that reach the stop rule (a longer step cap than "
-                                f"{max(r['steps'] for r in sel):,}, or another protocol): "
-                                f"{cl.UNIVERSAL_SEEDS} of them, all alike, can decide it")
-            out.append(claim)
-    return out
+    configs = _by_config(records)
+    if not configs:
+        return []
+    shapes = ", ".join(dict.fromkeys(e for e, _, _ in configs))
+    cap = max(r["steps"] for _, _, sel in configs for r in sel)
+
+    def has_sink(r: dict[str, Any]) -> bool:
+        return bool(r["sink_heads"])
+
+    def parts(rule: str, test: Callable[[dict[str, Any]], bool]) -> list[tuple[str, int, int]]:
+        found = []
+        for e, r, sel in configs:
+            if r == rule:
+                conv = [x for x in sel if x["converged"]]
+                found.append((e, sum(test(x) for x in conv), len(conv)))
+        return found
+
+    def build(key: str, sentence: str, rule: str, other: str, above: bool,
+              test: Callable[[dict[str, Any]], bool], what: str) -> Claim:
+        rate = cl.rate_at_least if above else cl.rate_at_most
+        pair = []
+        for k, r in ((key, rule), (f"{key}.control", other)):
+            c = rate(k, sentence, None, None, f"at the stop rule {what}",
+                     parts=parts(r, test))
+            if c.n == 0:
+                runs = [(e, len(sel)) for e, rr, sel in configs if rr == r]
+                why = (f"none of the {sum(n for _, n in runs)} plain-target {NAMES[r]} seeds "
+                       f"({', '.join(f'{e}: {n}' for e, n in runs)}) reached the stop rule "
+                       "within the step cap, so none of its models reached it" if runs else
+                       f"no plain-target {NAMES[r]} stack was trained")
+                c = no_premise(c, why, cap)
+            pair.append(c)
+        return controlled(pair[0], pair[1], f"the plain-target {NAMES[other]} seeds ({shapes}) "
+                                            "that reached the stop rule")
+
+    setting = (f"Plain-target softmax stacks ({shapes}: no residual stream, the theorem's own "
+               "multi-layer setting) that reached the stop rule")
+    sink = f"have a head at non-trigger BOS mass >= {thr:g}"
+    return [
+        build("plain.softmax.some_head_sinks",
+              f"{setting} have some head that sinks (the theorem's existential claim), at a rate "
+              f"above {cl.R0:g}; pooled over the shapes", "softmax", "relu", True, has_sink,
+              sink),
+        build("plain.softmax.every_position_covered",
+              f"{setting} have, at every non-trigger query position, a head somewhere in the "
+              f"stack with BOS mass >= {thr:g} there, at a rate above {cl.R0:g}; pooled over the "
+              "shapes", "softmax", "relu", True, all_covered,
+              "have such a head at every non-trigger position"),
+        build("plain.relu.no_sink_head",
+              f"Plain-target ReLU stacks ({shapes}) that reached the stop rule have a sink head "
+              f"at a rate below {1 - cl.R0:.2g}: ReLU needs none without a residual stream "
+              "either; pooled over the shapes", "relu", "softmax", False, has_sink, sink),
+    ]
 
 
 def _runs(records: dict[str, Any]) -> list[dict[str, Any]]:
