@@ -471,3 +471,23 @@ def test_reuse_must_be_a_sinklab_study_folder(tmp_path, capsys):
         err = capsys.readouterr().err
         assert code == 2 and words in err and err.count("\n") == 1, err
     assert not (tmp_path / "o").exists()
+
+
+def test_verdicts_lead_with_primary_claims_and_set_checks_apart():
+    from sinklab.studies import render
+
+    def rate(key, k):
+        return cl.rate_at_least(key, f"claim {key}", k, 10, "x")
+
+    decided = cl.finalize([cl.with_control(rate("p", 10), rate("p", 0), "control"),
+                           cl.with_control(rate("s", 10), rate("s", 10), "control passes"),
+                           cl.check("c", "an identity", 0.0, 1e-9, "error"),
+                           cl.descriptive("d", "a description", "data")], primary=["p"])
+    text = render.verdicts(decided, redecided=True)
+    assert text.startswith("**Primary claims** (named in the study's declaration after these "
+                           "records were made")
+    assert text.index("claim p") < text.index("Of 4 statements")
+    assert "1 are checks" in text and "1 supported but non-discriminating" in text
+    assert "Non-discriminating (their control passes the same test): `s`." in text
+    assert "- an identity: **verified**" in text
+    assert "before it ran" in render.verdicts(decided)

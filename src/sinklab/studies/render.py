@@ -168,6 +168,12 @@ def verdicts(claims: list[Claim], redecided: bool = False) -> str:
     if nondisc:
         lines.append("Non-discriminating (their control passes the same test): "
                      + ", ".join(f"`{c.key}`" for c in nondisc) + ".")
+    checks = [c for c in claims if c.kind == claims_mod.CHECK]
+    if checks:
+        lines += ["", "**Checks of sinklab's own computation** (identities, constructions, the "
+                  "soundness of its bounds: they cannot come out otherwise if the code is "
+                  "right, so they are unit tests, not evidence):", ""]
+        lines += [f"- {c.sentence}: **{c.result()}** (`{c.key}`: {c.data})" for c in checks]
     return "\n".join(lines)
 
 
