@@ -486,8 +486,8 @@ def test_verdicts_lead_with_primary_claims_and_set_checks_apart():
     text = render.verdicts(decided, redecided=True)
     assert text.startswith("**Primary claims** (named in the study's declaration after these "
                            "records were made")
-    assert text.index("claim p") < text.index("Of 4 statements")
-    assert "1 are checks" in text and "1 supported but non-discriminating" in text
+    assert text.index("claim p") < text.index("Of 4 statements, 1 is a check")
+    assert "1 is a check" in text and "1 supported but non-discriminating" in text
     assert "Non-discriminating (their control passes the same test): `s`." in text
     assert "- an identity: **verified**" in text
     assert "before it ran" in render.verdicts(decided)

@@ -155,11 +155,16 @@ def verdicts(claims: list[Claim], redecided: bool = False) -> str:
                   claims_table(primary), ""]
     else:
         lines += ["This study names no primary claim: every empirical claim is secondary.", ""]
+    def many(n: int, one: str, more: str) -> str:
+        return f"{n} {one if n == 1 else more}"
+
     lines.append(
-        f"Of {len(claims)} statements: {counts['checks']} are checks of sinklab's own "
-        f"computation ({counts['verified']} verified, {counts['failed']} failed; not evidence), "
-        f"{counts['descriptive']} are descriptive (no verdict) and {counts['empirical']} are "
-        f"empirical ({counts['primary']} primary): {counts['counted']} supported and counted, "
+        f"Of {len(claims)} statements, "
+        f"{many(counts['checks'], 'is a check', 'are checks')} of sinklab's own computation "
+        f"({counts['verified']} verified, {counts['failed']} failed; not evidence), "
+        f"{many(counts['descriptive'], 'is descriptive', 'are descriptive')} (no verdict) and "
+        f"{many(counts['empirical'], 'is', 'are')} empirical ({counts['primary']} primary): "
+        f"{counts['counted']} supported and counted, "
         f"{counts['non-discriminating']} supported but non-discriminating, "
         f"{counts['control undecided']} supported with an undecided control, "
         f"{counts['contradicted']} contradicted, {counts['undetermined']} undetermined.")
