@@ -584,7 +584,7 @@ CASES: dict[str, Case] = {
                          "than 1,000,000 positions"),
     "lm memory before loading": Case("size too large", lambda tmp: [
         "lm", "--model", str(tiny_model(tmp, "llama")), "--out", str(tmp / "o")],
-        "of float32 weights) with --tokens 64, --random 100, --batch-size 16 and --intervene 32 "
+        "of float32 weights) with --tokens 64, --random 100, --batch-size 16 and --intervene 16 "
         "needs about", env={"SINKLAB_MAX_MEMORY": "1M"}),
     "lm second model unknown": Case("model that cannot be loaded", lambda tmp: [
         "lm", "--model", str(tiny_model(tmp, "llama")), "--model",

@@ -334,3 +334,56 @@ def test_a_head_out_of_range_is_one_sentence(models):
         iv.token_losses(models["gpt2"], ids, mask, iv.ablate_heads([(0, N_HEADS)]))
     assert f"heads 0 to {N_HEADS - 1}" in str(err.value)
     _one_sentence(str(err.value))
+
+
+# ------------------------------------------------- the controls: one chosen key per row
+
+
+def test_row_edits_on_the_first_key_are_the_first_key_edits():
+    weights = _causal_softmax(2, 3, 7, 7)  # (B, H, Q, K)
+    first = iv.key_mask(torch.zeros(2, 7, dtype=torch.long))  # key 0 of every row
+    assert torch.allclose(iv.hide_keys(weights, first), iv.hide_first(weights))
+    assert torch.allclose(iv.cap_keys(weights, first, 0.5), iv.cap_first(weights, 0.5))
+    dropped = iv.drop_keys(weights, first)
+    assert (dropped[..., 0] == 0).all() and torch.equal(dropped[..., 1:], weights[..., 1:])
+    scores = torch.randn(2, 3, 7, 7)
+    assert torch.equal(iv.streaming_kept(scores, first, 3), iv.streaming_scores(scores, 1, 3))
+
+
+@pytest.mark.parametrize("kind", DECODERS)
+def test_dropping_the_first_key_of_every_row_is_zeroing_its_value(models, kind):
+    ids, mask = tiny_models.padded_batch(kind)
+    first = iv.key_mask(torch.zeros(ids.shape, dtype=torch.long))
+    dropped = iv.token_losses(models[kind], ids, mask, iv.chosen_keys("drop", first, N_LAYERS))
+    zeroed = iv.token_losses(models[kind], ids, mask, iv.zero_first_value(N_LAYERS))
+    assert _same(dropped, zeroed, atol=1e-5)
+
+
+def test_random_keys_lie_among_the_keys_each_query_sees():
+    valid = torch.ones(50, 30, dtype=torch.bool)
+    valid[0, 20:] = False  # a padded probe
+    keys = iv.random_keys(valid, seed=3)
+    position = torch.arange(30).expand(50, 30)
+    chosen = keys >= 0
+    assert torch.equal(chosen, valid & (position >= 1))  # every real query but the first
+    assert ((keys[chosen] >= 1) & (keys[chosen] <= position[chosen])).all()
+    assert len(keys[:, 29].unique()) > 20  # spread over the keys, not one of them
+    assert torch.equal(keys, iv.random_keys(valid, seed=3))
+    old = iv.random_keys(valid, back=16, seed=3)  # from before a window of 16
+    assert torch.equal(old >= 0, valid & (position >= 17))
+    assert (old[old >= 0] <= position[old >= 0] - 16).all()
+    rows = iv.key_mask(keys)
+    assert rows.shape == (50, 1, 30, 30) and torch.equal(rows.sum(-1)[:, 0], chosen.long())
+
+
+def test_a_capped_or_hidden_random_key_keeps_row_sums():
+    weights = _causal_softmax(4, 2, 9, 9)
+    chosen = iv.key_mask(iv.random_keys(torch.ones(4, 9, dtype=torch.bool), seed=1))
+    for edited in (iv.hide_keys(weights, chosen), iv.cap_keys(weights, chosen, 0.9)):
+        assert torch.allclose(edited.sum(-1), weights.sum(-1), atol=1e-6)
+        assert (edited.triu(1) == 0).all()
+    capped = iv.cap_keys(weights, chosen, 0.9)
+    assert ((capped * chosen).sum(-1) <= 0.1 + 1e-6).all()
+    assert (iv.hide_keys(weights, chosen) * chosen).sum(-1)[..., 2:].max() == 0
+    with pytest.raises(ValueError, match="is not a row edit"):
+        iv.chosen_keys("swap", chosen, N_LAYERS)

@@ -49,6 +49,8 @@ def _model_record(out: Path, prefix: str) -> dict:
 
 @pytest.mark.slow
 def test_pipeline_on_a_tiny_llama(tmp_path, capsys, tiny_llama):
+    from sinklab.studies import real_models
+
     out = tmp_path / "lm"
     code, _, err = run_cli(capsys, "lm", "--model", str(tiny_llama), "--out", str(out),
                            "--random", "12", "--tokens", "24", "--batch-size", "5",
@@ -108,24 +110,36 @@ def test_pipeline_on_a_tiny_llama(tmp_path, capsys, tiny_llama):
     per_probe = runs["natural", True]["sink_rate"]["0.3"]["per_probe"]
     assert per_probe == pytest.approx((above / 8).tolist())
 
-    # one claim per random-token condition, the probes as the unit
+    # one descriptive Gu claim per random-token condition, the probes as the unit
     claims = {c["key"]: c for c in read_json(out / "records.json")["claims"]}
     key = result["key"]
-    gu = {f"{key}.random.with_specials.gu_rate_in_gu_range",
-          f"{key}.random.without_specials.gu_rate_in_gu_range"}
+    gu = {f"{key}.random.with_specials.gu_rate", f"{key}.random.without_specials.gu_rate"}
     story = {f"{key}.{name}" for name in (
         "hide_first_key_raises_loss", "zero_first_value_harmless", "cap_first_mass_raises_loss",
         "streaming_first_token_helps", "sink_heads_output_small", "sink_heads_value_drained",
         "sink_heads_zero_ablation_harmless", "sink_heads_mean_ablation_harmless",
-        "sink_heads_matter_less_than_random", "sink_heads_cap_hurts")}
-    assert set(claims) == gu | story
-    for name in story:  # the interventions' claims are over the intervention probes
-        assert claims[name]["n"] == 32 and "probe" in claims[name]["test"]
-    claim = claims[f"{key}.random.with_specials.gu_rate_in_gu_range"]
-    assert claim["rule"] == "mean_in_range" and claim["n"] == 12
-    assert "over 12 probes" in claim["data"] and "not independent" in claim["data"]
+        "sink_heads_cap_raises_loss")}
+    described = {f"{key}.{name}" for name in (
+        "sink_heads_zero_vs_random_heads", "sink_heads_mean_vs_random_heads",
+        "sink_heads_cap_vs_random_heads", "hidden_first_key_mass_moves")}
+    targeted = {f"{key}.trigger_heads_targeted"} if result["trigger_scan"]["heads"] else set()
+    assert set(claims) == gu | story | described | targeted
+    for name in story:  # every empirical claim has its control, run by the same test
+        assert claims[name]["kind"] == "empirical" and claims[name]["control"] is not None
+        assert claims[name]["control"]["claim"]["rule"] == claims[name]["rule"] == "bootstrap"
+    for name in gu | described:
+        assert claims[name]["kind"] == "descriptive" and claims[name]["outcome"] == "described"
+    primary = {c["key"] for c in claims.values() if c["primary"]}
+    assert primary == {f"{key}.{name}" for name in real_models.PRIMARY}
+    for name in ("hide_first_key_raises_loss", "streaming_first_token_helps"):
+        assert claims[f"{key}.{name}"]["n"] == 16  # the intervention probes
+    assert claims[f"{key}.sink_heads_zero_ablation_harmless"]["n"] == 4  # the sink heads
+    claim = claims[f"{key}.random.with_specials.gu_rate"]
+    assert claim["rule"] == "descriptive" and claim["n"] == 12
+    assert "over 12 random-token probes" in claim["data"] and "not independent" in claim["data"]
+    assert "the first token: the tokenizer's <s>" in claim["data"]
     assert claim["estimate"] == pytest.approx(runs["random", True]["sink_rate"]["0.3"]["overall"])
-    assert "gu_rate_in_gu_range" in (out / "claims.csv").read_text()
+    assert "gu_rate" in (out / "claims.csv").read_text()
 
     text = (out / "LM.md").read_text()
     assert text.startswith("# Sinks in real pretrained models\n")
@@ -133,15 +147,28 @@ def test_pipeline_on_a_tiny_llama(tmp_path, capsys, tiny_llama):
     assert "### Trigger-conditional heads in" in text and "permutation null" in text
     assert "### Interventions on" in text and "are **not** re-indexed" in text
     iv = result["interventions"]
-    assert iv["n_probes"] == 32 and len(iv["baseline"]) == 32
-    assert len(iv["flagged"]) == len(iv["control"]) == 4  # half of the 8 heads at most
-    assert not set(map(tuple, iv["flagged"])) & set(map(tuple, iv["control"]))
-    assert [s["k"] for s in iv["streaming"]] == [0, 1, 4]
+    assert iv["n_probes"] == 16 and len(iv["baseline"]) == 16
+    # every head ablated three ways; the sink heads are half the heads at most
+    assert len(iv["heads"]) == 8 and all(len(h[how]) == 16 for h in iv["heads"]
+                                         for how in ("zero", "mean", "cap"))
+    assert len(iv["sink_heads"]) == 4 and iv["units"]["n_pool"] == 4
+    assert iv["units"]["n_sets"] == settings.CONTROL_SETS >= 200
+    # the finder's every kept head gets the targeted ablation
+    assert [(t["layer"], t["head"]) for t in iv["targeted"]] == [
+        (h["layer"], h["head"]) for h in result["trigger_scan"]["heads"]]
+    assert result["trigger_scan"]["n_perm"] >= 10_000
+    # every global edit by position band, with its control
+    for g in iv["global"]:
+        assert [b["band"] for b in g["bands"]] == ["0-3", "4-19", "20+"]
+        assert [b["band"] for b in g["control"]["bands"]] == ["0-3", "4-19", "20+"]
+        assert sum(b["n_positions"] for b in g["bands"]) == g["n_positions"]
+    shares = iv["where_moved"]["sink_share"]  # where a hidden first key's weight goes
+    assert len(shares) == 3 and sum(shares) == pytest.approx(1.0, abs=1e-4)
+    assert [s["k"] for s in iv["streaming"]] == [0, 1, 4, "random"]
     assert (out / "cache" / f"{key}-interventions.json").is_file()
-    assert "mean_in_range" in text and "model.safetensors" in text
-    assert "Encoders get no claim" not in text
+    assert "model.safetensors" in text and "Encoders get no claim" not in text
     for name in ("fig_lm_first_token", "fig_lm_sweeps", "fig_lm_gu_random",
-                 "fig_lm_interventions"):
+                 "fig_lm_interventions", "fig_lm_controls"):
         assert (out / "figures" / f"{name}.png").is_file()
         assert (tmp_path / "docs" / "real" / f"{name}.png").is_file()
     assert (tmp_path / "docs" / "real.md").read_text().startswith("# Sinks in real")
@@ -168,7 +195,7 @@ def test_pipeline_on_a_tiny_bert_encoder(tmp_path, capsys, tiny_bert):
     options = read_json(out / "records.json")["options"]
     assert options == {"models": [str(tiny_bert)], "n_tokens": 16, "n_random": 8,
                        "batch_size": 16, "probes": None, "probes_field": "text", "texts": [],
-                       "n_intervene": 32, "ablate_heads": 12, "cap_eps": 0.5, "window": 16}
+                       "n_intervene": 16, "ablate_heads": 12, "cap_eps": 0.5, "window": 16}
     result = _model_record(out, "tiny-bert")
     assert not result["causal"] and result["special_tokens"] == ["[CLS]", "[SEP]"]
     assert not result["causal_lm"] and result["architecture"] == "BertModel"
@@ -278,11 +305,12 @@ def _decoder_record(key: str, causal: bool, per_probe: list[float]) -> dict:
                 "sink_rate": {"0.3": {"overall": float(np.mean(per_probe)),
                                       "per_probe": per_probe}}}
     return {"model": key, "key": key, "causal": causal, "n_layers": 3, "n_heads": 2,
+            "special_tokens": ["<s>"], "tokenizer_adds_them": False,
             "results": [result(p, s) for p in ("natural", "random") for s in (True, False)]}
 
 
-def test_claims_compare_each_decoders_random_probes_with_gu():
-    from sinklab.claims import CONTRADICTED, SUPPORTED
+def test_the_gu_comparison_is_descriptive_with_the_first_tokens_provenance():
+    from sinklab.claims import DESCRIBED, DESCRIPTIVE
     from sinklab.studies import real_models
     from sinklab.studies.reference import GU
 
@@ -291,13 +319,20 @@ def test_claims_compare_each_decoders_random_probes_with_gu():
                           _decoder_record("enc", False, inside),
                           _decoder_record("low", True, [0.1, 0.12, 0.08, 0.11])]}
     claims = {c.key: c for c in real_models.claims(records, None)}
-    # random probes only, both conditions, decoders only
-    assert set(claims) == {f"{m}.random.{c}_specials.gu_rate_in_gu_range"
+    # random probes only, both conditions, decoders only; no verdict either way
+    assert set(claims) == {f"{m}.random.{c}_specials.gu_rate"
                            for m in ("dec", "low") for c in ("with", "without")}
-    dec = claims["dec.random.with_specials.gu_rate_in_gu_range"]
-    assert dec.outcome == SUPPORTED and dec.n == len(inside) and dec.rule == "mean_in_range"
+    for c in claims.values():
+        assert c.kind == DESCRIPTIVE and c.outcome == DESCRIBED and c.control is None
+    dec = claims["dec.random.with_specials.gu_rate"]
+    assert dec.n == len(inside) and dec.estimate == pytest.approx(np.mean(inside))
+    lo, hi = dec.interval
+    assert lo <= dec.estimate <= hi
     assert f"{GU.low:.0%}-{GU.high:.0%}" in dec.sentence and "6 (layer, head) pairs" in dec.data
-    assert claims["low.random.without_specials.gu_rate_in_gu_range"].outcome == CONTRADICTED
+    assert "the first token: the tokenizer's <s>" in dec.data
+    without = claims["dec.random.without_specials.gu_rate"]
+    assert "the first token: the first random token" in without.data
+    assert not any(w in c.sentence for c in claims.values() for w in (" every ", " never "))
 
 
 BAD_PROBE_FILES = {  # name -> bytes, for the bad --probes rows below
@@ -401,7 +436,7 @@ def test_a_locked_out_folder_is_refused_and_sizes_are_checked(tmp_path, capsys, 
                            "--batch-size", "1000000", "--out", str(tmp_path / "big"))
     assert code == 2 and err.startswith("sinklab: error: --model ") and err.count("\n") == 1
     assert "of float32 weights) with --tokens 64, --random 1000000000, --batch-size 1000000 " \
-           "and --intervene 32 needs about" in err
+           "and --intervene 16 needs about" in err
     assert "more than the limit of" in err and not (tmp_path / "big").exists()
 
 
@@ -467,8 +502,9 @@ def _word_texts(path: Path, lengths: range | list[int], seed: int = 0) -> Path:
 def test_the_default_pipeline_on_texts_of_1_to_30_tokens(tmp_path, capsys, tiny_llama):
     texts = _word_texts(tmp_path / "texts.txt", range(1, 31))
     out = tmp_path / "lm"
+    # the default options, but every text in the interventions (the default takes 16)
     code, _, err = run_cli(capsys, "lm", "--model", str(tiny_llama), "--probes", str(texts),
-                           "--out", str(out))
+                           "--intervene", "30", "--out", str(out))
     assert code == 0, err
     assert "1 of 30 texts have fewer than 2 tokens: they are left out of the metrics without " \
            "<s>" in err
@@ -498,7 +534,7 @@ def test_the_default_pipeline_on_texts_of_1_to_30_tokens(tmp_path, capsys, tiny_
                for g in iv["global"])
     # StreamingLLM compares positions >= 20: only texts of 21 tokens or more (22 with <s>)
     assert iv["compared_from"] == 20
-    assert [s["n_probes"] for s in iv["streaming"]] == [10, 10, 10]
+    assert [s["n_probes"] for s in iv["streaming"]] == [10, 10, 10, 10]  # k = 0, 1, 4, random
     assert iv["streaming"][0]["n_positions"] == sum(range(1, 11))
     claims = {c["key"].split(".", 1)[1]: c for c in read_json(out / "records.json")["claims"]}
     stream = claims["streaming_first_token_helps"]
@@ -507,7 +543,7 @@ def test_the_default_pipeline_on_texts_of_1_to_30_tokens(tmp_path, capsys, tiny_
     assert claims["hide_first_key_raises_loss"]["n"] == 30
     text = (out / "LM.md").read_text()
     assert "29 x 2-30 (median 16) (1 left out: fewer than 2 tokens)" in text
-    assert "| probes / positions measured |" in text and "| 10 / 55 |" in text
+    assert "| probes / positions |" in text and "| 10 / 55 |" in text
 
 
 def test_texts_too_short_to_measure_are_named_not_errors(tmp_path, capsys, tiny_llama):
@@ -536,7 +572,7 @@ def test_texts_too_short_to_measure_are_named_not_errors(tmp_path, capsys, tiny_
     claim = next(c for c in records["claims"] if c["key"].endswith("streaming_first_token_helps"))
     assert claim["outcome"] == "undetermined" and claim["n"] == 0
     assert claim["needed_text"] == "not measured: needs texts of at least 21 tokens (22 with " \
-                                   "<s> in front)"
+                                   "<s> in front)."
     text = (out / "LM.md").read_text()
     assert "words.txt, without <s>: not measured: needs texts of at least 2 tokens (3 probes " \
            "are shorter)" in text
@@ -568,14 +604,16 @@ def test_a_stopped_run_keeps_its_finished_stages_and_resumes(tmp_path, capsys, m
     code, _, err = run_cli(capsys, *args, "--out", str(tmp_path / "whole"))
     assert code == 0, err
     whole = _model_record(tmp_path / "whole", "tiny-llama")
-    # stop at the third call of a stage's work: two stages are done by then
-    target, name = (survey, "_measure") if where == "analysis" else \
-        (interventions, "ablate_heads")
+    # stop during a stage's work with some stages done: the third probe set of the analysis,
+    # or the first ablation of the second layer (each of the 4 heads of the first layer is
+    # zero- and mean-ablated: 8 calls)
+    target, name, stop_at = (survey, "_measure", 3) if where == "analysis" else \
+        (interventions, "ablate_heads", 9)
     original, calls = getattr(target, name), []
 
     def stopping(*a, **kw):
         calls.append(1)
-        if len(calls) == 3:
+        if len(calls) == stop_at:
             raise KeyboardInterrupt if stop == "interrupt" else RuntimeError("a bug")
         return original(*a, **kw)
 
@@ -585,7 +623,7 @@ def test_a_stopped_run_keeps_its_finished_stages_and_resumes(tmp_path, capsys, m
     key = whole["key"]
     if stop == "interrupt":
         kept = ("natural: with <s>, natural: without <s>" if where == "analysis" else
-                "the head statistics, the global edits, 1 head ablation(s)")
+                "the head statistics, the global edits, 1 layer(s) of the head sweep")
         prefix = "" if where == "analysis" else f"{tiny_llama}'s analysis; "
         assert code == 130 and err.splitlines()[-1] == (
             f"sinklab: interrupted; kept in {out / 'cache'}: {prefix}of {tiny_llama}'s {where}:"
@@ -602,7 +640,7 @@ def test_a_stopped_run_keeps_its_finished_stages_and_resumes(tmp_path, capsys, m
     resumed = _model_record(out, "tiny-llama")
     for field in ("results", "trigger_scan"):
         assert resumed[field] == whole[field]
-    for field in ("global", "streaming", "heads", "head_stats", "baseline"):
+    for field in ("global", "streaming", "heads", "head_stats", "baseline", "targeted"):
         assert resumed["interventions"][field] == whole["interventions"][field]
 
 

@@ -4,6 +4,7 @@ different lengths, whose every metric equals that of each text run alone."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import statistics
 from pathlib import Path
@@ -66,7 +67,9 @@ def test_a_hugging_face_id_is_read_from_the_cache(tmp_path, capsys, offline_hub,
                            "--random", "4", "--tokens", "10")
     assert code == 0, err
     result = _model_record(out, "tiny-llama")
-    assert result["model"] == "tiny-org/tiny-llama" and result["folder"] == str(snapshot)
+    assert result["model"] == "tiny-org/tiny-llama" and str(snapshot) not in json.dumps(result)
+    assert result["files"] == f"tiny-org/tiny-llama from the Hugging Face cache (snapshot " \
+        f"{COMMIT})"
     assert result["hub"] == {"id": "tiny-org/tiny-llama", "commit": COMMIT}
     assert result["architecture"] == "LlamaForCausalLM" and result["causal"]
     assert result["weights"] == {"format": "folder", "files": ["model.safetensors"]}

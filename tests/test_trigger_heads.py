@@ -294,3 +294,29 @@ def test_the_finder_on_a_tiny_model_with_a_planted_trigger_head(triggered):
         assert {t["id"] for t in found.heads[0]["tokens"]} == set(TRIGGER_IDS)
     else:
         assert found.heads == []
+
+
+def test_the_batched_null_equals_the_statistic_shuffle_by_shuffle():
+    tokens, positions, probes = _layout(20)
+    arrays = _arrays(tokens, 21, planted=(1, 1))
+    first = arrays["first"].reshape(6, -1).T  # (queries, heads)
+    uniq, inverse, counts = np.unique(tokens, return_inverse=True, return_counts=True)
+    frequent = np.flatnonzero(counts >= 3)
+    index = np.full(len(uniq), -1)
+    index[frequent] = np.arange(len(frequent))
+    layout = trigger_heads._layout(first, index[inverse], positions, len(frequent))
+    batched = trigger_heads._null_maxima(layout, 150, seed=5)  # several batches of shuffles
+    rng = np.random.default_rng(5)
+    one_by_one = []
+    while len(one_by_one) < 150:  # the same shuffles, drawn as the batches draw them
+        b = min(trigger_heads.BATCH, 150 - len(one_by_one))
+        orders = np.argsort(layout.stratum_key + rng.random((b, len(first))), axis=1)
+        one_by_one.extend(layout.statistic(o).max(axis=0) for o in orders)
+    assert np.allclose(batched, np.asarray(one_by_one), atol=1e-5)
+
+
+def test_the_finder_shuffles_at_least_ten_thousand_times_by_default():
+    assert trigger_heads.N_PERM >= 10_000
+    tokens, positions, probes = _layout(22)
+    found = scan(_arrays(tokens, 23, planted=(0, 1)), tokens, positions, probes)
+    assert found.n_perm >= 10_000 and found.min_p == 1 / (found.n_perm + 1)

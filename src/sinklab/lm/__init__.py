@@ -6,6 +6,8 @@
     interventions  edits as hooks: the first key hidden, its value zeroed, its mass capped,
                    StreamingLLM's cache, head ablations; next-token losses
     trigger_heads  trigger-conditional heads found by a permutation test
+    head_sets      sets of heads against random control sets, two-level (heads x probes)
+                   bootstrap (numpy only)
     survey, edits  the computation of ``sinklab lm`` (declared in ``sinklab.studies.real_models``)
 
 Needs the extra ``sinklab[lm]``. The names researchers use are reachable here

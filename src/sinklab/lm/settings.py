@@ -29,10 +29,26 @@ SPREAD_ENTROPY = 0.8  # "spread over the previous tokens" from this normalised e
 # ------------------------------------------------------------------------ interventions
 
 SINK_TOKENS = (0, 1, 4)  # StreamingLLM's k: the first k tokens kept beside the window
-HARMLESS = 0.01  # nats per token: a change of the mean loss smaller than this is "harmless"
-CONTROL_SEED = 0  # the random control heads' draw
-TARGETED_HEADS = 6  # at most this many of the finder's heads get the targeted ablation
+HARMLESS = 0.01  # nats per token: a change of the mean loss smaller than this is "harmless",
+# and one larger than this "raises the loss"
+CONTROL_SEED = 0  # the random control head sets' draws and the random keys of the controls
+CONTROL_SETS = 1000  # random sets of non-sink heads, as many as the sink heads, per statistic
+BOOTSTRAP_DRAWS = 10_000  # draws of each two-level (heads x probes) bootstrap
 LOSS_TOKENS = 2  # a next-token loss needs a token to predict from and one to predict
+# position bands every global edit is reported by: [start, end) of the query position (the
+# loss at position t predicts token t + 1); None: to the end
+BANDS = ((0, 4), (4, 20), (20, None))
+# where the first key's weight goes when it is hidden: these key groups, read at the queries
+# from MOVED_FROM on (each sees all three)
+DESTINATIONS = ((1, 2), (2, 4), (4, None))
+MOVED_FROM = 4
+
+
+def band_label(start: int, end: int | None) -> str:
+    """``(0, 4)`` -> ``"0-3"``, ``(20, None)`` -> ``"20+"``."""
+    if end is None:
+        return f"{start}+"
+    return f"{start}" if end == start + 1 else f"{start}-{end - 1}"
 
 
 def needs_text(tokens: int, prefix: list[str]) -> str:

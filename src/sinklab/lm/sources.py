@@ -99,6 +99,18 @@ def _is_hub_id(spec: str) -> bool:
     return True
 
 
+def provenance(source: Source) -> str:
+    """Where a model's files came from, as a record may say it on any machine: the package and
+    the file inside it, the path as the user typed it, or the Hugging Face id and the commit of
+    its cached snapshot; never the absolute path this machine resolved it to."""
+    if source.name in PACKAGED:
+        package, inside, _ = PACKAGED[source.name]
+        return f"the package {package.replace('_', '-')}: {inside}"
+    if source.hub_id:
+        return f"{source.hub_id} from the Hugging Face cache (snapshot {source.commit})"
+    return source.name
+
+
 def folder_name(spec: str) -> str:
     """A model's short name in file names: its own, or the path's last part made file-name
     safe with a digest of the path (two folders of the same name stay apart)."""

@@ -18,7 +18,7 @@ import torch
 from sinklab.errors import ConfigError
 from sinklab.lm import edits as liv
 from sinklab.lm import loading as lm
-from sinklab.lm import settings, trigger_heads
+from sinklab.lm import settings, sources, trigger_heads
 from sinklab.lm.settings import MIN_MEASURED, PROBE_SETS
 from sinklab.lm.sources import ProbeTexts, Source, folder_name, locate
 from sinklab.runs import limits
@@ -63,8 +63,8 @@ def model_bytes(info: lm.ModelInfo, opts: LMOptions, lengths: torch.Tensor) -> i
     """Memory of one model's work: its float32 weights, and the larger of the analysis (the
     probes, one batch's attention weights of every layer, kept by the model and stacked here,
     and the finder's per-query arrays) and the interventions (the residual stream of every
-    layer cached for the intervention probes, and one batch's logits and attention); the
-    longest probe sets the width."""
+    layer cached for the intervention probes, and one batch's logits, attention and per-head
+    results, which an ablation edits); the longest probe sets the width."""
     n_natural = len(lengths)
     tokens = max(int(lengths.max()), opts.n_tokens) + len(info.prefix) + len(info.suffix)
     layers, heads = info.n_layers, info.n_heads
@@ -78,7 +78,8 @@ def model_bytes(info: lm.ModelInfo, opts: LMOptions, lengths: torch.Tensor) -> i
     resid = 4 * layers * n * tokens * info.hidden_size
     logits = 4 * 3 * batch * tokens * info.vocab_size  # logits, their log-softmax, a copy
     attention = 4 * 4 * batch * heads * tokens * tokens  # scores, pattern and hooked copies
-    interventions = resid + logits + attention if n else 0
+    results = 4 * 3 * batch * tokens * heads * info.hidden_size  # per-head results, edited
+    interventions = resid + logits + attention + results if n else 0
     return info.weight_bytes + max(analysis, interventions)
 
 
@@ -224,7 +225,7 @@ def analyse_model(spec: str, opts: LMOptions, exe: Execution, log: Any,
             results.append({**done["result"], "label": labels[probe]})
             finder = done["finder"] if done.get("finder") is not None else finder
     return {
-        "model": spec, "key": folder_name(spec), "folder": str(source.folder),
+        "model": spec, "key": folder_name(spec), "files": sources.provenance(source),
         "hub": {"id": source.hub_id, "commit": source.commit} if source.hub_id else None,
         "weights": info.weights,
         "architecture": info.architecture, "causal_lm": info.causal_lm,

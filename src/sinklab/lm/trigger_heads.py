@@ -53,15 +53,16 @@ from scipy import sparse, stats
 
 from sinklab import claims
 from sinklab.errors import LMError
+from sinklab.lm import head_sets, settings
 from sinklab.lm import loading as lm
-from sinklab.lm import settings
 
-N_PERM = 1000  # permutations when n_perm is left unset (more when the correction needs them)
+N_PERM = 10_000  # permutations when n_perm is left unset (more when the correction needs them)
 HEADROOM = 2  # ... at least enough that a lone head at the floor has adjusted p <= alpha / this
 METHODS = ("holm", "bh")  # Holm (family-wise error) or Benjamini-Hochberg (false discovery rate)
 STRATA = ("position", "probe")  # what the permutation keeps: shuffle labels within either
 FEATURES = ("first", "prev", "self", "top", "offset", "entropy")  # lm.query_features' keys
-BATCH = 64  # permutations whose shuffles are drawn at once (BATCH x queries floats)
+BATCH = 64  # permutations whose shuffles are drawn at once (BATCH x queries floats) ...
+GATHER_BYTES = 64 * 2**20  # ... and whose gathered residuals take at most this much memory
 _TIE = 1e-5  # a permuted statistic this close (relative) counts as equal: sums are float32
 
 
@@ -264,15 +265,23 @@ def _layout(values: np.ndarray, token_index: np.ndarray, strata: np.ndarray,
 def _null_maxima(layout: _Layout, n_perm: int, seed: int) -> np.ndarray:
     """max_t z_ht under n_perm within-stratum shuffles, (n_perm, heads). A shuffle is the
     argsort of stratum index + uniform noise: queries are sorted by stratum, so each stratum
-    stays in place and is permuted uniformly at random."""
+    stays in place and is permuted uniformly at random. A batch of shuffles is one gather of
+    the residuals each shuffle hands the tested queries and one segment sum per token (the
+    same numbers as ``statistic`` applied shuffle by shuffle)."""
     rng = np.random.default_rng(seed)
     n_queries = len(layout.stratum_key)
-    out = np.empty((n_perm, layout.residual.shape[1]))
-    for start in range(0, n_perm, BATCH):
-        b = min(BATCH, n_perm - start)
+    n_heads = layout.residual.shape[1]
+    starts = layout.indptr[:-1]
+    # shuffles per batch: at most BATCH, and their gathered residuals within GATHER_BYTES
+    width = max(len(layout.indices) * n_heads * layout.residual.itemsize, 1)
+    per_batch = int(max(1, min(BATCH, GATHER_BYTES // width)))
+    out = np.empty((n_perm, n_heads))
+    for start in range(0, n_perm, per_batch):
+        b = min(per_batch, n_perm - start)
         orders = np.argsort(layout.stratum_key + rng.random((b, n_queries)), axis=1)
-        for i in range(b):
-            out[start + i] = layout.statistic(orders[i]).max(axis=0)
+        gathered = layout.residual[orders[:, layout.indices]]  # (b, tested queries, heads)
+        sums = np.add.reduceat(gathered, starts, axis=1)  # (b, tokens, heads): S - E[S]
+        out[start:start + b] = (-sums * layout.inv_sd + layout.floor).max(axis=1)
     return out
 
 
@@ -428,9 +437,9 @@ def targeted_effect(loss_change: np.ndarray, is_trigger: np.ndarray,
     trigger tokens; valid (probes, positions) bool, False at padding (default: all valid).
     Per probe, the mean change at its trigger positions and at its other positions; a probe
     without a trigger position (or without any other position) drops out. ``difference`` is
-    the mean over the remaining probes of (trigger mean - other mean), with the 95% BCa
-    bootstrap interval over probes (``claims.bootstrap_mean``: probes, not positions, are the
-    independent draws; nan with fewer than two probes).
+    the mean over the remaining probes of (trigger mean - other mean), with its one-sided 95%
+    bootstrap bounds over probes (``head_sets.two_level`` with one head: probes, not
+    positions, are the independent draws; nan with fewer than two probes).
     """
     change = np.asarray(loss_change, dtype=np.float64)
     trig = np.asarray(is_trigger)
@@ -451,7 +460,10 @@ def targeted_effect(loss_change: np.ndarray, is_trigger: np.ndarray,
     mean_at = (filled * at).sum(1)[used] / n_at[used]
     mean_other = (filled * other).sum(1)[used] / n_other[used]
     diff = mean_at - mean_other
-    lo, hi = claims.bootstrap_mean(diff, seed=seed) if len(diff) else (math.nan, math.nan)
+    lo, hi = (math.nan, math.nan)
+    if len(diff) >= 2:
+        draws = head_sets.two_level(diff[None, :], settings.BOOTSTRAP_DRAWS, seed=seed)
+        lo, hi = (float(q) for q in np.quantile(draws, [claims.ALPHA, 1 - claims.ALPHA]))
     nan = math.nan
     return {
         "trigger_mean": float(mean_at.mean()) if len(diff) else nan,

@@ -846,8 +846,10 @@ def render_docs(docs: Path) -> tuple[str, bool]:
     claims = study.decide(result["records"], opts)
     decided = json.loads(json.dumps(jsonable([c.to_dict() for c in claims])))
     same = decided == result["claims"]
-    # the records were made by a run before the claims' code decided them this way
-    result = {**result, "claims": decided, "reference": reference.records(), "redecided": True}
+    # whether the records were made by a run before the claims' code decided them this way
+    redecided = bool(result.get("redecided")) or not same
+    result = {**result, "claims": decided, "reference": reference.records(),
+              "redecided": redecided}
     text = render.report(study, result, claims, opts, docs.with_suffix("").name)
     write_json(docs.with_suffix(".json"), result)
     write_atomic(docs, (text.rstrip("\n") + "\n\n" + docs_mark(name, docs) + "\n").encode())

@@ -29,7 +29,6 @@ claims of the paper's story that they test::
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,7 +42,7 @@ from sinklab.claims import Claim, nan_mean
 from sinklab.config import check_count
 from sinklab.definitions import GU_EPS, GUO_CUTOFF
 from sinklab.errors import ConfigError, Interrupted
-from sinklab.lm import settings, sources
+from sinklab.lm import head_sets, settings, sources
 from sinklab.lm.settings import HARMLESS, LOSS_TOKENS, needs_text
 from sinklab.studies.base import (
     Context,
@@ -63,8 +62,10 @@ MAIN_EPS, MAIN_CUTOFF = f"{GU_EPS:g}", f"{GUO_CUTOFF:g}"  # keys of the sweeps t
 HALF = 0.5  # "a head puts at least half its weight on the first token"
 MIN_TOKENS = 8
 DEFAULT_BATCH = 16
-FORMAT = 6  # layout of a model's cached analysis: a change here recomputes every model
-INTERVENE_PROBES = 32  # natural probes the interventions run on (the benchmark sizes this)
+FORMAT = 7  # layout of a model's cached analysis: a change here recomputes every model
+# natural probes the interventions run on: every head is ablated three ways on them, about
+# 810 partial passes for SmolLM2, 1.3 s each for 16 probes of 65 tokens on two CPU cores
+INTERVENE_PROBES = 16
 ABLATE_HEADS = 12
 CAP_EPS = 0.5
 WINDOW = 16
@@ -115,8 +116,9 @@ class LMOptions:
         "help": "natural probes (the first N) the interventions run on; 0: no interventions "
                 f"(default: {INTERVENE_PROBES})", "flag": "--intervene", "metavar": "N"})
     ablate_heads: int = field(default=ABLATE_HEADS, metadata={
-        "help": "heads with the most first-token mass ablated one at a time, and as many random "
-                f"control heads (default: {ABLATE_HEADS})", "flag": "--ablate-heads",
+        "help": "the sink heads: the K heads with the most first-token mass; every head is "
+                f"ablated, and random sets of K other heads are their controls (default: "
+                f"{ABLATE_HEADS})", "flag": "--ablate-heads",
         "metavar": "K"})
     cap_eps: float = field(default=CAP_EPS, metadata={
         "help": "the caps leave at most 1 - EPS of a row on the first token, 0 < EPS < 1 "
@@ -211,7 +213,8 @@ def intervention_settings(spec: str, opts: LMOptions, exe: Execution) -> dict[st
     return {**analysis_settings(spec, opts, exe), "n_intervene": opts.n_intervene,
             "ablate_heads": opts.ablate_heads, "cap_eps": opts.cap_eps, "window": opts.window,
             "sink_tokens": list(settings.SINK_TOKENS), "harmless": settings.HARMLESS,
-            "control_seed": settings.CONTROL_SEED}
+            "control_seed": settings.CONTROL_SEED, "bands": [list(b) for b in settings.BANDS],
+            "destinations": [list(d) for d in settings.DESTINATIONS]}
 
 
 def analysis_settings(spec: str, opts: LMOptions, exe: Execution) -> dict[str, Any]:
@@ -341,13 +344,11 @@ def interrupted_text(out: Path, kept: list[tuple[str, str, Any]]) -> str:
         names = list(stages.done)
         if not names:
             continue
-        heads = sum(n.startswith("head ") for n in names)
-        targeted = sum(n.startswith("targeted ") for n in names)
+        layers = sum(n.startswith("sweep ") for n in names)
         words = [n for n in names if ":" in n] + \
             (["the head statistics"] if "head_stats" in names else []) + \
             (["the global edits"] if "global" in names else []) + \
-            ([f"{heads} head ablation(s)"] if heads else []) + \
-            ([f"{targeted} targeted ablation(s)"] if targeted else [])
+            ([f"{layers} layer(s) of the head sweep"] if layers else [])
         parts.append(f"of {spec}'s {part}: {', '.join(words)}")
     where = out / "cache"
     if not parts:
@@ -356,12 +357,15 @@ def interrupted_text(out: Path, kept: list[tuple[str, str, Any]]) -> str:
             "report was written; run the same command again to go on from there")
 
 
-# ------------------------------------------------------------------------------- claims
-
-
-# ------------------------------------------------------------------ interventions' claims
+# ------------------------------------------------------------- interventions: two units
 
 PROBES = ("probe", "probes")
+HEADS = ("head", "heads")
+HOWS = ("zero", "mean", "cap")
+HOW_WORDS = {"zero": "zero-ablating", "mean": "mean-ablating",
+             "cap": "capping the first-token mass of"}
+OUTPUT_SMALL = 0.5  # "writes at most half as much as a random head"
+DRAWS = settings.BOOTSTRAP_DRAWS
 
 
 def _finite(values: list[float | None]) -> list[float]:
@@ -370,178 +374,220 @@ def _finite(values: list[float | None]) -> list[float]:
     return [float(v) for v in values if v is not None and math.isfinite(v)]
 
 
-def _group_mean(rows: list[dict[str, Any]], group: str, how: str) -> list[float]:
-    """Per probe, the mean over a group's heads of one ablation's loss change."""
-    chosen = [r[how] for r in rows if r["group"] == group]
-    return nan_mean(np.asarray(chosen, dtype=float), 0).tolist() if chosen else []
+def _array(values: Any) -> np.ndarray:
+    """A list from the records (None where JSON wrote a nan) as a float array."""
+    return np.asarray([[math.nan if v is None else v for v in row] for row in values]
+                      if values and isinstance(values[0], list)
+                      else [math.nan if v is None else v for v in values], dtype=float)
 
 
-def _heads_value(stats: dict[str, list], key: str, heads: list) -> np.ndarray:
-    """(probes, len(heads)) of a per-head statistic."""
-    arr = np.asarray(stats[key], dtype=float)
-    return np.stack([arr[:, layer, head] for layer, head in heads], axis=1)
+def _summary(values: list[float | None]) -> dict[str, Any]:
+    """The mean of per-probe values with its bootstrap interval over probes (one-sided 95%
+    bounds, from the same draws as the claims')."""
+    arr = np.asarray(_finite(values), dtype=float)
+    if arr.size < 2:
+        mean = float(arr.mean()) if arr.size else math.nan
+        return {"mean": mean, "interval": [math.nan, math.nan], "n": int(arr.size)}
+    draws = head_sets.two_level(arr[None, :], DRAWS, seed=settings.CONTROL_SEED)
+    lo, hi = np.quantile(draws, [cl.ALPHA, 1 - cl.ALPHA])
+    return {"mean": float(arr.mean()), "interval": [float(lo), float(hi)], "n": int(arr.size)}
 
 
-def _claim(build: Callable[..., cl.Claim], key: str, sentence: str, values: list[Any],
-           *args: Any, what: str, missing: str) -> cl.Claim:
-    """``build``'s claim over the measured ``values``; with none, an undetermined claim that
-    says why (``missing``: what the measurement needs)."""
-    kept = _finite(values)
-    short = len(values) - len(kept)
-    if kept and short:  # k of n: the probes too short for it are named
-        why = missing.removeprefix("not measured: ")
-        what += f" ({short} of the {len(values)} too short to measure: {why})"
-    claim = build(key, sentence, kept, *args, PROBES, what)
-    if kept:
-        return claim
-    return dataclasses.replace(claim, data=f"{what}; {missing}", needed_text=missing)
+class Units:
+    """One causal model's head sweep laid out by head: per (head, probe) the loss change of
+    each ablation and the head statistics, the sink heads and the others (the pool the random
+    control sets are drawn from), and every head-set statistic with its two-level bootstrap
+    (``sinklab.lm.head_sets``), drawn with fixed seeds so that the report and the claims,
+    recomputed from the records, agree."""
+
+    def __init__(self, iv_rec: dict[str, Any]) -> None:
+        rows = sorted(iv_rec["heads"], key=lambda r: (r["layer"], r["head"]))
+        self.order = [(r["layer"], r["head"]) for r in rows]
+        self.effects = {how: _array([r[how] for r in rows]) for how in HOWS}  # (heads, P)
+        stats = {k: np.asarray(_array_3d(v), dtype=float)
+                 for k, v in iv_rec["head_stats"].items()}  # (P, layers, heads)
+        self.stats = {k: np.stack([v[:, layer, head] for layer, head in self.order])
+                      for k, v in stats.items()}  # (heads, P)
+        index = {pair: i for i, pair in enumerate(self.order)}
+        self.sink = np.asarray([index[tuple(h)] for h in iv_rec["sink_heads"]], dtype=int)
+        self.pool = np.setdiff1d(np.arange(len(self.order)), self.sink)
+        self.size = len(self.sink)
+        self.n_probes = self.effects["zero"].shape[1]
+        self.sets = head_sets.control_sets(len(self.pool), self.size, settings.CONTROL_SETS,
+                                           seed=settings.CONTROL_SEED) if len(self.pool) \
+            else np.zeros((0, self.size), dtype=int)
+
+    def values(self, name: str) -> np.ndarray:
+        """(heads, probes) of an ablation (zero, mean, cap) or a head statistic."""
+        return self.effects[name] if name in self.effects else self.stats[name]
+
+    def sink_draws(self, name: str, seed: int) -> tuple[float, np.ndarray]:
+        """The sink set's mean of ``name`` and its two-level bootstrap."""
+        sink = self.values(name)[self.sink]
+        return head_sets.set_mean(sink), head_sets.two_level(sink, DRAWS, seed=seed)
+
+    def control_draws(self, name: str, seed: int) -> tuple[float, np.ndarray]:
+        """The same statistic for a random set of as many other heads: the mean over every
+        other head and the distribution of a random set's mean (probes resampled too)."""
+        pool = self.values(name)[self.pool]
+        return head_sets.set_mean(pool), head_sets.random_set(pool, self.size, DRAWS, seed=seed)
+
+    def set_means(self, name: str) -> np.ndarray:
+        """Each of the ``CONTROL_SETS`` random sets' mean of ``name`` over every probe."""
+        return head_sets.set_means(self.values(name)[self.pool], self.sets)
+
+    def output_ratio(self, seed: int) -> tuple[tuple[float, np.ndarray], tuple[float,
+                                                                              np.ndarray]]:
+        """The sink heads' mean output norm over that of the other heads, with its bootstrap
+        (the sink heads resampled, a fresh random set of others in each draw, the probes
+        resampled for both); and the same ratio for a random set in the sink set's place."""
+        out = self.values("output_norm")
+        sink = head_sets.compared(out[self.sink], out[self.pool], DRAWS, seed=seed, ratio=True)
+        pool = out[self.pool]
+        mean = head_sets.set_mean(pool)
+        control = head_sets.random_set(pool, self.size, DRAWS, seed=seed + 1) / mean
+        return sink, (1.0, control)
 
 
-def intervention_claims(model: dict[str, Any]) -> list[cl.Claim]:
-    """The story's claims for one causal model's interventions (``model["interventions"]``);
-    a claim whose measurement has no probe says what it needs."""
-    iv_rec = model["interventions"]
-    key, name = model["key"], model["model"]
-    n = len(iv_rec["baseline"])
-    what = f"over {n} natural probes"
-    prefix = iv_rec.get("prefix", [])
-    loss = needs_text(LOSS_TOKENS, prefix)
-    out = []
-    by_key = {g["key"]: g for g in iv_rec["global"]}
-    out.append(_claim(
-        cl.mean_at_least, f"{key}.hide_first_key_raises_loss",
-        f"{name}: hiding the first token's key from every query raises the next-token loss",
-        by_key["hide_first_key"]["per_probe"], 0.0,
-        what=f"each probe's mean loss change (nats per token) {what}", missing=loss))
-    out.append(_claim(
-        cl.mean_within, f"{key}.zero_first_value_harmless",
-        f"{name}: zeroing the first token's value in every head changes the loss by less than "
-        f"{HARMLESS:g} nats per token (its value is near zero, so the sink adds nothing)",
-        by_key["zero_first_value"]["per_probe"], 0.0, HARMLESS,
-        what=f"each probe's mean loss change {what}", missing=loss))
-    out.append(_claim(
-        cl.mean_at_least, f"{key}.cap_first_mass_raises_loss",
-        f"{name}: capping every head's first-token mass at 1 - {iv_rec['cap_eps']:g} raises the "
-        f"loss", by_key["cap_first_mass"]["per_probe"], 0.0,
-        what=f"each probe's mean loss change {what}", missing=loss))
-    streams = {s["k"]: s for s in iv_rec["streaming"]}
-    gain = (np.asarray(streams[0]["per_probe"], dtype=float)
-            - np.asarray(streams[1]["per_probe"], dtype=float)).tolist() if streams else []
-    out.append(_claim(
-        cl.mean_at_least, f"{key}.streaming_first_token_helps",
-        f"{name}: with a window of {iv_rec['window']} recent tokens, also keeping the first "
-        f"token lowers the loss (StreamingLLM's finding)", gain, 0.0,
-        what=f"each probe's loss with k = 0 minus with k = 1, at positions >= "
-             f"{iv_rec['compared_from']} {what}",
-        missing=needs_text(iv_rec["streaming_needs"], prefix)))
-    rows = iv_rec["heads"]
-    flagged, control = iv_rec["flagged"], iv_rec["control"]
-    stats = iv_rec["head_stats"]
-    out_f = nan_mean(_heads_value(stats, "output_norm", flagged), 1)
-    out_c = nan_mean(_heads_value(stats, "output_norm", control), 1)
-    out.append(_claim(
-        cl.mean_at_most, f"{key}.sink_heads_output_small",
-        f"{name}: the {len(flagged)} heads with the most first-token mass write outputs at most "
-        f"half as large as {len(control)} random other heads (they do little)",
-        (out_f / out_c).tolist(), 0.5,
-        what="each probe's mean output norm of the sink heads over that of the control heads",
-        missing=needs_text(1, prefix)))
-    ratio = nan_mean(_heads_value(stats, "value_ratio", flagged), 1)
-    out.append(_claim(
-        cl.mean_at_most, f"{key}.sink_heads_value_drained",
-        f"{name}: in the sink heads the first token's value vector is shorter than the other "
-        f"tokens' (Guo et al.'s value-state drain)", ratio.tolist(), 1.0,
-        what="each probe's mean, over the sink heads, of the first value's norm over the mean "
-             "norm of the other values", missing=needs_text(2, prefix)))
-    for how, words in (("zero", "zero-ablating"), ("mean", "mean-ablating")):
-        out.append(_claim(
-            cl.mean_within, f"{key}.sink_heads_{how}_ablation_harmless",
-            f"{name}: {words} one sink head changes the loss by less than {HARMLESS:g} nats "
-            f"per token (the head does nothing)", _group_mean(rows, "flagged", how),
-            0.0, HARMLESS,
-            what=f"each probe's loss change, averaged over the {len(flagged)} sink heads "
-                 f"ablated one at a time", missing=loss))
-    diff = np.asarray(_group_mean(rows, "flagged", "zero")) - \
-        np.asarray(_group_mean(rows, "control", "zero"))
-    out.append(_claim(
-        cl.mean_at_most, f"{key}.sink_heads_matter_less_than_random",
-        f"{name}: zero-ablating a sink head raises the loss less than zero-ablating a random "
-        f"head", diff.tolist(), 0.0,
-        what="each probe's mean loss change over the sink heads minus that over the control "
-             "heads", missing=loss))
-    out.append(_claim(
-        cl.mean_at_least, f"{key}.sink_heads_cap_hurts",
-        f"{name}: capping one sink head's first-token mass at 1 - {iv_rec['cap_eps']:g} raises "
-        f"the loss", _group_mean(rows, "flagged", "cap"), 0.0,
-        what=f"each probe's loss change, averaged over the {len(flagged)} sink heads capped "
-             f"one at a time", missing=loss))
+def _array_3d(values: Any) -> np.ndarray:
+    """A (probes, layers, heads) list from the records, None as nan."""
+    return np.asarray([[[math.nan if v is None else v for v in row] for row in layer]
+                       for layer in values], dtype=float)
+
+
+SEEDS_OF = {"zero": 11, "mean": 12, "cap": 13, "value_ratio": 14, "output_norm": 15,
+            "moved": 16}  # a fixed seed per statistic: the report's numbers and the claims agree
+
+
+def _distribution(estimate: float, draws: np.ndarray) -> dict[str, Any]:
+    return {"estimate": estimate, **head_sets.summary(draws)}
+
+
+def head_analysis(iv_rec: dict[str, Any]) -> dict[str, Any]:
+    """What the report shows of the head sweep: for each ablation and head statistic, the sink
+    set's mean with its two-level bootstrap, the same for a random set of other heads, the
+    random control sets' means and the share of them at or below the sink set's (a head-level
+    permutation p-value); per sink head its numbers and where it falls among the other heads;
+    and every head's mean effects for the figures."""
+    units = Units(iv_rec)
+    out: dict[str, Any] = {"n_heads": len(units.order), "n_sink": units.size,
+                           "n_pool": len(units.pool), "n_sets": len(units.sets),
+                           "n_probes": units.n_probes, "draws": DRAWS}
+    for name in (*HOWS, "value_ratio", "output_norm"):
+        seed = SEEDS_OF[name]
+        est, draws = units.sink_draws(name, seed)
+        c_est, c_draws = units.control_draws(name, seed + 100)
+        sets = units.set_means(name)
+        diff, diff_draws = head_sets.compared(units.values(name)[units.sink],
+                                              units.values(name)[units.pool], DRAWS,
+                                              seed=seed + 200)
+        out[name] = {"sink": _distribution(est, draws),
+                     "random": _distribution(c_est, c_draws),
+                     "sets": head_sets.summary(sets),
+                     "share_below": head_sets.share_below(est, sets),
+                     "difference": _distribution(diff, diff_draws)}
+    (ratio, ratio_draws), (c_ratio, c_draws) = units.output_ratio(SEEDS_OF["output_norm"] + 300)
+    out["output_ratio"] = {"sink": _distribution(ratio, ratio_draws),
+                           "random": _distribution(c_ratio, c_draws)}
+    pool_means = {name: nan_mean(units.values(name)[units.pool], 1)
+                  for name in (*HOWS, "output_norm")}
+    per_head = []
+    for i in units.sink:
+        layer, head = units.order[i]
+        entry = {"layer": layer, "head": head,
+                 "first": float(nan_mean(units.stats["first"][i], 0)),
+                 "value_ratio": float(nan_mean(units.stats["value_ratio"][i], 0)),
+                 "output": float(nan_mean(units.stats["output_norm"][i], 0)
+                                 / nan_mean(pool_means["output_norm"], 0))}
+        for how in HOWS:
+            entry[how] = _summary(units.effects[how][i].tolist())
+            # the share of the other heads whose ablation changes the loss by more
+            entry[f"{how}_rank"] = float(np.mean(np.abs(pool_means[how])
+                                                 > abs(entry[how]["mean"])))
+        per_head.append(entry)
+    out["sink_heads"] = per_head
+    out["every_head"] = {"layer": [p[0] for p in units.order], "head": [p[1] for p in units.order],
+                         "first": nan_mean(units.stats["first"], 1).tolist(),
+                         "sink": [bool(i in set(units.sink.tolist()))
+                                  for i in range(len(units.order))],
+                         **{how: nan_mean(units.effects[how], 1).tolist() for how in HOWS}}
     return out
 
 
-def head_verdicts(iv_rec: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per ablated head of one model's interventions: the mean loss change of each ablation
-    with its bootstrap interval over probes, and whether the head fits the story (a sink head
-    whose ablation is harmless and whose output is small) or contradicts it."""
-    stats = iv_rec["head_stats"]
-    norms = np.asarray(stats["output_norm"], dtype=float)  # (probes, layers, heads)
-    first = np.asarray(stats["first"], dtype=float)
-    value = np.asarray(stats["value_ratio"], dtype=float)
-    control = nan_mean(_heads_value(stats, "output_norm", iv_rec["control"]), 1)  # (probes,)
-    verdicts = []
-    for row in iv_rec["heads"]:
-        layer, head = row["layer"], row["head"]
-        entry = {"layer": layer, "head": head, "group": row["group"],
-                 "first": float(nan_mean(first[:, layer, head], 0)),
-                 "value_ratio": float(nan_mean(value[:, layer, head], 0)),
-                 "output": _summary((norms[:, layer, head] / control).tolist())}
-        for how in ("zero", "mean", "cap"):
-            entry[how] = _summary(row[how])
-        if row["group"] == "flagged":
-            lo, hi = entry["output"]["interval"]
-            harmful = [h for h in ("zero", "mean") if entry[h]["interval"][0] > HARMLESS
-                       or entry[h]["interval"][1] < -HARMLESS]
-            harmless = all(-HARMLESS <= entry[h]["interval"][0] and entry[h]["interval"][1]
-                           <= HARMLESS for h in ("zero", "mean"))
-            reasons = [f"{h} ablation changes the loss" for h in harmful] + \
-                (["it writes more than a random head"] if lo > 1 else [])
-            entry["story"] = ("contradicts: " + "; ".join(reasons) if reasons else
-                              "fits: ablating it is harmless and it writes less than a random "
-                              "head" if harmless and hi < 1 else
-                              "undetermined: an interval straddles its line")
-        verdicts.append(entry)
-    return verdicts
+def moved_analysis(iv_rec: dict[str, Any]) -> dict[str, Any]:
+    """Where the first key's weight goes when it is hidden at every layer: per head, the share
+    of the weight it had that each key group gains (the hidden model's weight on the group
+    minus the unedited model's, over the first key's weight, at the queries from
+    ``MOVED_FROM`` on; the shares sum to 1), and the share each group would gain if the weight
+    were handed out in proportion to the weights the other keys had. Summaries: the sink
+    heads' mean share (with a two-level bootstrap of the share to the first group) and every
+    head's, weighted by the first key's weight."""
+    plain = np.asarray(iv_rec["moved"]["plain"], dtype=float)  # (P, L, H, 1 + groups)
+    hidden = np.asarray(iv_rec["moved"]["hidden"], dtype=float)  # (P, L, H, groups)
+    proportional = np.asarray(iv_rec["moved"]["proportional"], dtype=float)
+    first, before = plain[..., 0], plain[..., 1:]
+    gained = hidden - before  # (P, L, H, groups)
+    total = first.sum(0)  # (L, H)
+    sinks = [tuple(h) for h in iv_rec["sink_heads"]]
+    # a probe too short to have a query from MOVED_FROM on gives 0 / 0: not measured (nan)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        share = gained.sum(0) / total[..., None]  # (L, H, groups)
+        expected = proportional.sum(0) / total[..., None]
+        per_probe = gained / first[..., None]  # (P, L, H, groups)
+        weighted = gained.sum((0, 1, 2)) / total.sum()
+        weighted_expected = proportional.sum((0, 1, 2)) / total.sum()
+        by_layer = gained.sum((0, 2)) / total.sum(1)[:, None]  # (L, groups)
+        by_layer_expected = proportional.sum((0, 2)) / total.sum(1)[:, None]
+    sink_share = np.stack([share[layer, head] for layer, head in sinks])  # (sinks, groups)
+    sink_expected = np.stack([expected[layer, head] for layer, head in sinks])
+    sink_probe = np.stack([per_probe[:, layer, head, 0] for layer, head in sinks])  # (sinks, P)
+    finite = bool(np.isfinite(sink_probe).any())
+    draws = head_sets.two_level(sink_probe, DRAWS, seed=SEEDS_OF["moved"]) if finite \
+        else np.full(2, np.nan)
+    return {"groups": iv_rec["destinations"], "from": iv_rec["moved_from"],
+            "sink_share": nan_mean(sink_share, 0).tolist(),
+            "sink_expected": nan_mean(sink_expected, 0).tolist(),
+            "sink_first": _distribution(head_sets.set_mean(sink_probe), draws)
+            if finite else None,
+            "all_share": weighted.tolist(), "all_expected": weighted_expected.tolist(),
+            "by_layer": by_layer.tolist(), "by_layer_expected": by_layer_expected.tolist(),
+            "first_mean": float(first.sum() / max(np.isfinite(first).sum(), 1))}
 
 
-# ------------------------------------------------------------------------------ records
-
-
-def _summary(values: list[float]) -> dict[str, Any]:
-    """The mean of per-probe values with its bootstrap interval over probes."""
-    arr = np.asarray(_finite(values), dtype=float)
-    lo, hi = cl.bootstrap_mean(arr) if arr.size else (float("nan"), float("nan"))
-    return {"mean": float(arr.mean()) if arr.size else float("nan"), "interval": [lo, hi],
-            "n": int(arr.size)}
+def _with_bands(edit: dict[str, Any]) -> dict[str, Any]:
+    out = {**edit, "summary": _summary(edit["per_probe"])}
+    if "bands" in edit:
+        out["bands"] = [{**b, "summary": _summary(b["per_probe"])} for b in edit["bands"]]
+    if "control" in edit:
+        out["control"] = _with_bands(edit["control"])
+    return out
 
 
 def described(done: dict[str, Any]) -> dict[str, Any]:
     """One model's interventions with what the report shows computed from them: each edit's
-    mean and interval over probes, each ablated head's verdict, and the rank correlations over
-    every head."""
+    and its control's mean and interval over probes, by position band too; the head sweep's
+    head-set statistics against random control sets; where a hidden first key's weight goes;
+    and the rank correlations over every head."""
     if done.get("refused") or done.get("not_measured"):
         return done
-    out = {**done, "global": [{**g, "summary": _summary(g["per_probe"])}
-                              for g in done["global"]]}
+    out = {**done, "global": [_with_bands(g) for g in done["global"]]}
     if "baseline" not in done:  # an encoder: hidden-state changes only
         return out
-    out["baseline_mean"] = float(nan_mean(np.asarray(done["baseline"], dtype=float), 0))
+    out["baseline_mean"] = float(nan_mean(np.asarray(_finite(done["baseline"]), dtype=float),
+                                          0))
     out["streaming_missing"] = needs_text(done["streaming_needs"], done.get("prefix", []))
-    out["streaming"] = [{**s, "summary": _summary(s["per_probe"])}
-                        for s in done["streaming"]]
-    out["verdicts"] = head_verdicts(out)
-    out["contradicting"] = [v for v in out["verdicts"]
-                            if v.get("story", "").startswith("contradicts")]
-    stats = {k: nan_mean(np.asarray(v, dtype=float), 0).ravel()
-             for k, v in done["head_stats"].items()}
+    out["streaming"] = [_with_bands(s) for s in done["streaming"]]
+    out["units"] = head_analysis(done)
+    out["where_moved"] = moved_analysis(done)
+    # the per-probe weights behind it are kept in the cache (cache/MODEL-interventions.json),
+    # not in the records: every number the report and the claims use is in where_moved
+    del out["moved"]
+    out["targeted_count"] = sum(1 for t in done["targeted"]
+                                if t["summary"]["n_probes"] >= 2
+                                and t["summary"]["interval"][0] is not None
+                                and math.isfinite(t["summary"]["interval"][0])
+                                and t["summary"]["interval"][0] > 0)
+    stats = {k: nan_mean(_array_3d(v), 0).ravel() for k, v in done["head_stats"].items()}
     from scipy import stats as st  # scipy: not for the help texts
 
     for key, other in (("spearman", "output_norm"), ("spearman_value", "value_ratio")):
@@ -556,16 +602,224 @@ def described(done: dict[str, Any]) -> dict[str, Any]:
 # ------------------------------------------------------------------------------- claims
 
 
+def _unmeasured(key: str, sentence: str, why: str) -> Claim:
+    """An empirical claim with nothing to decide it: undetermined, saying what it needs."""
+    return Claim(key=key, sentence=sentence, data=why, test="bootstrap: nothing to resample",
+                 outcome=cl.UNDETERMINED, n=0, rule="bootstrap", reason=why)
+
+
+def _bootstrap(key: str, sentence: str, estimate: float, draws: np.ndarray, n: int,
+               unit: tuple[str, str], what: str, how: str, why: str, **band: float) -> Claim:
+    """``claims.bootstrap_claim``, or an undetermined claim saying ``why`` when there is
+    nothing measured to decide it."""
+    finite = np.asarray(draws, dtype=float)
+    finite = finite[np.isfinite(finite)]
+    if not math.isfinite(estimate) or finite.size < 2:
+        return _unmeasured(key, sentence, why)
+    return cl.bootstrap_claim(key, sentence, float(estimate), finite, n, unit=unit, what=what,
+                              how=how, **band)
+
+
+def _probe_draws(values: list[float | None], seed: int) -> tuple[float, np.ndarray, int]:
+    """A per-probe mean, its bootstrap over probes, and the probes it rests on."""
+    arr = np.asarray(_finite(values), dtype=float)
+    if arr.size < 2:
+        return (float(arr.mean()) if arr.size else math.nan), np.zeros(0), int(arr.size)
+    return float(arr.mean()), head_sets.two_level(arr[None, :], DRAWS, seed=seed), int(arr.size)
+
+
+def _bands_text(edit: dict[str, Any]) -> str:
+    """'by position band: 0-3: x (n probes), ...' from an edit's band records."""
+    parts = []
+    for b in edit.get("bands", []):
+        vals = _finite(b["per_probe"])
+        parts.append(f"{b['band']}: {np.mean(vals):.4g}" if vals else f"{b['band']}: none")
+    return "by query position: " + ", ".join(parts) if parts else ""
+
+
+def _global_claim(key: str, sentence: str, values: list, control_values: list, setting: str,
+                  what: str, why: str, seed: int, **band: float) -> Claim:
+    """A global edit's claim over probes, with its control: the same test on the same edit
+    made on another key of each row (``setting``)."""
+    est, draws, n = _probe_draws(values, seed)
+    c_est, c_draws, c_n = _probe_draws(control_values, seed + 1)
+    short = len(values) - n
+    if n and short:  # k of n: the probes too short for it are named
+        what += (f" ({short} of the {len(values)} too short to measure: "
+                 f"{why.removeprefix('not measured: ')})")
+    how = "probe bootstrap"
+    claim = _bootstrap(key, sentence, est, draws, n, PROBES, what, how, why, **band)
+    control = _bootstrap(f"{key}.control", sentence, c_est, c_draws, c_n, PROBES,
+                         what.split("; by query position")[0], how, why, **band)
+    return cl.with_control(claim, control, setting)
+
+
+def _head_claim(units: Units, key: str, sentence: str, name: str, what: str, why: str,
+                **band: float) -> Claim:
+    """A sink-set claim decided by the two-level bootstrap, with its control: the same test on
+    a random set of as many other heads (a fresh set in each draw)."""
+    seed = SEEDS_OF[name]
+    est, draws = units.sink_draws(name, seed)
+    c_est, c_draws = units.control_draws(name, seed + 100)
+    how = "two-level (heads, then probes) bootstrap"
+    claim = _bootstrap(key, sentence, est, draws, units.size, HEADS, what, how, why, **band)
+    setting = (f"random sets of {units.size} of the {len(units.pool)} other heads (a fresh set "
+               f"in each draw)")
+    control = _bootstrap(f"{key}.control", sentence, c_est, c_draws, units.size, HEADS, what,
+                         "random head set, then probe bootstrap", why, **band)
+    return cl.with_control(claim, control, setting)
+
+
+def intervention_claims(model: dict[str, Any]) -> list[Claim]:
+    """The story's claims for one causal model's interventions (``model["interventions"]``),
+    each with its control; the comparisons with random heads and where a hidden first key's
+    weight goes are descriptive; a claim whose measurement has no probe says what it needs."""
+    iv_rec = model["interventions"]
+    key, name = model["key"], model["model"]
+    prefix = iv_rec.get("prefix", [])
+    loss = needs_text(LOSS_TOKENS, prefix)
+    n = len(iv_rec["baseline"])
+    over = f"over {n} natural probes"
+    by_key = {g["key"]: g for g in iv_rec["global"]}
+    out = []
+    for edit, words, seed, band in (
+            ("hide_first_key", f"{name}: hiding the first token's key from every query raises "
+             f"the next-token loss by more than {HARMLESS:g} nats per token", 21,
+             {"low": HARMLESS}),
+            ("zero_first_value", f"{name}: zeroing the first token's value in every head changes "
+             f"the loss by less than {HARMLESS:g} nats per token (the paper's story: the sink's "
+             "value is near zero, so attending to it adds nothing)", 23,
+             {"low": -HARMLESS, "high": HARMLESS}),
+            ("cap_first_mass", f"{name}: capping every head's first-token mass at 1 - "
+             f"{iv_rec['cap_eps']:g} raises the loss by more than {HARMLESS:g} nats per token",
+             25, {"low": HARMLESS})):
+        g = by_key[edit]
+        name_of = "zero_first_value_harmless" if edit == "zero_first_value" else \
+            f"{edit}_raises_loss"
+        out.append(_global_claim(
+            f"{key}.{name_of}", words, g["per_probe"], g["control"]["per_probe"],
+            g["control"]["label"],
+            f"each probe's mean loss change (nats per token) {over}; {_bands_text(g)}", loss,
+            seed, **band))
+    streams = {s["k"]: s for s in iv_rec["streaming"]}
+    why = needs_text(iv_rec["streaming_needs"], prefix)
+    if streams:
+        none = _array(streams[0]["per_probe"])
+        gain = (none - _array(streams[1]["per_probe"])).tolist()
+        control = (none - _array(streams["random"]["per_probe"])).tolist()
+    else:
+        gain = control = []
+    out.append(_global_claim(
+        f"{key}.streaming_first_token_helps",
+        f"{name}: with a window of {iv_rec['window']} recent tokens, also keeping the first "
+        f"token lowers the loss by more than {HARMLESS:g} nats per token (StreamingLLM's "
+        f"finding)", gain, control,
+        "a random token from before the window kept instead of the first",
+        f"each probe's loss with no token kept besides the window minus with the first kept, "
+        f"at positions >= {iv_rec['compared_from']} {over}", why, 27, low=HARMLESS))
+    units = Units(iv_rec)
+    k = units.size
+    heads = f"the {k} heads with the most first-token mass"
+    for how in ("zero", "mean"):
+        out.append(_head_claim(
+            units, f"{key}.sink_heads_{how}_ablation_harmless",
+            f"{name}: {HOW_WORDS[how]} one of {heads} changes the loss by less than "
+            f"{HARMLESS:g} nats per token (the paper's story: a sink head does nothing)", how,
+            f"each head's loss change when it alone is ablated, per probe {over}", loss,
+            low=-HARMLESS, high=HARMLESS))
+    out.append(_head_claim(
+        units, f"{key}.sink_heads_cap_raises_loss",
+        f"{name}: capping the first-token mass of one of {heads} at 1 - {iv_rec['cap_eps']:g} "
+        f"raises the loss by more than {HARMLESS:g} nats per token (the sink is needed)", "cap",
+        f"each head's loss change when its first-token mass alone is capped, per probe {over}",
+        loss, low=HARMLESS))
+    out.append(_head_claim(
+        units, f"{key}.sink_heads_value_drained",
+        f"{name}: in {heads} the first token's value vector is shorter than the other tokens' "
+        f"(Guo et al.'s value-state drain)", "value_ratio",
+        f"each head's first value norm over the mean norm of the other values, per probe {over}",
+        needs_text(2, prefix), high=1.0))
+    (ratio, draws), (c_ratio, c_draws) = units.output_ratio(SEEDS_OF["output_norm"] + 300)
+    sentence = (f"{name}: {heads} write outputs at most {OUTPUT_SMALL:g} times as large as "
+                f"the other heads (they do little)")
+    what = (f"the sink heads' mean output norm over the other {len(units.pool)} heads' {over} "
+            f"(output: the head's result after its block of the output projection)")
+    how = "two-level (sink heads and a fresh random set of others, then probes) bootstrap"
+    claim = _bootstrap(f"{key}.sink_heads_output_small", sentence, ratio, draws, k, HEADS,
+                       what, how, needs_text(1, prefix), high=OUTPUT_SMALL)
+    setting = f"a random set of {k} other heads in the sink heads' place"
+    control = _bootstrap(f"{key}.sink_heads_output_small.control", sentence, c_ratio, c_draws,
+                         k, HEADS, what, how, needs_text(1, prefix),
+                         high=OUTPUT_SMALL)
+    out.append(cl.with_control(claim, control, setting))
+    analysis = iv_rec.get("units") or head_analysis(iv_rec)
+    for how in HOWS:
+        a = analysis[how]
+        d = a["difference"]
+        q = d["quantiles"]
+        out.append(cl.descriptive(
+            f"{key}.sink_heads_{how}_vs_random_heads",
+            f"{name}: {HOW_WORDS[how]} one of {heads} against one of the other heads: the "
+            f"difference of the mean loss changes, and the share of {a['sets']['n']} random "
+            f"sets of {k} other heads whose mean change is at or below the sink heads'",
+            f"sink heads {a['sink']['estimate']:.4g}, other heads {a['random']['estimate']:.4g} "
+            f"(nats per token, {over}); difference {d['estimate']:.4g} with two-level bootstrap "
+            f"bounds [{q['0.05']:.4g}, {q['0.95']:.4g}]; {a['share_below']:.3f} of the random "
+            f"sets have a mean change at or below the sink heads' (head-level permutation "
+            f"p-value)", n=k, estimate=d["estimate"], interval=(q["0.05"], q["0.95"]),
+            p_value=a["share_below"]))
+    mv = iv_rec.get("where_moved") or moved_analysis(iv_rec)
+    if mv["sink_first"] is not None:
+        groups = ", ".join(f"{g}: {s:.3f} (proportional {e:.3f})" for g, s, e in
+                           zip(mv["groups"], mv["sink_share"], mv["sink_expected"]))
+        q = mv["sink_first"]["quantiles"]
+        out.append(cl.descriptive(
+            f"{key}.hidden_first_key_mass_moves",
+            f"{name}: where the first key's weight goes when it is hidden at every layer, in "
+            f"{heads}: the share each key position gains",
+            f"queries from position {mv['from']} on {over}; shares of the first key's weight "
+            f"gained by keys at positions {groups} (proportional: what each would gain if the "
+            f"weight were handed out in proportion to the weights the other keys had); "
+            f"position {mv['groups'][0]}: two-level bootstrap bounds [{q['0.05']:.3f}, "
+            f"{q['0.95']:.3f}]; every head, weighted by its first-token weight: "
+            + ", ".join(f"{g}: {s:.3f}" for g, s in zip(mv["groups"], mv["all_share"])),
+            n=k, estimate=mv["sink_share"][0], interval=(q["0.05"], q["0.95"])))
+    targeted = iv_rec["targeted"]
+    if targeted:
+        count = iv_rec.get("targeted_count")
+        if count is None:
+            count = described({**iv_rec, "units": analysis, "where_moved": mv})["targeted_count"]
+        out.append(cl.descriptive(
+            f"{key}.trigger_heads_targeted",
+            f"{name}: zero-ablating a head the trigger-head finder keeps raises the loss more at "
+            f"its trigger tokens than elsewhere, for {count} of the {len(targeted)} heads it "
+            f"keeps (a lower bound above 0)",
+            f"per head: the mean over probes of (loss change at the trigger tokens - elsewhere), "
+            f"with one-sided {cl.CONFIDENCE} bootstrap bounds over probes {over}; {count} of "
+            f"{len(targeted)} lower bounds lie above 0", n=len(targeted), estimate=float(count)))
+    return out
+
+
 def condition_key(result: dict[str, Any]) -> str:
     return "with_specials" if result["specials"] else "without_specials"
 
 
+def first_token_provenance(model: dict[str, Any], result: dict[str, Any]) -> str:
+    """What sits at position 0 of a probe set, in words."""
+    if result["specials"] and model.get("special_tokens"):
+        adds = "adds" if model["tokenizer_adds_them"] else "does not add"
+        return (f"the tokenizer's {model['special_tokens'][0]}, put in front by sinklab "
+                f"(a plain tokenizer call {adds} it)")
+    return "the first random token (no special token in front)"
+
+
 def claims(records: dict[str, Any], opts: LMOptions) -> list[Claim]:
-    """Each decoder's Gu sink rate on random tokens against Gu et al.'s range for open LMs,
-    per condition, with the probe as the unit: a probe's rate is its share of (layer, head)
-    pairs over the threshold, and the bootstrap resamples probes (the pairs of one probe share
-    its tokens, so they are not independent draws). Encoders get no claim: Gu et al.'s range
-    is for decoder LMs, and an encoder's first-key importance averages over every query."""
+    """Each decoder's Gu sink rate on random tokens beside the range Gu et al. report for open
+    LMs, per condition, described (no verdict: the comparison is of one model with a range
+    over other models), with the probe as the unit: a probe's rate is its share of (layer,
+    head) pairs over the threshold, and the interval resamples probes; then each causal model's
+    interventions (``intervention_claims``). Encoders get no Gu claim: Gu et al.'s range is for
+    decoder LMs, and an encoder's first-key importance averages over every query."""
     out = []
     eps = float(MAIN_EPS)
     for m in records["models"]:
@@ -575,22 +829,43 @@ def claims(records: dict[str, Any], opts: LMOptions) -> list[Claim]:
         for r in m["results"]:
             if r["probes"] != "random":
                 continue
-            out.append(cl.mean_in_range(
-                f"{m['key']}.random.{condition_key(r)}.gu_rate_in_gu_range",
+            rates = r["sink_rate"][MAIN_EPS]["per_probe"]
+            s = _summary(rates)
+            lo, hi = s["interval"]
+            out.append(cl.descriptive(
+                f"{m['key']}.random.{condition_key(r)}.gu_rate",
                 f"{m['model']}, random tokens {r['condition']}: the Gu sink rate (eps = "
-                f"{eps:g}) lies in the range Gu et al. report for open LMs, "
+                f"{eps:g}) beside the range Gu et al. report for open LMs, "
                 f"{GU.low:.0%}-{GU.high:.0%}",
-                r["sink_rate"][MAIN_EPS]["per_probe"], GU.low, GU.high,
-                unit=("probe", "probes"),
-                what=f"each probe's share of its {pairs} (layer, head) pairs whose first-key "
-                     f"importance exceeds {eps:g}, over {r['sequences']} random-token probes "
-                     f"of T = {r['tokens']} tokens (the probe is the unit: the pairs of one "
-                     f"probe are not independent); Gu et al.: {GU.what}"))
+                f"mean over {len(rates)} random-token probes of T = {r['tokens']} tokens of each "
+                f"probe's share of its {pairs} (layer, head) pairs whose first-key importance "
+                f"exceeds {eps:g}: {s['mean']:.3f}, bootstrap bounds over probes [{lo:.3f}, "
+                f"{hi:.3f}] (the probe is the unit: the pairs of one probe are not "
+                f"independent); the first token: {first_token_provenance(m, r)}; Gu et al.: "
+                f"{GU.what}, {GU.low:.0%}-{GU.high:.0%} ({GU.source})",
+                n=len(rates), estimate=s["mean"], interval=(lo, hi)))
     for m in records["models"]:
         iv_rec = m.get("interventions")
         if iv_rec and m["causal"] and "baseline" in iv_rec:
             out.extend(intervention_claims(m))
     return out
+
+
+PRIMARY = ("cap_first_mass_raises_loss", "sink_heads_cap_raises_loss",
+           "sink_heads_zero_ablation_harmless", "sink_heads_output_small")
+
+
+@dataclass(frozen=True)
+class LMStudy(Study):
+    """The real-model study: its primary claims are named by what they claim, the same for
+    every causal model (``PRIMARY``), and a run's are those of each causal model it analysed
+    (the claims' keys begin with the model's)."""
+
+    def decide(self, records: Any, opts: Any) -> list[Claim]:
+        found = self.claims(records, opts)
+        primary = [c.key for c in found if c.kind == cl.EMPIRICAL
+                   and c.key.split(".", 1)[-1] in self.primary]
+        return cl.finalize(found, primary)
 
 
 # ------------------------------------------------------------------------------ figures
@@ -684,38 +959,83 @@ def _intervened(records: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _draw_interventions(axes: Any, records: dict[str, Any], opts: LMOptions) -> None:
     """Per causal model: the mean loss change at each position under each global edit and
-    StreamingLLM cache, and each ablated head's zero-ablation loss change (with its interval
-    over probes) against its first-token mass, sink heads and random control heads apart."""
+    StreamingLLM cache; every head's zero-ablation loss change against its first-token mass,
+    the sink heads apart; and per layer, the share of a hidden first key's weight that each
+    key group gains, beside what a proportional hand-out would give it."""
     axes = np.atleast_2d(axes)
     for row, m in enumerate(_intervened(records)):
         iv = m["interventions"]
-        ax_pos, ax_heads = axes[row]
+        ax_pos, ax_heads, ax_moved = axes[row]
         for g in iv["global"]:
             ax_pos.plot(g["per_position"], label=g["key"].replace("_", " "))
         for s in iv["streaming"]:
+            kept = "a random old token" if s["k"] == "random" else f"k = {s['k']}"
             ax_pos.plot(s["per_position"], linestyle="--",
-                        label=f"StreamingLLM k = {s['k']}, window {iv['window']}")
+                        label=f"StreamingLLM {kept}, window {iv['window']}")
+        for start, _ in settings.BANDS[1:]:
+            ax_pos.axvline(start - 0.5, color="grey", linewidth=0.5, linestyle=":")
         ax_pos.axhline(0, color="grey", linewidth=0.5)
-        ax_pos.set_xlabel("query position")
+        ax_pos.set_xlabel("query position (dotted: the bands' edges)")
         ax_pos.set_ylabel("mean loss change (nats per token)")
         ax_pos.set_title(f"{m['key']}: edits at every layer", fontsize=9)
         ax_pos.legend(fontsize=6)
-        for group, color in (("flagged", "tab:red"), ("control", "tab:blue")):
-            chosen = [v for v in iv["verdicts"] if v["group"] == group]
-            if not chosen:
-                continue
-            x = [v["first"] for v in chosen]
-            y = np.asarray([v["zero"]["mean"] for v in chosen])
-            err = np.abs(np.asarray([v["zero"]["interval"] for v in chosen]).T - y)
-            ax_heads.errorbar(x, y, yerr=err, fmt="o", color=color, markersize=4,
-                              label="most first-token mass" if group == "flagged"
-                              else "random control")
+        every = iv["units"]["every_head"]
+        sink = np.asarray(every["sink"])
+        first, zero = np.asarray(every["first"]), np.asarray(every["zero"])
+        ax_heads.scatter(first[~sink], zero[~sink], s=8, color="tab:blue", alpha=0.6,
+                         label="other heads")
+        ax_heads.scatter(first[sink], zero[sink], s=14, color="tab:red",
+                         label=f"the {int(sink.sum())} sink heads")
         ax_heads.axhspan(-iv["harmless"], iv["harmless"], color="grey", alpha=0.2,
-                         label=f"harmless (+-{iv['harmless']:g})")
+                         label=f"+-{iv['harmless']:g} nats")
+        ax_heads.set_yscale("symlog", linthresh=iv["harmless"])
         ax_heads.set_xlabel("first-token mass")
-        ax_heads.set_ylabel("loss change, zero ablation")
-        ax_heads.set_title(f"{m['key']}: one head ablated at a time", fontsize=9)
+        ax_heads.set_ylabel("loss change, zero ablation (symlog)")
+        ax_heads.set_title(f"{m['key']}: every head ablated alone", fontsize=9)
         ax_heads.legend(fontsize=6)
+        mv = iv["where_moved"]
+        shares = np.asarray(mv["by_layer"])
+        expected = np.asarray(mv["by_layer_expected"])
+        layers = np.arange(1, len(shares) + 1)
+        for g, (label, color) in enumerate(zip(mv["groups"], ("tab:red", "tab:orange",
+                                                               "tab:green"))):
+            ax_moved.plot(layers, shares[:, g], color=color, marker=".",
+                          label=f"to position {label}")
+            ax_moved.plot(layers, expected[:, g], color=color, linestyle=":")
+        ax_moved.set_xlabel("layer")
+        ax_moved.set_ylabel("share of the hidden first key's weight")
+        ax_moved.set_title(f"{m['key']}: where the weight goes (dotted: proportional)",
+                           fontsize=9)
+        ax_moved.legend(fontsize=6)
+
+
+CONTROL_PANELS = (("zero", "zero ablation"), ("mean", "mean ablation"),
+                  ("cap", "first-token mass capped"), ("output_norm", "output norm"))
+
+
+def _draw_controls(axes: Any, records: dict[str, Any], opts: LMOptions) -> None:
+    """Per causal model and statistic: the means of the random control sets of other heads
+    (histogram, over every probe), the sink set's mean (red line) and its two-level bootstrap
+    bounds (red band)."""
+    axes = np.atleast_2d(axes)
+    for row, m in enumerate(_intervened(records)):
+        iv = m["interventions"]
+        units = Units(iv)
+        for ax, (name, label) in zip(axes[row], CONTROL_PANELS):
+            a = iv["units"][name]
+            ax.hist(units.set_means(name), bins=40, color="tab:blue", alpha=0.7,
+                    label=f"{len(units.sets)} random sets of {units.size} other heads")
+            q = a["sink"]["quantiles"]
+            ax.axvspan(q["0.05"], q["0.95"], color="tab:red", alpha=0.2,
+                       label="sink heads: bootstrap bounds")
+            ax.axvline(a["sink"]["estimate"], color="tab:red", label="sink heads' mean")
+            if name in HOWS:
+                ax.axvspan(-iv["harmless"], iv["harmless"], color="grey", alpha=0.15,
+                           label=f"+-{iv['harmless']:g} nats")
+            ax.set_xlabel("mean loss change (nats per token)" if name in HOWS
+                          else "mean output norm")
+            ax.set_title(f"{m['key']}: {label}", fontsize=9)
+            ax.legend(fontsize=6)
 
 
 FIGURES = (
@@ -727,13 +1047,17 @@ FIGURES = (
                title="Gu sink rate of each random-token probe",
                when=lambda records, opts: bool(_random_sets(records))),
     FigureSpec("fig_lm_interventions", _draw_interventions,
-               grid=lambda records, opts: (len(_intervened(records)), 2), size=(5.0, 3.8),
+               grid=lambda records, opts: (len(_intervened(records)), 3), size=(5.0, 3.8),
                title="Interventions measured by the next-token loss",
+               when=lambda records, opts: bool(_intervened(records))),
+    FigureSpec("fig_lm_controls", _draw_controls,
+               grid=lambda records, opts: (len(_intervened(records)), len(CONTROL_PANELS)),
+               size=(4.2, 3.4), title="The sink heads against random sets of other heads",
                when=lambda records, opts: bool(_intervened(records))),
 )
 
 
-STUDY = Study(
+STUDY = LMStudy(
     name="lm",
     title="Sinks in real pretrained models",
     help="measure sinks in real pretrained models (SmolLM2, MiniLM, any local or cached "
@@ -751,4 +1075,5 @@ STUDY = Study(
                 "already analysed.",
     options=LMOptions, template="real_models.md.j2", collect=collect, claims=claims,
     figures=FIGURES, tables=("probe_sets", "heads"), report="LM.md", check=check,
-    trains=False, docs_example="docs/real-models.md", default_out="results/lm")
+    trains=False, docs_example="docs/real-models.md", default_out="results/lm",
+    primary=PRIMARY)

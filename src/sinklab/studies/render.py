@@ -149,10 +149,11 @@ def verdicts(claims: list[Claim], redecided: bool = False) -> str:
                 "decided again from the records by `sinklab render`, so this is a re-analysis, "
                 "and a run on new seeds is what would test them as declared" if redecided else
                 "named in the study's declaration before it ran")
-        lines += [f"**Primary claims** ({when}; corrected together by Holm's method; r0 = "
-                  f"{claims_mod.R0:g} for a rate claim, at which {m} primary claim(s) need "
-                  f"{need} seeds all agreeing to be supported):", "",
-                  claims_table(primary), ""]
+        sizing = (f"; r0 = {claims_mod.R0:g} for a rate claim, at which {m} primary claim(s) "
+                  f"need {need} seeds all agreeing to be supported"
+                  if any(c.rule.startswith("rate_") for c in primary) else "")
+        lines += [f"**Primary claims** ({when}; corrected together by Holm's method{sizing}):",
+                  "", claims_table(primary), ""]
     else:
         lines += ["This study names no primary claim: every empirical claim is secondary.", ""]
     def many(n: int, one: str, more: str) -> str:
