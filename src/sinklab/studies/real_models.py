@@ -855,6 +855,23 @@ PRIMARY = ("cap_first_mass_raises_loss", "sink_heads_cap_raises_loss",
            "sink_heads_zero_ablation_harmless", "sink_heads_output_small")
 
 
+def summaries(records: dict[str, Any], opts: LMOptions | None = None) -> dict[str, Any]:
+    """The records with every interval of the interventions worked out again from their
+    per-probe and per-head values (the study's ``complete``): records written before the
+    intervals' procedure changed get today's, the same the claims use."""
+    models = []
+    for m in records["models"]:
+        iv = m.get("interventions")
+        if isinstance(iv, dict) and "global" in iv:
+            iv = {**iv, "global": [_with_bands(g) for g in iv["global"]]}
+            if "baseline" in iv:
+                iv["streaming"] = [_with_bands(x) for x in iv["streaming"]]
+                iv["units"] = head_analysis(iv)
+            m = {**m, "interventions": iv}
+        models.append(m)
+    return {**records, "models": models}
+
+
 @dataclass(frozen=True)
 class LMStudy(Study):
     """The real-model study: its primary claims are named by what they claim, the same for
@@ -1076,4 +1093,4 @@ STUDY = LMStudy(
     options=LMOptions, template="real_models.md.j2", collect=collect, claims=claims,
     figures=FIGURES, tables=("probe_sets", "heads"), report="LM.md", check=check,
     trains=False, docs_example="docs/real-models.md", default_out="results/lm",
-    primary=PRIMARY)
+    primary=PRIMARY, complete=summaries)
