@@ -249,9 +249,10 @@ def _add_render(sub: Any, common: argparse.ArgumentParser) -> None:
                     "on its last line or its study's heading, with its records beside it as "
                     "FILE.json), again from those records: after a "
                     "change of the study's template or of the code that decides its claims. "
-                    "Nothing is trained or measured and the figures are left as they are; the "
-                    "claims are decided again from the records, and a line says whether they "
-                    "are the ones recorded with them.")
+                    "Nothing is trained and the figures are left as they are; the records a "
+                    "study can complete cheaply (a control's untrained models) are added, the "
+                    "claims are decided again and written into FILE.json too, and a line says "
+                    "whether they are the ones recorded with them.")
     rd.add_argument("docs", nargs="+", type=given, metavar="FILE",
                     help="a report in docs/, e.g. docs/zoo.md")
 

@@ -251,6 +251,10 @@ class Study:
     def heading(self) -> str:
         return f"# {self.title}"
 
+    def completed(self, records: dict[str, Any], opts: Any) -> dict[str, Any]:
+        """The records with what ``complete`` adds (the records as they are without one)."""
+        return records if self.complete is None else self.complete(records, opts)
+
     def decide(self, records: Any, opts: Any) -> list[Claim]:
         """The report's claims decided together (``claims.finalize``): the primary claims
         corrected by Holm, the other empirical claims by Benjamini-Hochberg."""
@@ -823,9 +827,9 @@ def options_from(study: Study, values: dict[str, Any]) -> Any:
 def render_docs(docs: Path) -> tuple[str, bool]:
     """Write the report ``docs`` (a ``--docs`` copy, known by its mark or its study's heading)
     again from the records beside it (``docs_mark``), after its template or its claims' code
-    changed: nothing is trained or measured, and its figures are left as they are. Returns the
-    study's name, and whether the claims decided again from the records are the ones recorded
-    with them."""
+    changed: nothing is trained and its figures are left as they are; the study's ``complete``
+    adds what it adds, and the claims decided again are written into the records too. Returns
+    the study's name, and whether those claims are the ones recorded with them."""
     from sinklab.studies import render  # jinja2: not for the help texts
 
     docs = Path(docs)
@@ -841,8 +845,7 @@ def render_docs(docs: Path) -> tuple[str, bool]:
     study = STUDIES[name]
     result = read_json(docs.with_suffix(".json"))
     opts = options_from(study, result["options"])
-    if study.complete is not None:
-        result = {**result, "records": study.complete(result["records"], opts)}
+    result = {**result, "records": study.completed(result["records"], opts)}
     claims = study.decide(result["records"], opts)
     decided = json.loads(json.dumps(jsonable([c.to_dict() for c in claims])))
     same = decided == result["claims"]
@@ -1055,9 +1058,7 @@ def _run(study: Study, out: Path, opts: Any, exe: Execution, docs: Path | None,
             f"worker(s); {done} already finished in {out}")
     run_all(jobs, workers, log, out, exe, origin=study.name)
     train_s = time.perf_counter() - start
-    records = study.collect(Context(study, out, opts, exe, log))
-    if study.complete is not None:
-        records = study.complete(records, opts)
+    records = study.completed(study.collect(Context(study, out, opts, exe, log)), opts)
     wall = time.perf_counter() - start
     invocation = {
         "command": command or f"sinklab {study.name} --out {out}",

@@ -134,6 +134,11 @@ def decision_rules(claims: list[Claim]) -> str:
     return "\n".join(lines)
 
 
+def _many(n: int, one: str, more: str) -> str:
+    """'1 is a check' or '3 are checks': the count with the words that agree with it."""
+    return f"{n} {one if n == 1 else more}"
+
+
 def verdicts(claims: list[Claim], redecided: bool = False) -> str:
     """The report's verdicts at a glance: the primary claims first (with r0 and the seeds Holm
     needs), then how many claims are checks, counted, not counted and descriptive, naming the
@@ -156,15 +161,12 @@ def verdicts(claims: list[Claim], redecided: bool = False) -> str:
                   "", claims_table(primary), ""]
     else:
         lines += ["This study names no primary claim: every empirical claim is secondary.", ""]
-    def many(n: int, one: str, more: str) -> str:
-        return f"{n} {one if n == 1 else more}"
-
     lines.append(
         f"Of {len(claims)} statements, "
-        f"{many(counts['checks'], 'is a check', 'are checks')} of sinklab's own computation "
+        f"{_many(counts['checks'], 'is a check', 'are checks')} of sinklab's own computation "
         f"({counts['verified']} verified, {counts['failed']} failed; not evidence), "
-        f"{many(counts['descriptive'], 'is descriptive', 'are descriptive')} (no verdict) and "
-        f"{many(counts['empirical'], 'is', 'are')} empirical ({counts['primary']} primary): "
+        f"{_many(counts['descriptive'], 'is descriptive', 'are descriptive')} (no verdict) and "
+        f"{_many(counts['empirical'], 'is', 'are')} empirical ({counts['primary']} primary): "
         f"{counts['counted']} supported and counted, "
         f"{counts['non-discriminating']} supported but non-discriminating, "
         f"{counts['control undecided']} supported with an undecided control, "

@@ -649,7 +649,7 @@ def denied_claims(records: dict[str, Any]) -> list[Claim]:
         claim, control = (build(k, sentence, None, None, "reached the stop rule",
                                 parts=parts[r])
                           for k, r in ((key, rule), (f"{key}.control", other)))
-        out.append(verdicts.controlled(
+        out.append(cl.with_control(
             claim, control, f"the denied {verdicts.NAMES[other]} 1x1 runs (same settings, seeds "
                             "and protocol)"))
     worst = {rule: verdicts.denied_parts(records["worst"]["denied"], rule,
@@ -664,7 +664,7 @@ def denied_claims(records: dict[str, Any]) -> list[Claim]:
         claim, control = (cl.median_at_least(k, sentence, None, tol, what=what, parts=worst[r])
                           for k, r in (("denied.softmax.worst_above_stop", "softmax"),
                                        ("denied.softmax.worst_above_stop.control", "relu")))
-        out.append(verdicts.controlled(claim, control, verdicts.DENIED_CONTROL))
+        out.append(cl.with_control(claim, control, verdicts.DENIED_CONTROL))
     return out
 
 
@@ -718,8 +718,8 @@ def frontier_claims(records: dict[str, Any]) -> list[Claim]:
                 k, sentence, None, None,
                 f"(of the {verdicts.NAMES[r]} runs with a checkpoint there) {have} ({hits} of "
                 f"{n_low} checkpoints do)", parts=parts))
-        out.append(verdicts.controlled(pair[0], pair[1], f"the {verdicts.NAMES[other]} runs of "
-                                                         "the same configurations and seeds"))
+        out.append(cl.with_control(pair[0], pair[1], f"the {verdicts.NAMES[other]} runs of "
+                                                      "the same configurations and seeds"))
     return out
 
 
@@ -756,7 +756,7 @@ def head_claims(records: dict[str, Any]) -> list[Claim]:
         claim = build(key, sentence, [value(e) for e in conv], threshold, what=what)
         control = build(f"{key}.control", sentence, [value(e) for e in untrained], threshold,
                         what=f"{what}, untrained")
-        out.append(verdicts.controlled(claim, control, setting))
+        out.append(cl.with_control(claim, control, setting))
     out.append(cl.check(
         "heads.error_is_what_remains",
         f"What layers 1..{n_layers} have added at non-trigger rows is the model's error there "

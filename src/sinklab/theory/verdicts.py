@@ -93,12 +93,6 @@ def ratio_certified_attacked(final: dict[str, Any]) -> float:
     return cert / att if att > 0 else (1.0 if cert <= 0 else math.inf)
 
 
-def controlled(claim: Claim, control: Claim, setting: str) -> Claim:
-    """The claim with its control (``claims.with_control``): the same builder run on the
-    ``setting`` that differs in the one factor the claim is about."""
-    return cl.with_control(claim, control, setting)
-
-
 def no_premise(claim: Claim, why: str, cap: int | None) -> Claim:
     """A rate claim over the seeds that reached the stop rule, when none did: there is nothing
     to test, and the claim says so, with what would decide it (instead of a count of zero seeds
@@ -171,7 +165,7 @@ def worst_claims(records: dict[str, Any]) -> list[Claim]:
             sum(c["certified_zero"] for c in untrained), len(untrained),
             "have every non-trigger row certified zero (step-0 checkpoints: the paper's "
             "initialisation, before any update)")
-        out.append(controlled(claim, control, "the same ReLU runs at step 0, untrained"))
+        out.append(cl.with_control(claim, control, "the same ReLU runs at step 0, untrained"))
     con = w["construction"]
     out.append(cl.check(
         "worst.relu.construction_certified",
@@ -235,7 +229,7 @@ def denied_worst_claims(records: dict[str, Any]) -> list[Claim]:
     claim, control = (cl.median_at_least(key, sentence, None, tol, what=what, parts=parts[rule])
                       for key, rule in (("denied.softmax.beyond_row1", "softmax"),
                                         ("denied.softmax.beyond_row1.control", "relu")))
-    return [controlled(claim, control, DENIED_CONTROL)]
+    return [cl.with_control(claim, control, DENIED_CONTROL)]
 
 
 COLORS = {"softmax": "tab:blue", "relu": "tab:orange"}
@@ -459,8 +453,8 @@ def plain_claims(records: list[dict[str, Any]]) -> list[Claim]:
                        f"no plain-target {NAMES[r]} stack was trained")
                 c = no_premise(c, why, cap)
             pair.append(c)
-        return controlled(pair[0], pair[1], f"the plain-target {NAMES[other]} seeds ({shapes}) "
-                                            "that reached the stop rule")
+        return cl.with_control(pair[0], pair[1], f"the plain-target {NAMES[other]} seeds "
+                               f"({shapes}) that reached the stop rule")
 
     setting = (f"Plain-target softmax stacks ({shapes}: no residual stream, the theorem's own "
                "multi-layer setting) that reached the stop rule")
