@@ -60,6 +60,29 @@ def test_readme_names_the_command_behind_the_reproduction():
     assert f"{records['options']['seeds']} seeds per configuration" in text
 
 
+def test_readme_and_usage_quote_the_default_seeds_as_computed():
+    """What README and docs/usage.md say `make reproduce` trains follows the default, which the
+    claims' design decides (reproduction.decisive_seeds): a changed design changes these pages."""
+    from sinklab.claims import seeds_all_agreeing
+    from sinklab.studies import reproduction as rp
+
+    seeds, configs = rp.DEFAULT_SEEDS, len(rp.EXPERIMENTS)
+    models = seeds * configs * len(rp.RULES)
+    need = seeds_all_agreeing(len(rp.PRIMARY))
+    readme, usage = _page("README.md"), _page("docs/usage.md")
+    for text in (readme, usage):
+        flat = " ".join(text.split())
+        assert f"{need} seeds all agreeing" in flat
+        assert (f"{seeds} of each pool {seeds * configs} seeds, where {seeds - 1} of each would "
+                f"pool {(seeds - 1) * configs} and leave both undetermined") in flat
+    flat = " ".join(readme.split())
+    assert f"trains {models} models" in flat and f"{seeds} seeds of each," in flat
+    assert f"`reproduce: {models} runs to train in N jobs" in flat
+    flat = " ".join(usage.split())
+    assert f"With the default {seeds} seeds of each configuration it trains {models} models" in flat
+    assert f"up to {rp.MAX_DEFAULT_SEEDS}," in flat
+
+
 # README and the reference pages written by hand must name only what exists: the modules and
 # names they tell researchers to import, and the files and sections they link to. The reports in
 # docs/ are generated from the studies' templates.

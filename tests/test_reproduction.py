@@ -15,6 +15,7 @@ from sinklab.claims import CONTRADICTED, DESCRIPTIVE, EMPIRICAL, SUPPORTED, UNDE
 from sinklab.config import build_run_config
 from sinklab.runs import folders
 from sinklab.runs.files import read_json, write_json
+from sinklab.studies import render
 from sinklab.studies import reproduction as rp
 from sinklab.studies.base import Execution, Job, run_all
 from test_cli import run_cli
@@ -52,6 +53,11 @@ def test_reproduce_quick_report_resume_and_errors(tmp_path, capsys, tiny_reprodu
     assert claims["2x2.softmax.reached_stop"]["kind"] == "descriptive"
     report = (out / "REPORT.md").read_text()
     assert report.startswith("# sinklab reproduction report\n")
+    # the first screen, in the report and the printout alike: what was decided, before any table
+    first = render.headline([cl.Claim.from_dict(c) for c in result["claims"]])
+    assert report.startswith("# sinklab reproduction report\n\n" + "\n".join(first) + "\n\n")
+    assert stdout == "\n".join([*first, f"wrote {out / 'REPORT.md'}"]) + "\n"
+    assert first[1].startswith(f"- `{rp.SINKS}`: undetermined at n = ") and len(first) == 4
     assert "**Primary claims**" in report and "quick mode" in report
     assert "reached the stop rule (a training batch with L∞ below" in report
     for fig in ("fig_1x1", "fig_2x2_softmax", "fig_4x4_relu", "fig_bos_mass",
@@ -189,6 +195,27 @@ def test_claims_on_three_seeds_say_they_cannot_decide():
     sinks = claims[rp.SINKS]  # 9 of 9 pooled: p = 0.7**9 = 0.040, above 0.05 / 2 under Holm
     assert sinks.outcome == UNDETERMINED and sinks.adjusted_p == pytest.approx(2 * 0.7**9)
     assert sinks.needed == cl.seeds_all_agreeing(2)
+
+
+def test_the_default_seeds_are_the_fewest_that_decide_both_primary_claims():
+    """Every seed agreeing, the default seed count decides both primary claims through the
+    study's own claims (supported, counted, each control discriminating); one seed fewer per
+    configuration decides neither."""
+    n = rp.DEFAULT_SEEDS
+    assert rp.ReproduceOptions().seeds == n and 1 < n <= rp.MAX_DEFAULT_SEEDS
+    claims = _decided(_records(n, False), n)
+    for key in rp.PRIMARY:
+        c = claims[key]
+        assert c.primary and c.correction == cl.HOLM and c.n == n * len(rp.EXPERIMENTS)
+        assert c.outcome == SUPPORTED and c.counted and c.standing == cl.DISCRIMINATING
+    fewer = _decided(_records(n - 1, False), n - 1)
+    for key in rp.PRIMARY:
+        assert fewer[key].outcome == UNDETERMINED and not fewer[key].counted
+
+
+def test_the_default_seeds_are_capped():
+    assert rp.decisive_seeds(n_primary=1000, n_configurations=1) == rp.MAX_DEFAULT_SEEDS
+    assert rp.decisive_seeds(n_primary=10**40) == rp.MAX_DEFAULT_SEEDS  # none up to MAX_SEEDS
 
 
 def test_the_sink_claim_is_contradicted_when_softmax_does_not_sink():

@@ -116,8 +116,13 @@ def test_a_declared_study_gets_its_subcommand_and_runs(tiny, tmp_path, capsys):
                  "--rules", "relu", "--workers", "1"])
     captured = capsys.readouterr()
     assert code == 0, captured.err
-    assert captured.out == f"wrote {out / 'REPORT.md'}\n"
     result = read_json(out / "records.json")
+    from sinklab.studies import render
+
+    # what was decided, a few lines, then the report's path
+    first = render.headline([cl.Claim.from_dict(c) for c in result["claims"]])
+    assert first[0] == "Decided: this study names no primary claim."
+    assert captured.out == "\n".join([*first, f"wrote {out / 'REPORT.md'}"]) + "\n"
     assert result["options"] == {"seeds": 3, "steps": 6, "rules": ["relu"], "fancy": False}
     assert [r["name"] for r in result["records"]["runs"]] == [f"runs/relu_seed{s}"
                                                              for s in range(3)]
@@ -491,3 +496,30 @@ def test_verdicts_lead_with_primary_claims_and_set_checks_apart():
     assert "Non-discriminating (their control passes the same test): `s`." in text
     assert "- an identity: **verified**" in text
     assert "before it ran" in render.verdicts(decided)
+
+
+def test_headline_says_what_was_decided_in_a_few_lines():
+    from sinklab.studies import render
+
+    def rate(key, k, n=10):
+        return cl.rate_at_least(key, f"claim {key}", k, n, "x")
+
+    decided = cl.finalize([cl.with_control(rate("p", 12, 12), rate("p", 0, 12), "control"),
+                           cl.with_control(rate("q", 3, 3), rate("q", 0, 3), "control"),
+                           cl.with_control(rate("s", 10), rate("s", 10), "control passes"),
+                           cl.check("c", "an identity", 0.0, 1e-9, "error"),
+                           cl.descriptive("d", "a description", "data")], primary=["p", "q"])
+    p, q = decided[0], decided[1]
+    lines = render.headline(decided)
+    assert lines == [
+        "Decided: 2 primary claims (named before the run; corrected together by Holm's "
+        "method):",
+        f"- `p`: supported, 12 of 12 agree, Holm p = {p.adjusted_p:.3g}, counted (its control "
+        "came out the other way)",
+        f"- `q`: undetermined at n = 3, 3 of 3 agree, Holm p = {q.adjusted_p:.3g}, not counted, "
+        f"{q.needed} would support it (power 0.8) at the observed share",
+        "- the other 3 statements: 1 check (1 verified, 0 failed), 1 descriptive, 1 secondary "
+        "empirical (0 supported and counted, 1 supported but not counted, 0 contradicted, 0 "
+        "undetermined)"]
+    assert p.correction == cl.HOLM and p.adjusted_p == pytest.approx(2 * 0.7**12)
+    assert "re-analysis" in render.headline(decided, redecided=True)[0]

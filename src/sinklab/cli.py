@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from sinklab import __version__, studies
+from sinklab.claims import Claim
 from sinklab.config import SECTIONS, check_count, config_from_cli
 from sinklab.errors import Interrupted, ResultsError, SinklabError
 from sinklab.runs import folders, limits
@@ -378,8 +379,12 @@ def cmd_study(study: Any, args: argparse.Namespace, argv: list[str]) -> int:
                     executor=getattr(args, "executor", "local"),
                     ray_address=getattr(args, "ray_address", None))
     command = "sinklab " + " ".join(shlex.quote(a) for a in argv)
-    run_study(study, Path(args.out), opts, exe, docs=Path(args.docs) if args.docs else None,
-              command=command)
+    result = run_study(study, Path(args.out), opts, exe,
+                       docs=Path(args.docs) if args.docs else None, command=command)
+    from sinklab.studies.render import headline  # jinja2: not for the help texts
+
+    for line in headline([Claim.from_dict(c) for c in result["claims"]]):
+        print(line)
     print(f"wrote {Path(args.out) / study.report}")
     return 0
 

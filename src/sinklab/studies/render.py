@@ -11,8 +11,10 @@ Inside a template:
   (mean ± sd), ``interval(d)`` ([lo, hi]);
 - ``table(headers, rows)`` a Markdown table; ``figure(name, caption)`` an image link;
   ``claims_table(keys)`` the claims with their data, test and outcome; ``decision_rules()``
-  the rules behind every outcome in this report; ``verdicts()`` the primary claims and the
-  counts of each kind; ``history()`` the folder's invocations.
+  the rules behind every outcome in this report; ``headline()`` the few lines a report opens
+  with (each primary claim's outcome, its Holm-adjusted p, whether it is counted, and the other
+  statements by kind); ``verdicts()`` the primary claims and the counts of each kind;
+  ``history()`` the folder's invocations.
 
 Undefined names are errors (``StrictUndefined``), so a template never prints a blank number.
 """
@@ -185,6 +187,67 @@ def verdicts(claims: list[Claim], redecided: bool = False) -> str:
     return "\n".join(lines)
 
 
+def _agreeing(c: Claim) -> str:
+    """'12 of 12 agree': the units on the claim's side of its test (its basis), else its n."""
+    if c.basis is None:
+        return f"n = {c.n}"
+    k, n, _ = c.basis["for"]
+    return f"{k} of {n} {'agrees' if k == 1 else 'agree'}"
+
+
+def _primary_line(c: Claim) -> str:
+    """One primary claim in a line: outcome, units agreeing, adjusted p, counted or not."""
+    words = [c.result(), _agreeing(c)]
+    if c.adjusted_p is not None:
+        name = "Holm" if c.correction == claims_mod.HOLM else "BH"
+        words.append(f"{name} p = {c.adjusted_p:.3g}")
+    if c.counted:
+        words.append("counted (its control came out the other way)")
+    elif c.outcome == claims_mod.SUPPORTED:
+        words.append(f"not counted: {c.standing or claims_mod.CONTROL_UNDECIDED}")
+    else:
+        words.append("not counted")
+    if c.outcome == claims_mod.UNDETERMINED and c.needed is not None:
+        words.append(f"{c.needed} would support it (power {claims_mod.POWER:g}) at the "
+                     "observed share")
+    return f"- `{c.key}`: " + ", ".join(words)
+
+
+def _kind_counts(claims: list[Claim], secondary: bool = True) -> str:
+    """'1 check (1 verified, 0 failed), 17 descriptive, 0 secondary empirical': how many of
+    each kind, with the outcomes of the kinds that have any."""
+    counts = claims_mod.summary_counts(claims)
+    checks = _many(counts["checks"], "check", "checks")
+    if counts["checks"]:
+        checks += f" ({counts['verified']} verified, {counts['failed']} failed)"
+    empirical = f"{counts['empirical']} {'secondary ' if secondary else ''}empirical"
+    if counts["empirical"]:
+        supported = counts["non-discriminating"] + counts["control undecided"]
+        empirical += (f" ({counts['counted']} supported and counted, {supported} supported but "
+                      f"not counted, {counts['contradicted']} contradicted, "
+                      f"{counts['undetermined']} undetermined)")
+    return f"{checks}, {counts['descriptive']} descriptive, {empirical}"
+
+
+def headline(claims: list[Claim], redecided: bool = False) -> list[str]:
+    """The first screen of a report and of a study's final printout, a few lines: each primary
+    claim's outcome, how many units agree, its Holm-adjusted p and whether it is counted; then
+    how many of the other statements are of each kind."""
+    primary = [c for c in claims if c.primary]
+    others = [c for c in claims if not c.primary]
+    if not primary:
+        return ["Decided: this study names no primary claim.",
+                f"- its {_many(len(claims), 'statement', 'statements')}: "
+                f"{_kind_counts(claims, secondary=False)}"]
+    when = ("decided again from older records by `sinklab render`, a re-analysis" if redecided
+            else "named before the run")
+    return [f"Decided: {_many(len(primary), 'primary claim', 'primary claims')} ({when}; "
+            "corrected together by Holm's method):",
+            *[_primary_line(c) for c in primary],
+            f"- the other {_many(len(others), 'statement', 'statements')}: "
+            f"{_kind_counts(others)}"]
+
+
 def history(meta: dict[str, Any]) -> str:
     """The folder's invocations as a Markdown list."""
     lines = []
@@ -216,6 +279,7 @@ def report(study: Any, result: dict[str, Any], claims: list[Claim], opts: Any,
         consts=reference.constants(), table=md.table, figure=figure, claims_table=table_of,
         decision_rules=lambda: decision_rules(claims), history=lambda: history(result["meta"]),
         verdicts=lambda: verdicts(claims, bool(result.get("redecided"))),
+        headline=lambda: "\n".join(headline(claims, bool(result.get("redecided")))),
         counts=claims_mod.summary_counts(claims), prefix=prefix)
     if not text.startswith(study.heading + "\n"):
         raise RuntimeError(f"the template {study.template} must begin with {study.heading!r}")

@@ -27,7 +27,25 @@ from sinklab.studies.reference import PAPER, REFERENCE_SEEDS
 EXPERIMENTS: dict[str, tuple[int, int]] = {"1x1": (1, 1), "2x2": (2, 2), "4x4": (4, 4)}
 RULES = ("softmax", "relu")
 QUICK_MAX_STEPS = 1500  # quick caps multi-layer runs here; they are not expected to converge
-DEFAULT_SEEDS, QUICK_SEEDS = 3, 1
+SINKS, NO_SINK = "softmax.sinks", "relu.no_sink"  # the primary claims, pooled over EXPERIMENTS
+PRIMARY = (SINKS, NO_SINK)
+MAX_DEFAULT_SEEDS = 10  # the default never trains more than this per configuration
+
+
+def decisive_seeds(n_primary: int = len(PRIMARY), n_configurations: int = len(EXPERIMENTS)
+                   ) -> int:
+    """The fewest seeds per configuration at which, if every seed reaches the stop rule and
+    agrees, each of ``n_primary`` rate claims pooling ``n_configurations`` configurations is
+    decided at its Holm-corrected level (at least ``claims.MIN_N`` pooled, too), capped at
+    ``MAX_DEFAULT_SEEDS``. Each claim's control, the other rule on as many seeds, is judged
+    uncorrected, so it is decided by then as well."""
+    pooled = cl.seeds_all_agreeing(n_primary)
+    if pooled is None:  # beyond claims.MAX_SEEDS: no default decides them; train the most
+        return MAX_DEFAULT_SEEDS
+    return min(MAX_DEFAULT_SEEDS, math.ceil(max(pooled, cl.MIN_N) / n_configurations))
+
+
+DEFAULT_SEEDS, QUICK_SEEDS = decisive_seeds(), 1
 AGREE = 0.05  # a mean within this of the paper's read-off agrees (the figures are read to +-0.01)
 STEPS_FACTOR = 2.0  # mean steps within this factor of the reference code's seed 0 agree
 MAP_DIGITS = 4  # attention maps kept in the records for the figures
@@ -38,10 +56,12 @@ class ReproduceOptions:
     """What ``sinklab reproduce`` trains; checked on creation."""
 
     seeds: int | None = field(default=None, metadata={
-        "help": f"seeds per configuration (default: {DEFAULT_SEEDS}; {QUICK_SEEDS} with "
-                f"--quick); the two primary claims pool the {len(EXPERIMENTS)} configurations, "
-                f"and with every seed agreeing they need {cl.seeds_all_agreeing(2)} seeds in "
-                "all to be decided",
+        "help": f"seeds per configuration (default: {DEFAULT_SEEDS}, the fewest, up to "
+                f"{MAX_DEFAULT_SEEDS}, at which the {len(PRIMARY)} primary claims, pooling the "
+                f"{len(EXPERIMENTS)} configurations, are decided when every seed reaches the "
+                f"stop rule and agrees: under Holm's correction they need "
+                f"{cl.seeds_all_agreeing(len(PRIMARY))} seeds in all; {QUICK_SEEDS} with "
+                "--quick)",
         "metavar": "N"})
     quick: bool = field(default=False, metadata={
         "help": f"smoke test, about a minute: {QUICK_SEEDS} seed, multi-layer runs capped at "
@@ -217,9 +237,6 @@ def _group(records: dict[str, Any], experiment: str, rule: str, converged: bool 
 
 def _any_sink(run: dict[str, Any]) -> bool:
     return run["sink_heads"] >= 1
-
-
-SINKS, NO_SINK = "softmax.sinks", "relu.no_sink"  # the primary claims
 
 
 def _sink_parts(records: dict[str, Any], rule: str) -> list[tuple[str, int, int]]:
@@ -426,11 +443,12 @@ STUDY = Study(
     title="sinklab reproduction report",
     help="reproduce the paper: 1x1, 2x2, 4x4, softmax and ReLU, several seeds",
     description="Train 1x1, 2x2 and 4x4 models with softmax and ReLU attention under the "
-                "paper's protocol on several seeds, summarise their heads by order-invariant "
+                "paper's protocol on several seeds (by default the fewest that can decide its "
+                "primary claims; see --seeds), summarise their heads by order-invariant "
                 "statistics, and decide the paper's claims with stated tests. Writes runs, "
                 "figures, records.json, claims.csv and REPORT.md. Rerunning with the same --out "
                 "resumes: finished runs are kept.",
     options=ReproduceOptions, template="reproduction.md.j2", collect=collect, cells=cells,
-    claims=claims, primary=(SINKS, NO_SINK), complete=summaries, figures=FIGURES,
+    claims=claims, primary=PRIMARY, complete=summaries, figures=FIGURES,
     tables=("runs", "groups", "layers"), bulk=("maps",),
     docs_example="docs/reproduction.md", default_out="results/reproduce")
