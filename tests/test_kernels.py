@@ -196,3 +196,152 @@ def test_the_kernel_runs_a_rule_only_with_its_default_arguments():
     plain = build_run_config({"model": {"attention_args": {"temperature": 1}},
                               "train": {"max_steps": 3}, "eval": {"n_sequences": 8}})
     assert train_runs([plain])[0]["engine"] == "kernel"
+
+
+# ------------------------------------------------------------- the whole step (TrainStep)
+
+def _ensemble(rule: str, layers: int, heads: int, target: str = "auto", seeds=(0, 1),
+              scale: float = 1.0, lr: float = 1e-3, **model):
+    cfgs = [build_run_config({"task": {"target": target},
+                              "model": {"attention": rule, "n_layers": layers, "n_heads": heads,
+                                        **model},
+                              "train": {"seed": s, "lr": lr}}) for s in seeds]
+    ensemble = build_ensemble(cfgs, torch.device("cpu"))
+    with torch.no_grad():
+        for p in ensemble.parameters():
+            p.mul_(scale)  # weights far from the 0.02 start exercise every term
+    opt = MemberAdam(list(ensemble.parameters()), torch.tensor([c.train.lr for c in cfgs]),
+                     (0.9, 0.95), 1e-8)
+    stream = TrainStream(cfgs[0].task, 32, [torch.Generator().manual_seed(s) for s in seeds],
+                         residual=cfgs[0].residual)
+    return ensemble, opt, stream
+
+
+def _autograd_step(model, opt, batch):
+    with kernels.disabled():
+        out = model(batch.x, return_weights=True)
+        err = out.out - batch.y
+        loss = err.pow(2).mean(dim=(1, 2, 3))
+        opt.zero_grad()
+        loss.sum().backward()
+    return loss.detach(), err.detach().abs().amax(dim=(1, 2, 3)), out.patterns
+
+
+@pytest.mark.parametrize("rule", sorted(kernels.RULES))
+@pytest.mark.parametrize("layers,heads,target", [(1, 1, "auto"), (2, 2, "auto"), (4, 4, "auto"),
+                                                 (3, 2, "plain"), (2, 3, "plain")])
+def test_the_whole_step_matches_autograd(rule, layers, heads, target):
+    """One TrainStep call gives every member's loss, L-infinity error, every layer's weights
+    and the gradient of every weight within 1e-5 (relative) of autograd on PyTorch's
+    operators, for residual stacks and plain (theorem) stacks alike."""
+    model, opt, stream = _ensemble(rule, layers, heads, target, scale=5.0)
+    step = kernels.TrainStep.build(model, opt, 16)
+    assert step is not None
+    batch = stream.next()
+    loss, linf, patterns = (t.clone() if isinstance(t, torch.Tensor) else t
+                            for t in step(batch.x, batch.y, keep=True))
+    grad = opt.grad.clone()
+    want_loss, want_linf, want_patterns = _autograd_step(model, opt, batch)
+    assert relative(loss, want_loss) < 1e-5 and relative(linf, want_linf) < 1e-5
+    assert relative(grad, opt.grad) < 1e-5
+    assert len(patterns) == layers
+    for got, want in zip(patterns, want_patterns):
+        assert got.shape == want.shape and relative(got, want) < 1e-5
+    assert step(batch.x, batch.y)[2] is None  # weights are kept only when asked for
+
+
+@pytest.mark.parametrize("rule,layers,heads,lr", [("softmax", 4, 4, 1e-4), ("relu", 2, 2, 1e-4),
+                                                  ("softmax", 1, 1, 1e-3)])
+def test_200_whole_steps_with_adam_match_autograd(rule, layers, heads, lr):
+    """From the same weights and batches, 200 steps of TrainStep and its Adam give outputs
+    within 1e-5 (relative) of autograd with MemberAdam on PyTorch's operators at every step."""
+    runs = [_ensemble(rule, layers, heads, lr=lr) for _ in range(2)]
+    (fast, fast_opt, stream), (slow, slow_opt, _) = runs
+    step = kernels.TrainStep.build(fast, fast_opt, 16)
+    worst = 0.0
+    for _ in range(200):
+        batch = stream.next()
+        step(batch.x, batch.y)
+        step.adam(fast_opt)
+        _autograd_step(slow, slow_opt, batch)
+        slow_opt.step()
+        with torch.no_grad():
+            worst = max(worst, relative(fast(batch.x).out, slow(batch.x).out))
+    assert fast_opt.t == slow_opt.t == 200
+    assert worst < 1e-5
+
+
+def test_whole_step_members_are_bitwise_solo_runs_on_any_threads():
+    """Each member of the whole step is computed on its own: split between 1, 2 or 3 threads,
+    its loss, gradients and Adam update equal those of the member trained alone, bit for bit;
+    a frozen member's weights and moments do not move."""
+    results = []
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            model, opt, stream = _ensemble("softmax", 2, 2, seeds=(0, 1, 2), scale=5.0)
+            step = kernels.TrainStep.build(model, opt, 16)
+            batch = stream.next()
+            loss = step(batch.x, batch.y)[0].clone()
+            step.adam(opt)
+            results.append((loss, opt.flat.clone()))
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(a, b) for other in results[1:] for a, b in zip(results[0], other))
+    alone, alone_opt, alone_stream = _ensemble("softmax", 2, 2, seeds=(1,), scale=5.0)
+    step = kernels.TrainStep.build(alone, alone_opt, 16)
+    batch = alone_stream.next()
+    loss = step(batch.x, batch.y)[0]
+    step.adam(alone_opt)
+    assert torch.equal(loss[0], results[0][0][1])
+    # the flat buffer holds (layer, W_Q/W_K/W_V/W_O) tensors of (member, heads, d, d)
+    assert torch.equal(results[0][1].view(4 * 2, 3, -1)[:, 1].flatten(), alone_opt.flat)
+
+    model, opt, stream = _ensemble("relu", 1, 1, seeds=(0, 1))
+    step = kernels.TrainStep.build(model, opt, 16)
+    batch = stream.next()
+    step(batch.x, batch.y)
+    step.adam(opt)
+    opt.freeze([0])
+    before = [t.view(4, 2, -1)[:, 0].clone() for t in (opt.flat, opt.m, opt.v)]
+    other = opt.flat.view(4, 2, -1)[:, 1].clone()
+    step(batch.x, batch.y)
+    step.adam(opt)
+    assert all(torch.equal(b, t.view(4, 2, -1)[:, 0]) for b, t in zip(before, (opt.flat, opt.m,
+                                                                                opt.v)))
+    assert not torch.equal(other, opt.flat.view(4, 2, -1)[:, 1])
+
+
+def test_whole_step_propagates_nan_and_inf():
+    """A diverging member is seen as diverged: NaN in its input gives a NaN loss and L-infinity
+    error, inf weights a non-finite loss, and the other member stays finite."""
+    model, opt, stream = _ensemble("softmax", 2, 2)
+    step = kernels.TrainStep.build(model, opt, 16)
+    batch = stream.next()
+    x = batch.x.clone()
+    x[0, 3, 5, 2] = float("nan")
+    loss, linf, _ = step(x, batch.y)
+    assert loss[0].isnan() and linf[0].isnan()
+    assert torch.isfinite(loss[1]) and torch.isfinite(linf[1])
+    with torch.no_grad():
+        model.blocks[0].attn.w_v[1, 0, 0, 0] = float("inf")
+    loss, linf, _ = step(batch.x, batch.y)
+    assert not torch.isfinite(loss[1]) and torch.isfinite(loss[0])
+
+
+def test_the_whole_step_is_used_only_where_it_applies():
+    """The standard block, a hidden BOS key, a float64 model and a rule with parameters of its
+    own keep autograd; the paper's models get the whole step."""
+    for model in ({"block": "standard"}, {"bos": "removed"}):
+        ensemble, opt, _ = _ensemble("softmax", 2, 2, **model)
+        assert kernels.TrainStep.build(ensemble, opt, 16) is None
+    ensemble, opt, _ = _ensemble("softmax", 2, 2)
+    assert kernels.TrainStep.build(ensemble, opt, 16) is not None
+    assert kernels.TrainStep.build(ensemble, opt, 17) is None  # wider than one vector
+    with kernels.disabled():
+        assert kernels.TrainStep.build(ensemble, opt, 16) is None
+    double = ensemble.double()
+    assert kernels.TrainStep.build(double, MemberAdam(list(double.parameters()),
+                                                      torch.tensor([1e-3, 1e-3]), (0.9, 0.95),
+                                                      1e-8), 16) is None

@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from sinklab import __version__, metrics
+from sinklab import __version__, kernels, metrics
 from sinklab.config import RunConfig, build_run_config, check_device, derive_seed, setting
 from sinklab.errors import ConfigError, ResultsError
 from sinklab.evaluate import eval_batch, evaluate
@@ -514,14 +514,20 @@ def train_ensemble(
                 writers[e].finish(finished, i, step, summaries[e], mean=maps["mean"][i],
                                   std=maps["std"][i])
 
+    # The whole step on the kernel where it applies (sinklab.kernels.TrainStep), else autograd.
+    fused = kernels.TrainStep.build(model, opt, cfg.task.seq_len) if engine == "kernel" else None
     try:
         for step in range(max_steps + 1):
             batch = stream.next()
             x, y, trigger = batch.x, batch.y, batch.trigger  # (E, B, L, d), (E, B)
-            out = model(x, return_weights=True)
-            err = out.out - y
-            loss = err.pow(2).mean(dim=(1, 2, 3))  # (E,): each member's own MSE
-            linf = err.detach().abs().amax(dim=(1, 2, 3))  # not part of the graph
+            if fused is not None:
+                loss, linf, patterns = fused(x, y, keep=step % log_every == 0)
+            else:
+                out = model(x, return_weights=True)
+                err = out.out - y
+                loss = err.pow(2).mean(dim=(1, 2, 3))  # (E,): each member's own MSE
+                linf = err.detach().abs().amax(dim=(1, 2, 3))  # not part of the graph
+                patterns = out.patterns
             # Stop rule, on the device: converged, diverged (NaN or inf), on a plateau, or out
             # of steps, in that order of precedence.
             done = (linf < tol) | ~torch.isfinite(loss)
@@ -535,7 +541,9 @@ def train_ensemble(
             if stopping.any():  # one host read per step: free on a CPU
                 codes = stop_codes(linf, loss, tol, stalled)
                 status = {e: int(codes[e]) for e in stopping.nonzero().flatten().tolist()}
-                _log_rows(writers, list(status), step, loss, linf, out.patterns, trigger, status)
+                if patterns is None:  # the same step again, keeping its weights this time
+                    loss, linf, patterns = fused(x, y, keep=True)
+                _log_rows(writers, list(status), step, loss, linf, patterns, trigger, status)
                 finish(list(status), step, status, loss, linf)
                 opt.freeze(list(status))
                 active = active & ~stopping
@@ -543,10 +551,13 @@ def train_ensemble(
                     break
             if step % log_every == 0:
                 running = active.nonzero().flatten().tolist()
-                _log_rows(writers, running, step, loss, linf, out.patterns, trigger, {})
-            opt.zero_grad()
-            loss.sum().backward()  # members are independent: each gets its own gradient
-            opt.step()
+                _log_rows(writers, running, step, loss, linf, patterns, trigger, {})
+            if fused is not None:  # the gradients are in opt.grad already
+                fused.adam(opt)
+            else:
+                opt.zero_grad()
+                loss.sum().backward()  # members are independent: each gets its own gradient
+                opt.step()
             bar.update(1)
             if show and step % 50 == 0:
                 best = linf.masked_fill(~active, math.inf).min().item()

@@ -18,6 +18,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
 
 #if !defined(T) || !defined(D) || T > 16 || D > 16 || T < 1 || D < 1
 #error "compile with -DT=<seq_len> -DD=<d_model>, each between 1 and 16"
@@ -92,69 +95,164 @@ static inline v16 relu_scale(void) {
     return scale;
 }
 
+/* One sequence through one layer: x, out (T, D); A, M this member's (H, D, D); s, w (H, T, T)
+ * indexed (head, key, query); q, v (H, T, D), kept for the backward pass. */
+static inline void forward_seq(int H, int rule, const f32 *restrict x, const f32 *restrict A,
+                               const f32 *restrict M, f32 *restrict out, f32 *restrict s,
+                               f32 *restrict w, f32 *restrict q, f32 *restrict v) {
+    const int64_t DD = (int64_t)D * D;
+    const v16 zero = {0}, scale = relu_scale();
+    v16 X[16], OT[16], Q[16], V[16], ST[16], WT[16], Ar[16], Mr[16];
+    for (int i = 0; i < 16; i++) {
+        X[i] = i < T ? load_d(x + i * D) : zero;
+        OT[i] = zero;
+    }
+    for (int h = 0; h < H; h++) {
+        for (int p = 0; p < D; p++) {
+            Ar[p] = load_d(A + h * DD + p * D);
+            Mr[p] = load_d(M + h * DD + p * D);
+        }
+        for (int i = 0; i < 16; i++) { /* Q = X A, V = X M */
+            v16 qi[2] = {zero, zero}, vi[2] = {zero, zero}; /* two chains each */
+            for (int p = 0; p < D && i < T; p++) {
+                qi[p & 1] += X[i][p] * Ar[p];
+                vi[p & 1] += X[i][p] * Mr[p];
+            }
+            Q[i] = qi[0] + qi[1];
+            V[i] = vi[0] + vi[1];
+            if (i < T) {
+                store_d(q + (h * T + i) * D, Q[i]);
+                store_d(v + (h * T + i) * D, V[i]);
+            }
+        }
+        transpose(Q); /* now Q[c] holds q_ic over queries i */
+        for (int k = 0; k < T; k++) {
+            v16 sk[2] = {zero, zero};
+            for (int c = 0; c < D; c++) sk[c & 1] += X[k][c] * Q[c];
+            ST[k] = sk[0] + sk[1];
+        }
+        if (rule == SOFTMAX) {
+            v16 m = ST[0];
+            for (int k = 1; k < T; k++) m = blend(sees(k) & (ST[k] > m), ST[k], m);
+            v16 sum[2] = {zero, zero}; /* two chains of additions instead of one */
+            for (int k = 0; k < T; k++) {
+                WT[k] = blend(sees(k), exp_nonpositive(ST[k] - m), zero);
+                sum[k & 1] += WT[k];
+            }
+            const v16 inv = 1.0f / (sum[0] + sum[1]);
+            for (int k = 0; k < T; k++) WT[k] *= inv;
+        } else {
+            for (int k = 0; k < T; k++)
+                WT[k] = blend(sees(k) & (ST[k] > 0.0f), ST[k] * scale, zero);
+        }
+        for (int c = 0; c < D; c++) { /* out^T += V^T W^T, over keys */
+            v16 oc[2] = {OT[c], zero};
+            for (int k = 0; k < T; k++) oc[k & 1] += V[k][c] * WT[k];
+            OT[c] = oc[0] + oc[1];
+        }
+        for (int k = 0; k < T; k++) {
+            store_t(s + (h * T + k) * T, ST[k]);
+            store_t(w + (h * T + k) * T, WT[k]);
+        }
+    }
+    transpose(OT);
+    for (int i = 0; i < T; i++) store_d(out + i * D, OT[i]);
+}
+
+/* at[32 h .. 32 h + 15] the rows of A_h^T, then those of M_h^T, for this member's H heads. */
+static void transposed(int H, const f32 *restrict A, const f32 *restrict M, v16 *restrict at) {
+    const int64_t DD = (int64_t)D * D;
+    const v16 zero = {0};
+    for (int h = 0; h < H; h++) {
+        v16 *a = at + 32 * h, *m = a + 16;
+        for (int p = 0; p < 16; p++) {
+            a[p] = p < D ? load_d(A + h * DD + p * D) : zero;
+            m[p] = p < D ? load_d(M + h * DD + p * D) : zero;
+        }
+        transpose(a);
+        transpose(m);
+    }
+}
+
+/* One sequence's gradients through one layer, given g = d loss / d out (T, D): gx (T, D) is
+ * overwritten, and this member's gA and gM (H, D, D) are added to. Layouts as forward_seq's;
+ * at as ``transposed`` leaves it. */
+static inline void backward_seq(int H, int rule, const f32 *restrict x, const v16 *restrict at,
+                                const f32 *restrict s, const f32 *restrict w,
+                                const f32 *restrict q, const f32 *restrict v,
+                                const f32 *restrict g, f32 *restrict gx, f32 *restrict gA,
+                                f32 *restrict gM) {
+    const int64_t DD = (int64_t)D * D;
+    const v16 zero = {0}, scale = relu_scale();
+    v16 X[16], G[16], GT[16], GX[16], Q[16], WT[16], ST[16], GST[16], GQ[16], GV[16];
+    v16 Vr[16];
+    for (int i = 0; i < 16; i++) {
+        X[i] = i < T ? load_d(x + i * D) : zero;
+        G[i] = GT[i] = i < T ? load_d(g + i * D) : zero;
+        GX[i] = zero;
+    }
+    transpose(GT); /* GT[c] holds g_ic over queries i */
+    for (int h = 0; h < H; h++) {
+        const v16 *ah = at + 32 * h, *mh = ah + 16;
+        for (int i = 0; i < T; i++) {
+            Q[i] = load_d(q + (h * T + i) * D);
+            Vr[i] = load_d(v + (h * T + i) * D);
+            WT[i] = load_t(w + (h * T + i) * T);
+            if (rule == RELU) ST[i] = load_t(s + (h * T + i) * T);
+        }
+        for (int k = 0; k < T; k++) { /* d loss / d w_ik = g_i . v_k, over queries i */
+            v16 gwk = zero;
+            for (int c = 0; c < D; c++) gwk += Vr[k][c] * GT[c];
+            GST[k] = rule == SOFTMAX ? gwk
+                                     : blend(sees(k) & (ST[k] > 0.0f), gwk * scale, zero);
+        }
+        if (rule == SOFTMAX) { /* d loss / d s_ik = w_ik (gw_ik - sum_k' w_ik' gw_ik') */
+            v16 dot[2] = {zero, zero};
+            for (int k = 0; k < T; k++) dot[k & 1] += WT[k] * GST[k];
+            const v16 total = dot[0] + dot[1];
+            for (int k = 0; k < T; k++) GST[k] = WT[k] * (GST[k] - total);
+        }
+        for (int k = 0; k < T; k++) { /* gv_k = sum_i w_ik g_i; the keys' share of gx */
+            v16 gvk = zero, gxk = GX[k];
+            for (int i = k; i < T; i++) {
+                gvk += WT[k][i] * G[i];
+                gxk += GST[k][i] * Q[i];
+            }
+            GV[k] = gvk;
+            GX[k] = gxk;
+        }
+        for (int i = 0; i < T; i++) { /* gq_i = sum_k gs_ik x_k */
+            v16 gqi = zero;
+            for (int k = 0; k <= i; k++) gqi += GST[k][i] * X[k];
+            GQ[i] = gqi;
+        }
+        for (int p = 0; p < D; p++) {
+            v16 ga = load_d(gA + h * DD + p * D), gm = load_d(gM + h * DD + p * D);
+            for (int i = 0; i < T; i++) {
+                ga += X[i][p] * GQ[i];
+                gm += X[i][p] * GV[i];
+            }
+            store_d(gA + h * DD + p * D, ga);
+            store_d(gM + h * DD + p * D, gm);
+        }
+        for (int i = 0; i < T; i++) { /* the queries' and values' share of gx */
+            v16 gxi = GX[i];
+            for (int c = 0; c < D; c++) gxi += GQ[i][c] * ah[c] + GV[i][c] * mh[c];
+            GX[i] = gxi;
+        }
+    }
+    for (int i = 0; i < T; i++) store_d(gx + i * D, GX[i]);
+}
+
 int sinklab_attention_forward(int64_t EB, int64_t B, int H, int rule,
                               const f32 *restrict x, const f32 *restrict A,
                               const f32 *restrict M, f32 *restrict out, f32 *restrict s,
                               f32 *restrict w, f32 *restrict q, f32 *restrict v) {
-    const int64_t TD = (int64_t)T * D, DD = (int64_t)D * D;
-    const v16 zero = {0}, scale = relu_scale();
-    v16 X[16], OT[16], Q[16], V[16], ST[16], WT[16], Ar[16], Mr[16];
+    const int64_t TD = (int64_t)T * D, DD = (int64_t)D * D, HTT = (int64_t)H * T * T;
     for (int64_t eb = 0; eb < EB; eb++) {
         const int64_t e = eb / B;
-        for (int i = 0; i < 16; i++) {
-            X[i] = i < T ? load_d(x + eb * TD + i * D) : zero;
-            OT[i] = zero;
-        }
-        for (int h = 0; h < H; h++) {
-            for (int p = 0; p < D; p++) {
-                Ar[p] = load_d(A + (e * H + h) * DD + p * D);
-                Mr[p] = load_d(M + (e * H + h) * DD + p * D);
-            }
-            for (int i = 0; i < 16; i++) { /* Q = X A, V = X M */
-                v16 qi[2] = {zero, zero}, vi[2] = {zero, zero}; /* two chains each */
-                for (int p = 0; p < D && i < T; p++) {
-                    qi[p & 1] += X[i][p] * Ar[p];
-                    vi[p & 1] += X[i][p] * Mr[p];
-                }
-                Q[i] = qi[0] + qi[1];
-                V[i] = vi[0] + vi[1];
-                if (i < T) {
-                    store_d(q + ((eb * H + h) * T + i) * D, Q[i]);
-                    store_d(v + ((eb * H + h) * T + i) * D, V[i]);
-                }
-            }
-            transpose(Q); /* now Q[c] holds q_ic over queries i */
-            for (int k = 0; k < T; k++) {
-                v16 sk[2] = {zero, zero};
-                for (int c = 0; c < D; c++) sk[c & 1] += X[k][c] * Q[c];
-                ST[k] = sk[0] + sk[1];
-            }
-            if (rule == SOFTMAX) {
-                v16 m = ST[0];
-                for (int k = 1; k < T; k++) m = blend(sees(k) & (ST[k] > m), ST[k], m);
-                v16 sum[2] = {zero, zero}; /* two chains of additions instead of one */
-                for (int k = 0; k < T; k++) {
-                    WT[k] = blend(sees(k), exp_nonpositive(ST[k] - m), zero);
-                    sum[k & 1] += WT[k];
-                }
-                const v16 inv = 1.0f / (sum[0] + sum[1]);
-                for (int k = 0; k < T; k++) WT[k] *= inv;
-            } else {
-                for (int k = 0; k < T; k++)
-                    WT[k] = blend(sees(k) & (ST[k] > 0.0f), ST[k] * scale, zero);
-            }
-            for (int c = 0; c < D; c++) { /* out^T += V^T W^T, over keys */
-                v16 oc[2] = {OT[c], zero};
-                for (int k = 0; k < T; k++) oc[k & 1] += V[k][c] * WT[k];
-                OT[c] = oc[0] + oc[1];
-            }
-            for (int k = 0; k < T; k++) {
-                store_t(s + ((eb * H + h) * T + k) * T, ST[k]);
-                store_t(w + ((eb * H + h) * T + k) * T, WT[k]);
-            }
-        }
-        transpose(OT);
-        for (int i = 0; i < T; i++) store_d(out + eb * TD + i * D, OT[i]);
+        forward_seq(H, rule, x + eb * TD, A + e * H * DD, M + e * H * DD, out + eb * TD,
+                    s + eb * HTT, w + eb * HTT, q + eb * H * TD, v + eb * H * TD);
     }
     return 0;
 }
@@ -167,84 +265,179 @@ int sinklab_attention_backward(int64_t EB, int64_t B, int H, int rule,
                                const f32 *restrict w, const f32 *restrict q,
                                const f32 *restrict v, const f32 *restrict g,
                                f32 *restrict gx, f32 *restrict gA, f32 *restrict gM) {
-    const int64_t TD = (int64_t)T * D, DD = (int64_t)D * D;
+    const int64_t TD = (int64_t)T * D, DD = (int64_t)D * D, HTT = (int64_t)H * T * T;
     const int64_t E = EB / B;
-    const v16 zero = {0}, scale = relu_scale();
-    v16 X[16], G[16], GT[16], GX[16], Q[16], WT[16], ST[16], GST[16], GQ[16], GV[16];
-    v16 Vr[16];
     memset(gA, 0, sizeof(f32) * (size_t)(E * H * DD));
     memset(gM, 0, sizeof(f32) * (size_t)(E * H * DD));
-    v16 *AT = aligned_alloc(sizeof(v16), sizeof(v16) * 32 * (size_t)(E * H)); /* rows of A_h^T, then of M_h^T */
+    v16 *AT = aligned_alloc(sizeof(v16), sizeof(v16) * 32 * (size_t)(E * H));
     if (!AT) return 1;
-    for (int64_t eh = 0; eh < E * H; eh++) {
-        v16 *at = AT + 32 * eh, *mt = at + 16;
-        for (int p = 0; p < 16; p++) {
-            at[p] = p < D ? load_d(A + eh * DD + p * D) : zero;
-            mt[p] = p < D ? load_d(M + eh * DD + p * D) : zero;
-        }
-        transpose(at);
-        transpose(mt);
-    }
+    for (int64_t e = 0; e < E; e++)
+        transposed(H, A + e * H * DD, M + e * H * DD, AT + 32 * e * H);
     for (int64_t eb = 0; eb < EB; eb++) {
         const int64_t e = eb / B;
-        for (int i = 0; i < 16; i++) {
-            X[i] = i < T ? load_d(x + eb * TD + i * D) : zero;
-            G[i] = GT[i] = i < T ? load_d(g + eb * TD + i * D) : zero;
-            GX[i] = zero;
-        }
-        transpose(GT); /* GT[c] holds g_ic over queries i */
-        for (int h = 0; h < H; h++) {
-            const int64_t eh = e * H + h;
-            const v16 *at = AT + 32 * eh, *mt = at + 16;
-            for (int i = 0; i < T; i++) {
-                Q[i] = load_d(q + ((eb * H + h) * T + i) * D);
-                Vr[i] = load_d(v + ((eb * H + h) * T + i) * D);
-                WT[i] = load_t(w + ((eb * H + h) * T + i) * T);
-                if (rule == RELU) ST[i] = load_t(s + ((eb * H + h) * T + i) * T);
-            }
-            for (int k = 0; k < T; k++) { /* d loss / d w_ik = g_i . v_k, over queries i */
-                v16 gwk = zero;
-                for (int c = 0; c < D; c++) gwk += Vr[k][c] * GT[c];
-                GST[k] = rule == SOFTMAX ? gwk
-                                         : blend(sees(k) & (ST[k] > 0.0f), gwk * scale, zero);
-            }
-            if (rule == SOFTMAX) { /* d loss / d s_ik = w_ik (gw_ik - sum_k' w_ik' gw_ik') */
-                v16 dot[2] = {zero, zero};
-                for (int k = 0; k < T; k++) dot[k & 1] += WT[k] * GST[k];
-                const v16 total = dot[0] + dot[1];
-                for (int k = 0; k < T; k++) GST[k] = WT[k] * (GST[k] - total);
-            }
-            for (int k = 0; k < T; k++) { /* gv_k = sum_i w_ik g_i; the keys' share of gx */
-                v16 gvk = zero, gxk = GX[k];
-                for (int i = k; i < T; i++) {
-                    gvk += WT[k][i] * G[i];
-                    gxk += GST[k][i] * Q[i];
-                }
-                GV[k] = gvk;
-                GX[k] = gxk;
-            }
-            for (int i = 0; i < T; i++) { /* gq_i = sum_k gs_ik x_k */
-                v16 gqi = zero;
-                for (int k = 0; k <= i; k++) gqi += GST[k][i] * X[k];
-                GQ[i] = gqi;
-            }
-            for (int p = 0; p < D; p++) {
-                v16 ga = load_d(gA + eh * DD + p * D), gm = load_d(gM + eh * DD + p * D);
-                for (int i = 0; i < T; i++) {
-                    ga += X[i][p] * GQ[i];
-                    gm += X[i][p] * GV[i];
-                }
-                store_d(gA + eh * DD + p * D, ga);
-                store_d(gM + eh * DD + p * D, gm);
-            }
-            for (int i = 0; i < T; i++) { /* the queries' and values' share of gx */
-                v16 gxi = GX[i];
-                for (int c = 0; c < D; c++) gxi += GQ[i][c] * at[c] + GV[i][c] * mt[c];
-                GX[i] = gxi;
-            }
-        }
-        for (int i = 0; i < T; i++) store_d(gx + eb * TD + i * D, GX[i]);
+        backward_seq(H, rule, x + eb * TD, AT + 32 * e * H, s + eb * HTT, w + eb * HTT,
+                     q + eb * H * TD, v + eb * H * TD, g + eb * TD, gx + eb * TD,
+                     gA + e * H * DD, gM + e * H * DD);
     }
     free(AT);
     return 0;
+}
+
+/* --------------------------------------------------------------- the whole training step */
+
+/* The whole step and its Adam run with subnormal floats flushed to zero (x86's FTZ and DAZ
+ * bits, restored on return): a trained softmax model's far keys get weights near e^-87, whose
+ * products with small gradients fall below FLT_MIN, and every such operation costs the CPU a
+ * slow assist. Flushing changes values below 1.2e-38 only. */
+#if defined(__x86_64__) || defined(__i386__)
+static inline unsigned flush_subnormals(void) {
+    const unsigned saved = _mm_getcsr();
+    _mm_setcsr(saved | 0x8040u); /* FTZ (bit 15) and DAZ (bit 6) */
+    return saved;
+}
+static inline void restore_subnormals(unsigned saved) { _mm_setcsr(saved); }
+#else
+static inline unsigned flush_subnormals(void) { return 0; }
+static inline void restore_subnormals(unsigned saved) { (void)saved; }
+#endif
+
+/* C (D, D) = X Y (transpose_x: X^T Y; transpose_y: X Y^T), row by row as sums of scaled rows,
+ * the d x d products that fold and unfold a head's weights. */
+static void product(const f32 *restrict X, const f32 *restrict Y, f32 *restrict C,
+                    int transpose_x, int transpose_y) {
+    v16 rows[16];
+    const v16 zero = {0};
+    for (int r = 0; r < 16; r++) rows[r] = r < D ? load_d(Y + r * D) : zero;
+    if (transpose_y) transpose(rows); /* rows[r] = column r of Y = row r of Y^T */
+    for (int p = 0; p < D; p++) {
+        v16 c[2] = {zero, zero};
+        for (int r = 0; r < D; r++)
+            c[r & 1] += (transpose_x ? X[r * D + p] : X[p * D + r]) * rows[r];
+        store_d(C + p * D, c[0] + c[1]);
+    }
+}
+
+/* One training step of members e0..e1-1 of an ensemble of E attention-only stacks of L layers,
+ * H heads each (sinklab.model.AttentionStack with model.block="attention" and BOS visible),
+ * with the MSE loss: forward through every layer and the residual adds (plain stacks:
+ * residual = 0), the loss and L-infinity error of each member's batch, and the gradient of
+ * the summed loss with respect to every weight.
+ *
+ * params, grads: the weights W_Q, W_K, W_V, W_O of layer 0, then of layer 1, ..., each
+ * (E, H, D, D), as the optimiser's flat buffer holds them; grads is overwritten. x, y (E, B, T,
+ * D); loss, linf (E). keep: NULL, or (L, E * B, H, T, T) to receive every layer's weights
+ * (head, key, query) as sinklab_attention_forward lays them out. A member's sums run over its
+ * sequences in order, each sequence forward and then backward through the stack while its
+ * activations are still in cache, so a member's results do not depend on the ensemble or on
+ * how members are split between threads. Returns 1 if the workspace cannot be allocated. */
+int sinklab_train_step(int64_t E, int64_t e0, int64_t e1, int64_t B, int H, int L, int rule,
+                       int residual, const f32 *restrict params, f32 *restrict grads,
+                       const f32 *restrict x, const f32 *restrict y, f32 *restrict loss,
+                       f32 *restrict linf, f32 *restrict keep) {
+    const int64_t TD = (int64_t)T * D, DD = (int64_t)D * D, HTT = (int64_t)H * T * T;
+    const int64_t HDD = H * DD, P = E * HDD; /* one head's weights; one (E, H, D, D) tensor */
+    const f32 n = (f32)(B * TD);
+    const size_t floats = (size_t)(4 * L * HDD + (L + 1) * TD + 2 * L * (HTT + H * TD) + 2 * TD);
+    f32 *work = malloc(sizeof(f32) * floats);
+    v16 *at = aligned_alloc(sizeof(v16), sizeof(v16) * 32 * (size_t)(L * H));
+    if (!work || !at) {
+        free(work);
+        free(at);
+        return 1;
+    }
+    const unsigned csr = flush_subnormals();
+    f32 *A = work, *M = A + L * HDD, *gA = M + L * HDD, *gM = gA + L * HDD;
+    f32 *hs = gM + L * HDD, *S = hs + (L + 1) * TD, *W = S + L * HTT;
+    f32 *Q = W + L * HTT, *V = Q + L * H * TD, *g = V + L * H * TD, *gx = g + TD;
+    for (int64_t e = e0; e < e1; e++) {
+        for (int l = 0; l < L; l++) {
+            const f32 *wq = params + (4 * l) * P + e * HDD, *wk = wq + P, *wv = wk + P,
+                      *wo = wv + P;
+            for (int h = 0; h < H; h++) {
+                product(wq + h * DD, wk + h * DD, A + l * HDD + h * DD, 0, 1); /* Wq Wk^T */
+                product(wv + h * DD, wo + h * DD, M + l * HDD + h * DD, 0, 0); /* Wv Wo */
+            }
+            transposed(H, A + l * HDD, M + l * HDD, at + 32 * l * H);
+        }
+        memset(gA, 0, sizeof(f32) * (size_t)(2 * L * HDD)); /* gA and gM */
+        v16 sq = {0};
+        f32 worst = 0.0f;
+        for (int64_t b = 0; b < B; b++) {
+            const int64_t eb = e * B + b;
+            memcpy(hs, x + eb * TD, sizeof(f32) * (size_t)TD);
+            for (int l = 0; l < L; l++) {
+                f32 *in = hs + l * TD, *out = in + TD;
+                forward_seq(H, rule, in, A + l * HDD, M + l * HDD, out, S + l * HTT,
+                            W + l * HTT, Q + l * H * TD, V + l * H * TD);
+                if (residual)
+                    for (int64_t i = 0; i < TD; i++) out[i] = in[i] + out[i];
+                if (keep)
+                    memcpy(keep + ((int64_t)l * E * B + eb) * HTT, W + l * HTT,
+                           sizeof(f32) * (size_t)HTT);
+            }
+            const f32 *top = hs + L * TD, *target = y + eb * TD;
+            for (int i = 0; i < T; i++) {
+                const v16 err = load_d(top + i * D) - load_d(target + i * D);
+                sq += err * err;
+                for (int c = 0; c < D; c++) {
+                    const f32 a = err[c] < 0 ? -err[c] : err[c];
+                    if (!(a <= worst) && worst == worst) worst = a; /* NaN stays, as in torch.amax */
+                }
+                store_d(g + i * D, err * 2.0f * (1.0f / n));
+            }
+            for (int l = L - 1; l >= 0; l--) {
+                backward_seq(H, rule, hs + l * TD, at + 32 * l * H, S + l * HTT, W + l * HTT,
+                             Q + l * H * TD, V + l * H * TD, g, gx, gA + l * HDD, gM + l * HDD);
+                if (residual)
+                    for (int64_t i = 0; i < TD; i++) g[i] = g[i] + gx[i];
+                else
+                    memcpy(g, gx, sizeof(f32) * (size_t)TD);
+            }
+        }
+        f32 total = 0.0f;
+        for (int c = 0; c < 16; c++) total += sq[c];
+        loss[e] = total / n;
+        linf[e] = worst;
+        for (int l = 0; l < L; l++) {
+            const f32 *wq = params + (4 * l) * P + e * HDD, *wk = wq + P, *wv = wk + P,
+                      *wo = wv + P;
+            f32 *gq = grads + (4 * l) * P + e * HDD, *gk = gq + P, *gv = gk + P, *go = gv + P;
+            for (int h = 0; h < H; h++) {
+                const f32 *ga = gA + l * HDD + h * DD, *gm = gM + l * HDD + h * DD;
+                product(ga, wk + h * DD, gq + h * DD, 0, 0); /* gA Wk */
+                product(ga, wq + h * DD, gk + h * DD, 1, 0); /* gA^T Wq */
+                product(gm, wo + h * DD, gv + h * DD, 0, 1); /* gM Wo^T */
+                product(wv + h * DD, gm, go + h * DD, 1, 0); /* Wv^T gM */
+            }
+        }
+    }
+    restore_subnormals(csr);
+    free(work);
+    free(at);
+    return 0;
+}
+
+/* Adam on the flat buffers p, g, m, v of n floats, whose element i belongs to member
+ * (i / chunk) % E: members with on[e] = 0 keep their weights and moments; the others take
+ * torch.optim.Adam's update with step size step[e] = -lr_e / (1 - beta1^t), written in the
+ * order of sinklab.train.MemberAdam's operations. */
+void sinklab_adam(int64_t n, int64_t chunk, int64_t E, f32 *restrict p, const f32 *restrict g,
+                  f32 *restrict m, f32 *restrict v, const uint8_t *restrict on,
+                  const f32 *restrict step, f32 beta1, f32 beta2, f32 bc2_sqrt, f32 eps) {
+    const f32 w1 = 1.0f - beta1, w2 = 1.0f - beta2;
+    const unsigned csr = flush_subnormals();
+    for (int64_t start = 0; start < n; start += chunk) {
+        const int64_t e = (start / chunk) % E;
+        if (!on[e]) continue;
+        const f32 size = step[e];
+        for (int64_t i = start; i < start + chunk && i < n; i++) {
+            const f32 gi = g[i];
+            const f32 mi = m[i] + w1 * (gi - m[i]);
+            const f32 vi = v[i] * beta2 + w2 * gi * gi;
+            m[i] = mi;
+            v[i] = vi;
+            p[i] = p[i] + size * (mi / (__builtin_sqrtf(vi) / bc2_sqrt + eps));
+        }
+    }
+    restore_subnormals(csr);
 }
