@@ -251,3 +251,22 @@ def test_layer_summaries_do_not_depend_on_head_order(seed):
     assert before == after
     assert all(row["sorted_bos_max"] == sorted(row["sorted_bos_max"], reverse=True)
                or len(row["sorted_bos_max"]) == 1 for row in before)
+
+
+def test_big_models_train_one_job_per_seed_on_a_cpu_and_one_ensemble_on_a_gpu(monkeypatch):
+    """On a CPU each 4x4 seed is its own job (an ensemble saves nothing there) and the small
+    models share one per (configuration, rule); on a GPU every configuration's seeds are one
+    ensemble on the device."""
+    import torch
+
+    from sinklab import train
+
+    opts = rp.ReproduceOptions(seeds=3)
+    chunks = {(c.group, c.chunk) for c in rp.cells(opts, Execution(device="cpu"))}
+    assert chunks == {(("1x1", r), None) for r in rp.RULES} | {
+        (("2x2", r), None) for r in rp.RULES} | {(("4x4", r), 1) for r in rp.RULES}
+    monkeypatch.setattr(train, "resolve_device", lambda name, flag="": torch.device("cuda"))
+    exe = Execution(device="cpu")
+    exe.device = "cuda"  # after the check: this machine has no GPU
+    gpu = rp.cells(opts, exe)
+    assert {c.chunk for c in gpu} == {None}

@@ -92,9 +92,13 @@ def run_name(experiment: str, rule: str, seed: int) -> str:
 
 
 def cells(opts: ReproduceOptions, exe: Execution) -> list[Cell]:
-    """Every (configuration, rule, seed). Small models share an ensemble per (configuration,
-    rule); a 4x4 step is arithmetic-bound on a CPU, where an ensemble saves nothing, so big
-    models get one job per seed, which balances the worker processes better."""
+    """Every (configuration, rule, seed). Every seed of a (configuration, rule) shares one
+    ensemble, except the big models on a CPU: a 4x4 step is arithmetic-bound there, so an
+    ensemble saves nothing, and one job per seed balances the worker processes better. On a
+    GPU the seeds of a 4x4 configuration train as one ensemble on the device too."""
+    from sinklab.train import resolve_device  # torch: not for the help texts
+
+    on_cpu = resolve_device(exe.device, "--device").type == "cpu"
     out = []
     for experiment, (layers, heads) in EXPERIMENTS.items():
         for rule in RULES:
@@ -102,7 +106,7 @@ def cells(opts: ReproduceOptions, exe: Execution) -> list[Cell]:
                 out.append(Cell(run_name(experiment, rule, seed),
                                 run_config(experiment, rule, seed, opts, exe.device),
                                 group=(experiment, rule), label=f"{experiment} {rule}",
-                                chunk=1 if layers * heads > 4 else None))
+                                chunk=1 if on_cpu and layers * heads > 4 else None))
     return out
 
 
