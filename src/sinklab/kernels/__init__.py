@@ -1,9 +1,12 @@
-"""A fused CPU kernel for the paper's attention-only layer, built at run time when it can be.
+"""A fused CPU kernel for the paper's attention-only models, built at run time when it can be.
 
 ``attention.c`` computes one layer's forward and backward pass (sinklab.model.Attention's
 folded products, the softmax or ReLU rule, and their gradients) sequence by sequence in vector
-registers, instead of the dozen batched products and elementwise passes PyTorch needs.
-``benchmarks/train_speed.py`` measures what it gains.
+registers, instead of the dozen batched products and elementwise passes PyTorch needs
+(``FusedAttention``, the autograd path), and the whole training step of an attention-only stack:
+every layer, the residual adds, the loss and L-infinity error, the backward pass and Adam
+(``TrainStep``, which ``sinklab.train`` uses wherever it applies). ``benchmarks/train_speed.py``
+and ``benchmarks/whole_step.py`` measure what they gain.
 
 Ensemble members are split across torch's threads (``torch.get_num_threads()``), which
 changes no result: each member is computed on its own.
