@@ -3,6 +3,7 @@ arithmetic floor, and what a step costs in two processes side by side.
 
     python benchmarks/whole_step.py                  # everything below, about 2 minutes
     python benchmarks/whole_step.py --skip-workers   # without the side-by-side section
+    python benchmarks/whole_step.py --trained results/reproduce/runs/4x4_softmax_seed0
 
 1. The float32 matmul peak of one thread (2048^3, best of 3), the rate every floor is taken at.
 2. For the paper's 1x1, 2x2 and 4x4 models alone and the 1x1 ensemble of 32, milliseconds per
@@ -15,6 +16,9 @@ arithmetic floor, and what a step costs in two processes side by side.
    (no memory traffic: the kernel on one sequence, whose workspace stays in L1) and a memory
    stream (a 256 MiB copy) each timed alone and then in two processes started together, each
    process timing its own work; and two 4x4 members as one ensemble on two threads.
+
+4. With ``--trained RUN``: the 4x4 step at a trained model's weights against its starting
+   weights, on autograd with subnormal floats kept and flushed, and on the whole step.
 
 Every figure is the best of several repeats, measured in this one run.
 """
@@ -160,10 +164,46 @@ def two_thread_ensemble() -> float:
     return best_of(lambda: step(batch.x, batch.y)) / 2
 
 
+def trained_weights(run_dir: str) -> None:
+    """Section 4: the 4x4 step at a trained model's weights (a finished ``sinklab reproduce``
+    4x4 run), where the softmax's far keys give subnormal products, against the same step at the
+    weights it started from: autograd with subnormals kept and flushed
+    (``torch.set_flush_denormal``), and the whole step (which flushes them itself)."""
+    from sinklab.train import load_model
+
+    torch.set_num_threads(1)
+    cfg, trained = load_model(run_dir)
+    fresh = build_ensemble([cfg], torch.device("cpu"))
+    stream = TrainStream(cfg.task, cfg.train.batch_size, [torch.Generator().manual_seed(0)],
+                         residual=cfg.residual)
+    batch = stream.next()
+    print(f"\n4x4 step at the weights it starts from and at a trained model's ({run_dir}):")
+    for name, model in (("start", fresh), ("trained", trained)):
+        opt = MemberAdam(list(model.parameters()), torch.tensor([cfg.train.lr]),
+                         (cfg.train.beta1, cfg.train.beta2), cfg.train.adam_eps)
+        step = kernels.TrainStep.build(model, opt, cfg.task.seq_len)
+
+        def autograd() -> None:
+            loss = (model(batch.x).out - batch.y).pow(2).mean(dim=(1, 2, 3))
+            opt.zero_grad()
+            loss.sum().backward()
+
+        kept = best_of(autograd)
+        torch.set_flush_denormal(True)
+        flushed = best_of(autograd)
+        torch.set_flush_denormal(False)
+        whole = best_of(lambda: step(batch.x, batch.y))
+        print(f"  {name:8s} autograd forward+backward {1000 * kept:.2f} ms, with subnormals "
+              f"flushed {1000 * flushed:.2f} ms; whole step's kernel {1000 * whole:.2f} ms")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--skip-workers", action="store_true",
                         help="leave out section 3 (two processes side by side)")
+    parser.add_argument("--trained", metavar="RUN",
+                        help="a finished 4x4 run folder (sinklab reproduce's "
+                             "runs/4x4_softmax_seed0): also time the step at its weights")
     parser.add_argument("--worker", nargs=2, metavar=("KIND", "START"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -186,6 +226,8 @@ def main() -> None:
               f"{ms['kernel']:7.2f} {ms['stop']:5.2f} {ms['adam']:5.2f} | {ms['autograd']:6.2f} "
               f"ms {t['autograd'] / t['whole']:5.2f}x | {rate:9.1f} {100 * rate / peak:6.0f}% "
               f"{1000 * flops / peak / 1e9:8.2f} ms")
+    if args.trained:
+        trained_weights(args.trained)
     if args.skip_workers:
         return
     print("\none process alone against two side by side (each timing its own work, best of 7):")
