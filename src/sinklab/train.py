@@ -514,7 +514,7 @@ def train_ensemble(
                 writers[e].finish(finished, i, step, summaries[e], mean=maps["mean"][i],
                                   std=maps["std"][i])
 
-    # The whole step on the kernel where it applies (sinklab.kernels.TrainStep), else autograd.
+    # Every layer in one kernel call where it applies (sinklab.kernels.TrainStep), else autograd.
     fused = kernels.TrainStep.build(model, opt, cfg.task.seq_len) if engine == "kernel" else None
     try:
         for step in range(max_steps + 1):
@@ -552,12 +552,10 @@ def train_ensemble(
             if step % log_every == 0:
                 running = active.nonzero().flatten().tolist()
                 _log_rows(writers, running, step, loss, linf, patterns, trigger, {})
-            if fused is not None:  # the gradients are in opt.grad already
-                fused.adam(opt)
-            else:
+            if fused is None:  # (the whole step has put its gradients in opt.grad already)
                 opt.zero_grad()
                 loss.sum().backward()  # members are independent: each gets its own gradient
-                opt.step()
+            opt.step()
             bar.update(1)
             if show and step % 50 == 0:
                 best = linf.masked_fill(~active, math.inf).min().item()

@@ -3,8 +3,8 @@
 ``attention.c`` computes one layer's forward and backward pass (sinklab.model.Attention's
 folded products, the softmax or ReLU rule, and their gradients) sequence by sequence in vector
 registers, instead of the dozen batched products and elementwise passes PyTorch needs
-(``FusedAttention``, the autograd path), and the whole training step of an attention-only stack:
-every layer, the residual adds, the loss and L-infinity error, the backward pass and Adam
+(``FusedAttention``, the autograd path), and every layer of an attention-only stack's training
+step in one call: forward, residual adds, loss and L-infinity error and backward
 (``TrainStep``, which ``sinklab.train`` uses wherever it applies). ``benchmarks/train_speed.py``
 and ``benchmarks/whole_step.py`` measure what they gain.
 
@@ -24,7 +24,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
-import math
 import os
 import platform
 import shutil
@@ -98,10 +97,7 @@ def _library(seq_len: int, d_model: int) -> ctypes.CDLL | None:
     i64, i32, ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
     lib.sinklab_attention_forward.argtypes = [i64, i64, i32, i32] + [ptr] * 8
     lib.sinklab_attention_backward.argtypes = [i64, i64, i32, i32] + [ptr] * 11
-    lib.sinklab_train_step.argtypes = [i64] * 4 + [i32] * 4 + [ptr] * 7
-    f32 = ctypes.c_float
-    lib.sinklab_adam.argtypes = [i64] * 3 + [ptr] * 6 + [f32] * 4
-    lib.sinklab_adam.restype = None
+    lib.sinklab_train_step.argtypes = [i64] * 4 + [i32] * 4 + [ptr] * 9
     return lib
 
 
@@ -198,67 +194,69 @@ class FusedAttention(torch.autograd.Function):
 
 
 class TrainStep:
-    """The whole training step of an attention-only stack on the kernel: one call computes
-    every layer, the residual adds, each member's MSE loss and L-infinity error and the gradient
-    of every weight, and ``adam`` updates the weights; Python only draws the batch and applies
-    the stop rule in between. ``build`` says whether a model can use it.
-
-    The forward and backward pass of each layer are ``FusedAttention``'s (the same C
-    functions), so a layer's weights and outputs are those of the autograd path given the same
-    folded weights; the folds A = W_Q W_K^T and M = W_V W_O, their gradients and Adam are
-    computed here in the kernel's own order. Each member is worked out on its own, sequence
-    after sequence, so members are split between torch's threads without changing a bit.
+    """The training step of an attention-only stack with its layers on the kernel in one call:
+    every layer forward, the residual adds, each member's MSE loss and L-infinity error, and
+    every layer back again, one sequence at a time while its activations are in cache, giving
+    the gradients of the folded weights A = W_Q W_K^T and M = W_V W_O. The folds, their
+    gradients to W_Q, W_K, W_V and W_O, and Adam (``opt.step()``) stay PyTorch's, computed by
+    the same operations as the autograd path, and the layers are ``FusedAttention``'s C
+    functions, so a step gives the autograd path's numbers bit for bit. ``build`` says whether
+    a model can use it.
 
         step = TrainStep.build(model, opt, seq_len)
         loss, linf, patterns = step(x, y, keep=True)  # patterns: per layer (E, B, H, Q, K)
-        step.adam(opt)
+        opt.step()                                     # the gradients are in opt.grad
     """
 
     def __init__(self, model: Any, opt: Any, seq_len: int) -> None:
+        self.model, self.opt = model, opt
         self.n_members, self.n_layers = model.n_members, len(model.blocks)
         self.n_heads, self.seq_len, self.d_model = model.cfg.n_heads, seq_len, model.d_model
         self.rule, self.residual = RULES[model.cfg.attention], int(model.residual)
         self.lib = _library(seq_len, model.d_model)
-        self.flat, self.grad = opt.flat, opt.grad
-        self.loss = opt.flat.new_empty(self.n_members)
+        shape = (self.n_layers, self.n_members, self.n_heads, self.d_model, self.d_model)
+        ref = opt.flat
+        self.folds = ref.new_empty((2, *shape))  # A and M of every layer, as the kernel reads them
+        self.fold_grads = torch.empty_like(self.folds)
+        self.loss = ref.new_empty(self.n_members)
         self.linf = torch.empty_like(self.loss)
         self._keep: Tensor | None = None  # (L, E * B, H, key, query), made on first use
 
     @classmethod
     def build(cls, model: Any, opt: Any, seq_len: int) -> TrainStep | None:
         """The step for ``model`` (an ``AttentionStack``) trained by ``opt`` (a
-        ``sinklab.train.MemberAdam`` over its parameters), or None where the whole step cannot
-        run on the kernel: another block than ``attention``, a layer off the kernel
-        (``AttentionStack.engine``), a rule with parameters of its own, or weights not laid out
-        in the optimiser's flat buffer layer by layer as W_Q, W_K, W_V, W_O."""
+        ``sinklab.train.MemberAdam`` over its parameters), or None where it cannot run on the
+        kernel: another block than ``attention``, a layer off the kernel
+        (``AttentionStack.engine``), or a rule with parameters of its own."""
         if model.cfg.block != "attention" or model.engine(seq_len) != "kernel":
             return None
-        params = list(model.parameters())
-        order = [w for b in model.blocks for w in (b.attn.w_q, b.attn.w_k, b.attn.w_v,
-                                                   b.attn.w_o)]
-        size = order[0].numel()
-        laid_out = len(params) == len(order) and all(
-            p is w and p.is_contiguous() and p.numel() == size
-            and p.data_ptr() == opt.flat.data_ptr() + i * size * p.element_size()
-            and opt._grads[i].data_ptr() == opt.grad.data_ptr() + i * size * p.element_size()
-            for i, (p, w) in enumerate(zip(params, order)))
-        return cls(model, opt, seq_len) if laid_out else None
+        if len(list(model.parameters())) != 4 * len(model.blocks):
+            return None
+        return cls(model, opt, seq_len)
 
     def __call__(self, x: Tensor, y: Tensor, keep: bool = False
                  ) -> tuple[Tensor, Tensor, list[Tensor] | None]:
         """x, y (E, B, T, d) -> each member's loss and L-infinity error (E,) and, with
-        ``keep``, every layer's weights (E, B, H, query, key) on this batch. The gradients are
-        written into the optimiser's gradient buffer. The returned tensors are this object's
-        buffers, overwritten by the next call."""
+        ``keep``, every layer's weights (E, B, H, query, key) on this batch. The gradients of
+        every weight are written into the optimiser's gradient buffer. The returned tensors are
+        this object's buffers, overwritten by the next call."""
         n, batch = self.n_members, x.shape[1]
         x, y = x.contiguous(), y.contiguous()
+        with torch.enable_grad():  # the folds as Attention.forward computes them
+            folds = [(b.attn.w_q @ b.attn.w_k.transpose(-1, -2), b.attn.w_v @ b.attn.w_o)
+                     for b in self.model.blocks]
+        with torch.no_grad():
+            for layer, (a, m) in enumerate(folds):
+                self.folds[0, layer].copy_(a)
+                self.folds[1, layer].copy_(m)
         shape = (self.n_layers, n * batch, self.n_heads, self.seq_len, self.seq_len)
         if keep and (self._keep is None or self._keep.shape != shape):
             self._keep = x.new_empty(shape)
         kept = ctypes.c_void_p(self._keep.data_ptr() if keep else 0)
         scalars = (n, batch, self.n_heads, self.n_layers, self.rule, self.residual)
         pointers = [ctypes.c_void_p(t.data_ptr()) for t in
-                    (self.flat, self.grad, x, y, self.loss, self.linf)] + [kept]
+                    (self.folds[0], self.folds[1], self.fold_grads[0], self.fold_grads[1], x, y,
+                     self.loss, self.linf)] + [kept]
 
         def call(lo: int, hi: int) -> None:
             if self.lib.sinklab_train_step(scalars[0], lo, hi, *scalars[1:], *pointers):
@@ -270,24 +268,12 @@ class TrainStep:
         call(bounds[0], bounds[1])
         for future in later:
             future.result()
+        self.opt.zero_grad()
+        torch.autograd.backward([t for pair in folds for t in pair],
+                                [g for layer in range(self.n_layers)
+                                 for g in (self.fold_grads[0, layer], self.fold_grads[1, layer])])
         patterns = None
         if keep:
             per_head = (n, batch, self.n_heads, self.seq_len, self.seq_len)
             patterns = [w.view(per_head).transpose(3, 4) for w in self._keep]
         return self.loss, self.linf, patterns
-
-    def adam(self, opt: Any) -> None:
-        """``opt.step()`` on the kernel: the same update for every member still training
-        (``MemberAdam``'s rule and bias corrections), in the kernel's order of operations;
-        frozen members keep their weights and moments."""
-        opt.t += 1
-        bc1 = 1 - opt.beta1 ** opt.t
-        bc2_sqrt = math.sqrt(1 - opt.beta2 ** opt.t)
-        n = self.n_members
-        rates = [opt.lr] * n if isinstance(opt.lr, float) else opt.lr.tolist()
-        step = (ctypes.c_float * n)(*(-rate / bc1 for rate in rates))
-        on = (ctypes.c_uint8 * n)(*(not f for f in opt.frozen.tolist()))
-        self.lib.sinklab_adam(self.flat.numel(), self.flat.numel() // (4 * self.n_layers * n),
-                              n, *(ctypes.c_void_p(t.data_ptr()) for t in
-                                   (self.flat, self.grad, opt.m, opt.v)), on, step,
-                              opt.beta1, opt.beta2, bc2_sqrt, opt.eps)

@@ -18,9 +18,6 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#if defined(__x86_64__) || defined(__i386__)
-#include <xmmintrin.h>
-#endif
 
 #if !defined(T) || !defined(D) || T > 16 || D > 16 || T < 1 || D < 1
 #error "compile with -DT=<seq_len> -DD=<d_model>, each between 1 and 16"
@@ -285,59 +282,29 @@ int sinklab_attention_backward(int64_t EB, int64_t B, int H, int rule,
 
 /* --------------------------------------------------------------- the whole training step */
 
-/* The whole step and its Adam run with subnormal floats flushed to zero (x86's FTZ and DAZ
- * bits, restored on return): a trained softmax model's far keys get weights near e^-87, whose
- * products with small gradients fall below FLT_MIN, and every such operation costs the CPU a
- * slow assist. Flushing changes values below 1.2e-38 only. */
-#if defined(__x86_64__) || defined(__i386__)
-static inline unsigned flush_subnormals(void) {
-    const unsigned saved = _mm_getcsr();
-    _mm_setcsr(saved | 0x8040u); /* FTZ (bit 15) and DAZ (bit 6) */
-    return saved;
-}
-static inline void restore_subnormals(unsigned saved) { _mm_setcsr(saved); }
-#else
-static inline unsigned flush_subnormals(void) { return 0; }
-static inline void restore_subnormals(unsigned saved) { (void)saved; }
-#endif
-
-/* C (D, D) = X Y (transpose_x: X^T Y; transpose_y: X Y^T), row by row as sums of scaled rows,
- * the d x d products that fold and unfold a head's weights. */
-static void product(const f32 *restrict X, const f32 *restrict Y, f32 *restrict C,
-                    int transpose_x, int transpose_y) {
-    v16 rows[16];
-    const v16 zero = {0};
-    for (int r = 0; r < 16; r++) rows[r] = r < D ? load_d(Y + r * D) : zero;
-    if (transpose_y) transpose(rows); /* rows[r] = column r of Y = row r of Y^T */
-    for (int p = 0; p < D; p++) {
-        v16 c[2] = {zero, zero};
-        for (int r = 0; r < D; r++)
-            c[r & 1] += (transpose_x ? X[r * D + p] : X[p * D + r]) * rows[r];
-        store_d(C + p * D, c[0] + c[1]);
-    }
-}
-
-/* One training step of members e0..e1-1 of an ensemble of E attention-only stacks of L layers,
- * H heads each (sinklab.model.AttentionStack with model.block="attention" and BOS visible),
- * with the MSE loss: forward through every layer and the residual adds (plain stacks:
- * residual = 0), the loss and L-infinity error of each member's batch, and the gradient of
- * the summed loss with respect to every weight.
+/* The layers of one training step of members e0..e1-1 of an ensemble of E attention-only
+ * stacks of L layers, H heads each (sinklab.model.AttentionStack with model.block="attention"
+ * and BOS visible), with the MSE loss: forward through every layer and the residual adds
+ * (plain stacks: residual = 0), the loss and L-infinity error of each member's batch, and the
+ * gradient of the summed loss with respect to every layer's folded weights.
  *
- * params, grads: the weights W_Q, W_K, W_V, W_O of layer 0, then of layer 1, ..., each
- * (E, H, D, D), as the optimiser's flat buffer holds them; grads is overwritten. x, y (E, B, T,
- * D); loss, linf (E). keep: NULL, or (L, E * B, H, T, T) to receive every layer's weights
- * (head, key, query) as sinklab_attention_forward lays them out. A member's sums run over its
- * sequences in order, each sequence forward and then backward through the stack while its
- * activations are still in cache, so a member's results do not depend on the ensemble or on
- * how members are split between threads. Returns 1 if the workspace cannot be allocated. */
+ * A, M (L, E, H, D, D): the folds W_Q W_K^T and W_V W_O of every layer; gA, gM the same shape,
+ * overwritten. x, y (E, B, T, D); loss, linf (E). keep: NULL, or (L, E * B, H, T, T) to receive
+ * every layer's weights (head, key, query) as sinklab_attention_forward lays them out. A
+ * member's sums run over its sequences in order, each sequence forward and then backward
+ * through the stack while its activations are still in cache; each layer is forward_seq and
+ * backward_seq, as in sinklab_attention_forward and _backward, so the gradients are bitwise
+ * those of the per-layer functions under autograd, whatever the ensemble or the split of
+ * members between threads. Returns 1 if the workspace cannot be allocated. */
 int sinklab_train_step(int64_t E, int64_t e0, int64_t e1, int64_t B, int H, int L, int rule,
-                       int residual, const f32 *restrict params, f32 *restrict grads,
-                       const f32 *restrict x, const f32 *restrict y, f32 *restrict loss,
-                       f32 *restrict linf, f32 *restrict keep) {
+                       int residual, const f32 *restrict Af, const f32 *restrict Mf,
+                       f32 *restrict gAf, f32 *restrict gMf, const f32 *restrict x,
+                       const f32 *restrict y, f32 *restrict loss, f32 *restrict linf,
+                       f32 *restrict keep) {
     const int64_t TD = (int64_t)T * D, DD = (int64_t)D * D, HTT = (int64_t)H * T * T;
-    const int64_t HDD = H * DD, P = E * HDD; /* one head's weights; one (E, H, D, D) tensor */
+    const int64_t HDD = H * DD, P = E * HDD; /* one member's heads; one layer's (E, H, D, D) */
     const f32 n = (f32)(B * TD);
-    const size_t floats = (size_t)(4 * L * HDD + (L + 1) * TD + 2 * L * (HTT + H * TD) + 2 * TD);
+    const size_t floats = (size_t)(2 * L * HDD + (L + 1) * TD + 2 * L * (HTT + H * TD) + 2 * TD);
     f32 *work = malloc(sizeof(f32) * floats);
     v16 *at = aligned_alloc(sizeof(v16), sizeof(v16) * 32 * (size_t)(L * H));
     if (!work || !at) {
@@ -345,21 +312,18 @@ int sinklab_train_step(int64_t E, int64_t e0, int64_t e1, int64_t B, int H, int 
         free(at);
         return 1;
     }
-    const unsigned csr = flush_subnormals();
-    f32 *A = work, *M = A + L * HDD, *gA = M + L * HDD, *gM = gA + L * HDD;
-    f32 *hs = gM + L * HDD, *S = hs + (L + 1) * TD, *W = S + L * HTT;
+    f32 *A = work, *M = A + L * HDD; /* this member's layers, gathered */
+    f32 *hs = M + L * HDD, *S = hs + (L + 1) * TD, *W = S + L * HTT;
     f32 *Q = W + L * HTT, *V = Q + L * H * TD, *g = V + L * H * TD, *gx = g + TD;
     for (int64_t e = e0; e < e1; e++) {
+        f32 *gA = gAf + e * HDD, *gM = gMf + e * HDD; /* layer l at + l * P */
         for (int l = 0; l < L; l++) {
-            const f32 *wq = params + (4 * l) * P + e * HDD, *wk = wq + P, *wv = wk + P,
-                      *wo = wv + P;
-            for (int h = 0; h < H; h++) {
-                product(wq + h * DD, wk + h * DD, A + l * HDD + h * DD, 0, 1); /* Wq Wk^T */
-                product(wv + h * DD, wo + h * DD, M + l * HDD + h * DD, 0, 0); /* Wv Wo */
-            }
+            memcpy(A + l * HDD, Af + l * P + e * HDD, sizeof(f32) * (size_t)HDD);
+            memcpy(M + l * HDD, Mf + l * P + e * HDD, sizeof(f32) * (size_t)HDD);
             transposed(H, A + l * HDD, M + l * HDD, at + 32 * l * H);
+            memset(gA + l * P, 0, sizeof(f32) * (size_t)HDD);
+            memset(gM + l * P, 0, sizeof(f32) * (size_t)HDD);
         }
-        memset(gA, 0, sizeof(f32) * (size_t)(2 * L * HDD)); /* gA and gM */
         v16 sq = {0};
         f32 worst = 0.0f;
         for (int64_t b = 0; b < B; b++) {
@@ -387,7 +351,7 @@ int sinklab_train_step(int64_t E, int64_t e0, int64_t e1, int64_t B, int H, int 
             }
             for (int l = L - 1; l >= 0; l--) {
                 backward_seq(H, rule, hs + l * TD, at + 32 * l * H, S + l * HTT, W + l * HTT,
-                             Q + l * H * TD, V + l * H * TD, g, gx, gA + l * HDD, gM + l * HDD);
+                             Q + l * H * TD, V + l * H * TD, g, gx, gA + l * P, gM + l * P);
                 if (residual)
                     for (int64_t i = 0; i < TD; i++) g[i] = g[i] + gx[i];
                 else
@@ -398,46 +362,8 @@ int sinklab_train_step(int64_t E, int64_t e0, int64_t e1, int64_t B, int H, int 
         for (int c = 0; c < 16; c++) total += sq[c];
         loss[e] = total / n;
         linf[e] = worst;
-        for (int l = 0; l < L; l++) {
-            const f32 *wq = params + (4 * l) * P + e * HDD, *wk = wq + P, *wv = wk + P,
-                      *wo = wv + P;
-            f32 *gq = grads + (4 * l) * P + e * HDD, *gk = gq + P, *gv = gk + P, *go = gv + P;
-            for (int h = 0; h < H; h++) {
-                const f32 *ga = gA + l * HDD + h * DD, *gm = gM + l * HDD + h * DD;
-                product(ga, wk + h * DD, gq + h * DD, 0, 0); /* gA Wk */
-                product(ga, wq + h * DD, gk + h * DD, 1, 0); /* gA^T Wq */
-                product(gm, wo + h * DD, gv + h * DD, 0, 1); /* gM Wo^T */
-                product(wv + h * DD, gm, go + h * DD, 1, 0); /* Wv^T gM */
-            }
-        }
     }
-    restore_subnormals(csr);
     free(work);
     free(at);
     return 0;
-}
-
-/* Adam on the flat buffers p, g, m, v of n floats, whose element i belongs to member
- * (i / chunk) % E: members with on[e] = 0 keep their weights and moments; the others take
- * torch.optim.Adam's update with step size step[e] = -lr_e / (1 - beta1^t), written in the
- * order of sinklab.train.MemberAdam's operations. */
-void sinklab_adam(int64_t n, int64_t chunk, int64_t E, f32 *restrict p, const f32 *restrict g,
-                  f32 *restrict m, f32 *restrict v, const uint8_t *restrict on,
-                  const f32 *restrict step, f32 beta1, f32 beta2, f32 bc2_sqrt, f32 eps) {
-    const f32 w1 = 1.0f - beta1, w2 = 1.0f - beta2;
-    const unsigned csr = flush_subnormals();
-    for (int64_t start = 0; start < n; start += chunk) {
-        const int64_t e = (start / chunk) % E;
-        if (!on[e]) continue;
-        const f32 size = step[e];
-        for (int64_t i = start; i < start + chunk && i < n; i++) {
-            const f32 gi = g[i];
-            const f32 mi = m[i] + w1 * (gi - m[i]);
-            const f32 vi = v[i] * beta2 + w2 * gi * gi;
-            m[i] = mi;
-            v[i] = vi;
-            p[i] = p[i] + size * (mi / (__builtin_sqrtf(vi) / bc2_sqrt + eps));
-        }
-    }
-    restore_subnormals(csr);
 }
