@@ -452,8 +452,9 @@ def test_theory_options_defaults_quick_and_their_runs():
     assert cell.config.train.patience == verdicts.PLATEAU_PATIENCE  # they train to a plateau
     frontier = next(c for c in own if c.name == "frontier/softmax_seed2")
     assert frontier.config.train.save_every == th.SAVE_EVERY
-    # the reproduction's runs, exactly as `sinklab reproduce` names and configures them
-    rep = {c.name: c.config for c in reproduction.cells(reproduction.ReproduceOptions(), exe)}
+    # the reproduction's runs, exactly as `sinklab reproduce --seeds 3` names and configures them
+    rep = {c.name: c.config
+           for c in reproduction.cells(reproduction.ReproduceOptions(seeds=opts.seeds), exe)}
     assert {c.name: c.config for c in own if c.name.startswith("runs/")} == rep
     given = th.cells(th.TheoryOptions(reproduce=Path("elsewhere")), exe)
     assert all(c.name.split("/")[0] in ("denied", "frontier", "plain") for c in given)
