@@ -242,13 +242,11 @@ class TrainStep:
         this object's buffers, overwritten by the next call."""
         n, batch = self.n_members, x.shape[1]
         x, y = x.contiguous(), y.contiguous()
-        with torch.enable_grad():  # the folds as Attention.forward computes them
-            folds = [(b.attn.w_q @ b.attn.w_k.transpose(-1, -2), b.attn.w_v @ b.attn.w_o)
-                     for b in self.model.blocks]
-        with torch.no_grad():
-            for layer, (a, m) in enumerate(folds):
-                self.folds[0, layer].copy_(a)
-                self.folds[1, layer].copy_(m)
+        blocks = [b.attn for b in self.model.blocks]
+        with torch.no_grad():  # the folds, as Attention.forward computes them
+            for layer, attn in enumerate(blocks):
+                torch.matmul(attn.w_q, attn.w_k.transpose(-1, -2), out=self.folds[0, layer])
+                torch.matmul(attn.w_v, attn.w_o, out=self.folds[1, layer])
         shape = (self.n_layers, n * batch, self.n_heads, self.seq_len, self.seq_len)
         if keep and (self._keep is None or self._keep.shape != shape):
             self._keep = x.new_empty(shape)
@@ -268,10 +266,17 @@ class TrainStep:
         call(bounds[0], bounds[1])
         for future in later:
             future.result()
-        self.opt.zero_grad()
-        torch.autograd.backward([t for pair in folds for t in pair],
-                                [g for layer in range(self.n_layers)
-                                 for g in (self.fold_grads[0, layer], self.fold_grads[1, layer])])
+        with torch.no_grad():  # the folds' gradients, as autograd's bmm backward computes them
+            eh, d = n * self.n_heads, self.d_model
+            for layer, attn in enumerate(blocks):
+                ga, gm = (g.view(eh, d, d) for g in self.fold_grads[:, layer])
+                wq, wk, wv, wo = (w.view(eh, d, d) for w in (attn.w_q, attn.w_k, attn.w_v,
+                                                             attn.w_o))
+                torch.bmm(ga, wk, out=attn.w_q.grad.view(eh, d, d))
+                attn.w_k.grad.view(eh, d, d).copy_(torch.bmm(wq.transpose(1, 2), ga)
+                                                   .transpose(1, 2))
+                torch.bmm(gm, wo.transpose(1, 2), out=attn.w_v.grad.view(eh, d, d))
+                torch.bmm(wv.transpose(1, 2), gm, out=attn.w_o.grad.view(eh, d, d))
         patterns = None
         if keep:
             per_head = (n, batch, self.n_heads, self.seq_len, self.seq_len)
