@@ -515,7 +515,7 @@ def train_ensemble(
                                   std=maps["std"][i])
 
     # Every layer in one kernel call where it applies (sinklab.kernels.TrainStep), else autograd.
-    fused = kernels.TrainStep.build(model, opt, cfg.task.seq_len) if engine == "kernel" else None
+    fused = kernels.TrainStep.build(model, opt, cfg.task.seq_len)
     try:
         for step in range(max_steps + 1):
             batch = stream.next()

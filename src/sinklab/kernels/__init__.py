@@ -141,15 +141,20 @@ def _by_members(fn: Any, n_members: int, batch: int, scalars: tuple[int, ...],
     member). ``tensors`` are contiguous with a leading member axis (or member-major first
     axis). Members share no sum, so the split leaves every bit as it is; ctypes releases the
     GIL while the kernel runs."""
-    parts = min(torch.get_num_threads(), n_members)
-    bounds = [n_members * i // parts for i in range(parts + 1)]
-
     def call(lo: int, hi: int) -> None:
         pointers = [ctypes.c_void_p(t.data_ptr() + lo * (t.numel() // n_members)
                                     * t.element_size()) for t in tensors]
         if fn((hi - lo) * batch, batch, *scalars, *pointers):
             raise MemoryError("sinklab's attention kernel could not allocate its workspace")
 
+    _split_members(n_members, call)
+
+
+def _split_members(n_members: int, call: Any) -> None:
+    """Run ``call(lo, hi)`` over contiguous member ranges covering 0..n_members, side by side,
+    one per torch thread (at most one per member); this thread takes the first range."""
+    parts = min(torch.get_num_threads(), n_members)
+    bounds = [n_members * i // parts for i in range(parts + 1)]
     later = [_pool().submit(call, lo, hi) for lo, hi in zip(bounds[1:-1], bounds[2:])]
     call(bounds[0], bounds[1])
     for future in later:
@@ -260,12 +265,7 @@ class TrainStep:
             if self.lib.sinklab_train_step(scalars[0], lo, hi, *scalars[1:], *pointers):
                 raise MemoryError("sinklab's training kernel could not allocate its workspace")
 
-        parts = min(torch.get_num_threads(), n)
-        bounds = [n * i // parts for i in range(parts + 1)]
-        later = [_pool().submit(call, lo, hi) for lo, hi in zip(bounds[1:-1], bounds[2:])]
-        call(bounds[0], bounds[1])
-        for future in later:
-            future.result()
+        _split_members(n, call)
         with torch.no_grad():  # the folds' gradients, as autograd's bmm backward computes them
             eh, d = n * self.n_heads, self.d_model
             for layer, attn in enumerate(blocks):
