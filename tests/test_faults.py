@@ -98,6 +98,44 @@ def test_a_writer_that_has_just_taken_the_lock_is_named_by_pid(tmp_path):
         lock.release()
 
 
+def test_a_folder_claimed_between_looking_for_its_marker_and_listing_it_is_that_kind(
+        tmp_path, monkeypatch):
+    # the moment in check_writable between reading the marker (none yet) and listing the folder
+    # (another writer has marked it and written its store since): the folder is a sweep folder,
+    # so the second writer goes on to the lock, which names the first; one claimed in that
+    # moment as a sweep is refused to a run by its kind; a stranger's files are still refused
+    real = folders.kind_of
+
+    def claimed_during_the_first_look(folder):
+        looks = []
+
+        def kind_of(path):
+            looks.append(path)
+            found = real(path)
+            if len(looks) == 1:  # nothing there yet; then the other writer claims the folder
+                folders.mark(path, "sweep")
+                (path / folders.STORE).write_bytes(b"")
+            return found
+
+        folder.mkdir()
+        monkeypatch.setattr(folders, "kind_of", kind_of)
+        return looks
+
+    looks = claimed_during_the_first_look(tmp_path / "a")
+    folders.check_writable(tmp_path / "a", "sweep")
+    assert len(looks) == 2
+    looks = claimed_during_the_first_look(tmp_path / "b")
+    with pytest.raises(folders.ResultsError, match="is a sinklab sweep folder, not a run folder"):
+        folders.check_writable(tmp_path / "b", "run")
+    assert len(looks) == 2
+    monkeypatch.setattr(folders, "kind_of", real)
+    stranger = tmp_path / "theirs"
+    stranger.mkdir()
+    (stranger / "notes.txt").write_text("mine\n")
+    with pytest.raises(folders.ResultsError, match="is not an empty folder or a sinklab"):
+        folders.check_writable(stranger, "sweep")
+
+
 def test_a_second_writer_is_refused_by_pid_and_a_killed_holder_leaves_no_lock(tmp_path, capsys):
     out = tmp_path / "run"
     proc = holder(out, "run")

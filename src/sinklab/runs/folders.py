@@ -192,14 +192,18 @@ def check_writable(folder: Path, kind: str, option: str = "--out") -> None:
     if not folder.is_dir():
         raise ResultsError(f"{folder} is a file, not a folder; choose another {option}.")
     found = kind_of(folder)
-    if found == kind:
-        return
-    if found is not None:
+    if found is None and not all(is_leftover(p.name) for p in folder.iterdir()):
+        # A writer claiming the folder marks it before it writes anything else, so entries
+        # listed after a first look found no marker are another writer's only if the marker is
+        # there now: look again (two sweeps started together once met this moment).
+        found = kind_of(folder)
+        if found is None:
+            raise ResultsError(f"{folder} exists and is not an empty folder or a sinklab "
+                               f"{describe(kind)}; nothing was written; choose another "
+                               f"{option}.")
+    if found is not None and found != kind:
         raise ResultsError(f"{folder} is a sinklab {describe(found)}, not a {describe(kind)}; "
                            f"choose another {option}.")
-    if not all(is_leftover(p.name) for p in folder.iterdir()):
-        raise ResultsError(f"{folder} exists and is not an empty folder or a sinklab "
-                           f"{describe(kind)}; nothing was written; choose another {option}.")
 
 
 def marked_parents(path: Path) -> Iterator[Path]:
@@ -247,8 +251,9 @@ def update_marker(folder: Path, **fields: Any) -> dict[str, Any]:
 
 
 # A writer names itself in its holder file right after it takes the lock; a second writer that
-# finds the lock taken waits this long for the name, so that its refusal can give it.
-HOLDER_WAIT_S = 1.0
+# finds the lock taken waits this long for the name, so that its refusal can give it (with room
+# for a loaded machine, where writing and syncing that file can be slow).
+HOLDER_WAIT_S = 3.0
 
 
 def _read_holder(folder: Path) -> tuple[dict[str, Any], int, str] | None:
