@@ -42,7 +42,7 @@ from sinklab.model import AttentionStack
 from sinklab.plugins import check_run
 from sinklab.runs.files import read_json
 from sinklab.task import encode
-from sinklab.theory import attack, certify
+from sinklab.theory import attack, certify, sink
 from sinklab.theory import constructions as theory
 from sinklab.theory.verdicts import CHECKPOINT_RESTARTS, ROUNDING, RULES, SAMPLED, finite
 from sinklab.train import list_checkpoints, load_checkpoint, load_model
@@ -142,6 +142,10 @@ def worst_case(model: AttentionStack, cfg: RunConfig, *, steps: int, restarts: i
         out["relu_score"] = certify.relu_max_score(model, cfg)
     if single and rule == "softmax":
         out["necessity"] = certify.necessity(model, cfg)
+    if single and certified and rule == "softmax":  # the sink the certified errors force
+        out["sink"] = sink.certified_sink(model, cfg, out["certified"], nec=out["necessity"])
+        out["sink_attack"] = sink.attack_sink(model, cfg, steps=steps, restarts=restarts)
+        sink.check_attack(out["sink"], out["sink_attack"], name)
     return out
 
 
@@ -204,6 +208,13 @@ def worst_runs(runs: Sequence[Path], *, steps: int, restarts: int, seconds: floa
             yield (f"  certificate: {closed} of {len(cert['rows'])} rows closed to "
                    f"{certify.RTOL:.0%} in {cert['seconds']:.1f} s"
                    + (f"; largest gap left {max(gaps):.3g}x" if gaps else ""))
+        if "sink" in rec:
+            yield from sink.sink_lines(rec["sink"])
+            found = {kind: max(v for v in rec["sink_attack"][kind]["off"] if v is not None)
+                     for kind in ("pre", "post")}
+            yield (f"  the attack's smallest BOS mass: {sink.mass_text(found['pre'])} at a pre "
+                   f"row, {sink.mass_text(found['post'])} at a post row (inputs' masses, at or "
+                   "above the certified bounds)")
         if "relu_score" in rec:
             score = rec["relu_score"]["max"]
             yield (f"  largest non-trigger score {score:.3e}: non-trigger rows "
