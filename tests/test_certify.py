@@ -4,7 +4,10 @@ necessity bound checked on weights near it."""
 
 from __future__ import annotations
 
+import copy
 import math
+import re
+from fractions import Fraction
 
 import pytest
 import torch
@@ -418,3 +421,205 @@ def test_sinklab_worst_refuses_a_run_it_cannot_measure_before_any_work(tmp_path,
     out, err = capsys.readouterr()
     assert code == 2 and "certified <=" not in out and err.count("\n") == 1, (out, err)
     assert f"sinklab: error: {good}: the certificate does not hold at this model's scale" in err
+
+
+# ----------------------------------------------------------------------- hardening (issue 27)
+
+
+def test_pruning_never_drops_a_bound_above_the_reported_one(monkeypatch):
+    """A node is dropped only when its bound is at most the best value found, and the reported
+    bound is the larger of the open nodes' bounds and that value: a box claiming 5e-13 above a
+    zero row (every point value 0) keeps the row's upper bound at 5e-13 and the row open (an
+    absolute tolerance of 1e-12 dropped it and reported 0, converged)."""
+    cfg, model = theory.relu_construction(seq_len=6, d_model=6, dtype=F64)
+    f = certify.folded(model, cfg)
+    real = certify._Bounds.bound
+
+    def claims(self, q, rad, obj):
+        out = real(self, q, rad, obj)
+        return torch.where((obj == 0) & (rad.sum(-1) > 0), torch.full_like(out, 5e-13), out)
+
+    monkeypatch.setattr(certify._Bounds, "bound", claims)
+    rc = certify.certify_row(f, certify.Row("pre", 3), time_limit=0.5, max_nodes=4000)
+    assert rc.upper >= 5e-13 and not rc.converged and rc.lower == 0.0
+
+
+def test_zero_rows_are_certified_exactly_zero_and_close_at_once():
+    """A ReLU model whose non-trigger queries give every key a score of -1 (and values of
+    size 1: its terms' rounding margin would be about 1e-9 if it were charged regardless) has
+    every non-trigger row certified exactly 0 and converged, with few boxes: a computed score
+    of at most -MARGIN S stays 0, so the margins leave a zero row at 0."""
+    cfg, model = random_model("relu", scale=0.5, seed=3)
+    with torch.no_grad():
+        attn = model.blocks[0].attn
+        attn.w_q[0, 0, :, 2] = 0.0
+        attn.w_k[0, 0, :, 2] = 0.0
+        attn.w_q[0, 0, cfg.task.d_model - 1] = 0.0
+        attn.w_q[0, 0, 2:cfg.task.d_model - 1] = 0.0  # a non-trigger query is e_{d-1} W_Q ...
+        attn.w_q[0, 0, cfg.task.d_model - 1, 2] = -1.0  # ... = -e_2
+        attn.w_k[0, 0, [0, 1, cfg.task.d_model - 1], 2] = 1.0  # every key's flag -> e_2
+        attn.w_k[0, 0, 2:cfg.task.d_model - 1] = 0.0
+    cert = certify.certify(model, cfg, time_limit=10)
+    assert cert.converged and all(r.upper == 0.0 and r.lower == 0.0 for r in cert.rows)
+    assert max(r.boxes for r in cert.rows) < 2000
+    score = certify.relu_max_score(model, cfg)
+    assert all(score[k] == pytest.approx(-1.0) for k in ("bos", "ordinary", "trigger", "self"))
+
+
+@pytest.mark.parametrize("rule", ["softmax", "relu"])
+def test_a_bound_near_zero_still_covers_its_terms_rounding(rule):
+    """Row 1 (keys BOS and the query) of weights whose values cancel: BOS's value 1 and the
+    query's -1 + 2^-60 q at one coordinate (scores all 0 for softmax, all 1 for ReLU), so
+    the exact supremum is 2^-61 (softmax: the mean of the two) or 2^-60 (ReLU: their sum)
+    while float64 computes -1 + 2^-60 q as -1 and every value as 0. The bound's absolute part,
+    relative to the values' size, covers it in exact arithmetic; a margin relative to the
+    bound alone gave 0 (below the supremum). The lower bound is still below it."""
+    d, L = 4, 4
+    a = torch.zeros(d, d, dtype=F64)
+    if rule == "relu":
+        a[d - 1, 0] = a[d - 1, d - 1] = 1.0  # a query scores BOS and itself at 1
+    m = torch.zeros(d, d, dtype=F64)
+    m[0, 2], m[d - 1, 2], m[2, 2] = 1.0, -1.0, 2.0 ** -60
+    f = certify.Folded(a=a, m=m, rule=rule, seq_len=L)
+    rc = certify.certify_row(f, certify.Row("pre", 1), time_limit=0.5, max_nodes=2000)
+    exact = Fraction(2.0 ** (-61 if rule == "softmax" else -60))
+    assert Fraction(rc.upper) >= exact
+    assert Fraction(rc.lower) <= exact
+    assert rc.upper < 1e-7  # the margin is of rounding's size, not more
+
+
+def test_sink_family_bounds_hold_in_exact_arithmetic():
+    """Along the sink family every non-trigger row's supremum is exactly i / (e^c + i)
+    (computed here to 50 digits): certified lower <= it <= upper at every row, for gaps c
+    whose supremum is ordinary (c = 6) and below float64's resolution of the values (c = 36,
+    about 1e-15): the attained lower bound, a float64 bisection's upper end, used to lie
+    above it."""
+    from decimal import Decimal, localcontext
+
+    for c in (6.0, 36.0):
+        cfg, model = theory.softmax_sink(c, seq_len=6, d_model=5)
+        cert = certify.certify(model, cfg, time_limit=3 if c == 6.0 else 1, rtol=1e-3)
+        with localcontext() as ctx:
+            ctx.prec = 50
+            for rc in cert.rows:
+                exact = Decimal(rc.i) / (Decimal(c).exp() + rc.i)
+                assert Decimal(rc.lower) <= exact <= Decimal(rc.upper), (c, rc)
+                if c == 6.0:
+                    assert Decimal(rc.upper) <= exact * Decimal(1.002)
+
+
+def test_a_bound_that_is_not_a_number_is_unknown_never_below(monkeypatch):
+    """Where a box's bound (and its point value) is NaN for one objective, as an overflow
+    would make it, that objective's boxes are +inf, never dropped: every row's upper bound is
+    inf and not converged (NaN compared as below and was dropped, shrinking the bound; a NaN
+    point value poisoned the best value). The lower bound stays finite and below the real
+    certificate's upper bound, and the certificate survives to_dict, JSON, check_sound and
+    worst_case."""
+    import json
+
+    from sinklab.runs.files import jsonable
+    from sinklab.theory import attack, bounds
+
+    cfg, model = random_model("softmax", scale=0.7, seed=1)
+    clean = certify.certify(model, cfg, time_limit=1.5)
+    coordinate = clean.rows[0].coordinate + (0 if clean.rows[0].sign > 0 else cfg.task.d_model)
+    real_bound, real_point = certify._Bounds.bound, getattr(certify._Bounds, "point", None)
+
+    def nan_at(out, obj):
+        return torch.where(obj == coordinate, torch.full_like(out, math.nan), out)
+
+    monkeypatch.setattr(certify._Bounds, "bound",
+                        lambda self, q, rad, obj: nan_at(real_bound(self, q, rad, obj), obj))
+    if real_point is not None:  # (before, point values came from bound at radius 0)
+        monkeypatch.setattr(certify._Bounds, "point",
+                            lambda self, q, obj: nan_at(real_point(self, q, obj), obj))
+    cert = certify.certify(model, cfg, time_limit=1)
+    assert all(r.upper == math.inf and not r.converged for r in cert.rows)
+    assert cert.upper() == math.inf and not cert.converged
+    for rc, ok in zip(cert.rows, clean.rows, strict=True):
+        assert 0 <= rc.lower <= ok.upper and math.isfinite(rc.lower)
+    record = cert.to_dict()
+    text = json.dumps(jsonable(record), allow_nan=False)
+    assert json.loads(text)["rows"][0]["upper"] is None
+    worst = attack.attack(model, cfg, steps=5, restarts=1, per_coordinate=False)
+    certify.check_sound(record, {"attacked": worst.error})
+    certify.check_sound(json.loads(text), {"attacked": worst.error})
+    rec = bounds.worst_case(model, cfg, steps=3, restarts=1, seconds=1)
+    assert rec["certified"]["upper"] == math.inf
+    json.dumps(jsonable(rec), allow_nan=False)
+
+
+# the task variants and models the certificate's input set does not cover, and what the
+# refusal names
+REFUSED = {
+    "no trigger": ({"task": {"no_trigger_prob": 0.1}}, "no trigger with probability 0.1"),
+    "two triggers": ({"task": {"max_triggers": 2}}, "up to 2 triggers"),
+    "BOS removed": ({"model": {"bos": "removed"}}, "BOS key is removed"),
+    "standard block": ({"model": {"block": "standard"}}, "block is 'standard'"),
+    "temperature": ({"model": {"attention_args": {"temperature": 2.0}}},
+                    "arguments {'temperature': 2.0}"),
+    "relu_len": ({"model": {"attention": "relu_len"}}, "rule is 'relu_len'"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_folded_refuses_every_task_and_model_it_does_not_cover(name):
+    """Each variant the derivation does not cover is refused by folded (and so by certify,
+    relu_max_score and necessity) in one sentence naming it; before, the trigger-frequency
+    variants were accepted and certified over an input set that is not theirs."""
+    overrides, says = REFUSED[name]
+    base = {"task": {"seq_len": 6, "d_model": 6, "eval_trigger": 5},
+            "model": {"attention": "softmax"}}
+    for section, values in overrides.items():
+        base[section] = {**base[section], **values}
+    cfg = build_run_config(base)
+    model = AttentionStack(cfg.model, cfg.task.d_model, residual=cfg.residual).to(F64)
+    for call in (certify.folded, certify.certify, certify.relu_max_score):
+        with pytest.raises(certify.NotCertifiable) as info:
+            call(model, cfg)
+        text = str(info.value)
+        assert says in text and "\n" not in text and text.endswith("."), text
+        assert text.startswith("certification covers the paper's model and task")
+
+
+def test_folded_refuses_models_that_disagree_with_their_config():
+    """A model whose residual stream, width or parameters are not what its config (and the
+    derivation) says, and a config whose trigger positions lie outside 2..L-1 (not reachable
+    through the config's own checks, so set by hand), are refused in one sentence each."""
+    cfg, model = random_model("softmax")
+    cases = []
+    cases.append((cfg, AttentionStack(cfg.model, 6, residual=True), "target is plain but"))
+    cases.append((cfg, AttentionStack(cfg.model, 7, residual=False), "width is 7"))
+    extra = AttentionStack(cfg.model, 6, residual=False)
+    extra.blocks[0].attn.register_parameter("bias", torch.nn.Parameter(torch.zeros(6)))
+    cases.append((cfg, extra, "parameters besides W_Q, W_K, W_V and W_O (blocks.0.attn.bias)"))
+    outside = copy.deepcopy(cfg)
+    outside.task.train_trigger_min = 1
+    cases.append((outside, model, "task.train_trigger_min=1 lie outside 2..5"))
+    for c, m, says in cases:
+        with pytest.raises(certify.NotCertifiable, match=re.escape(says)) as info:
+            certify.folded(m, c)
+        assert "\n" not in str(info.value)
+
+
+def test_covered_variants_are_certified_alike():
+    """What the input set covers is accepted: a narrower training trigger range (its task is
+    a subset of the input set), a default argument given explicitly, and a residual 1x1 model,
+    whose error is the plain model's (it outputs x + y against the target x): it folds to
+    the same weights, so its certificate is the plain one, and that bounds its own sampled
+    (residual-target) errors."""
+    from sinklab.theory import bounds
+
+    narrow = build_run_config({"task": {"seq_len": 6, "d_model": 6, "eval_trigger": 5,
+                                        "train_trigger_min": 4, "train_trigger_max": 5},
+                               "model": {"attention": "softmax",
+                                         "attention_args": {"temperature": 1.0}}})
+    certify.folded(AttentionStack(narrow.model, 6, residual=False), narrow)
+    cfg, model = random_model("softmax", scale=0.7, seed=2)
+    rcfg, rmodel = random_model("softmax", scale=0.7, seed=2, residual=True)
+    assert rcfg.residual and rmodel.residual
+    fp, fr = certify.folded(model, cfg), certify.folded(rmodel, rcfg)
+    assert torch.equal(fp.a, fr.a) and torch.equal(fp.m, fr.m)  # the same certificate
+    resid = certify.certify(rmodel, rcfg, time_limit=1.5)
+    sampled = bounds.sampled_errors(rmodel, rcfg, n=400)
+    certify.check_sound(resid.to_dict(), {"sampled": sampled})

@@ -33,12 +33,21 @@ inside it, and stops when the bound is within ``rtol`` of the best input found o
 reporting the gap. At the trigger row the target, the mean of every token, couples the tokens, so
 the decomposition does not apply: trigger rows get the attack's lower bound only.
 
-All arithmetic is float64; bounds are widened by ``MARGIN`` (relative) to cover rounding. That
-holds only while the magnitudes stay in float64's range: ``check_range`` refuses, before any
-work, a model whose weights are so large (a diverged run's, say) that e^score would overflow or
-the rounding of its scores would exceed the margin, and ``check_sound`` refuses, after the work,
-a certificate that came out below the error of an input (the attack's or a sample's), the last
+All arithmetic is float64, and rounding is covered in both directions (``_Bounds``): every box's
+bound is widened by ``MARGIN`` relative to the magnitudes its terms have, not only to its own
+size, so a bound near 0 whose terms (values of size vmax, scores of size S) rounded still covers
+the supremum; the attained ``lower`` is the point value narrowed by a bound on its own rounding
+(``_Bounds.lower_slack``), so that lower <= supremum <= upper holds for the folded weights in
+exact arithmetic. A box whose bound is not a finite number (an overflow, a NaN) is unknown, +inf,
+never "below": its row's upper bound is then inf and the row is not converged. That holds only
+while the magnitudes stay in float64's range: ``check_range`` refuses, before any work, a model
+whose weights are so large (a diverged run's, say) that e^score would overflow or the rounding
+of its scores would exceed the margin, and ``check_sound`` refuses, after the work, a
+certificate that came out below the error of an input (the attack's or a sample's), the last
 line of defence: a number below an attained error is never reported as certified.
+
+The input set is the paper's task: ``folded`` refuses, in one sentence, every model or task
+variant the derivation above does not cover (it lists them).
 """
 
 from __future__ import annotations
@@ -52,21 +61,28 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from sinklab.attention import rule_info
 from sinklab.config import RunConfig
-from sinklab.errors import SinklabError
+from sinklab.errors import ConfigError, SinklabError
 from sinklab.model import AttentionStack
 from sinklab.task import BOS, CONTENT_START, TRIGGER, targets
 
 CERTIFIABLE = ("softmax", "relu")  # the rules ``certify`` covers (default keyword arguments)
-MARGIN = 1e-9  # relative widening of every certified bound, for float64 rounding
+MARGIN = 1e-9  # widening of every certified bound relative to its terms, for float64 rounding
 RTOL = 0.05  # a row's branch and bound stops when its bound is this close to the best input
 BISECTIONS = 52  # bisection steps of Dinkelbach's root: 2^-52 of the value range
 UNIT = 2.0 ** -53  # float64's unit roundoff
 EXP_MAX = math.log(torch.finfo(torch.float64).max)  # 709.78: e^x is inf in float64 beyond it
 SOUND_RTOL = 1e-12  # check_sound: an attained error may exceed a bound by this much, relative
+# One float64 evaluation of a box's bound (a query token times A, a chain's cumulative sums, a
+# few products, a sum over the keys) rounds by at most ROUNDING_FACTOR (d + L) u relative to the
+# magnitudes it combines (``_Bounds``): a generous multiple of the (d + 2n + L + 8) u the
+# operations need.
+ROUNDING_FACTOR = 16
+WEIGHTS = ("w_q", "w_k", "w_v", "w_o")  # the only parameters a certifiable model has
 
 
-class NotCertifiable(ValueError):
+class NotCertifiable(SinklabError, ValueError):
     """The model is outside what ``certify`` covers; the message says why in one sentence."""
 
 
@@ -106,29 +122,98 @@ class Folded:
 
 
 def folded(model: AttentionStack, cfg: RunConfig) -> Folded:
-    """The folded weights of a certifiable model, or NotCertifiable naming what is not."""
-    mc = cfg.model
+    """The folded weights of a certifiable model, or NotCertifiable naming, in one sentence,
+    every way in which the model or its task is outside what the certificate derives.
+
+    The derivation (the module docstring) assumes, and this refuses each departure from it,
+    read from the model itself and from ``cfg`` (which must agree):
+
+    - ``model.n_layers`` = ``model.n_heads`` = 1, one member (``model.n_members``);
+    - ``model.attention`` softmax or relu (``CERTIFIABLE``) with the rule's default arguments
+      (``model.attention_args`` may only repeat a default);
+    - ``model.block`` "attention": no MLP and no LayerNorm; and no parameter but W_Q, W_K, W_V,
+      W_O (no biases, no rule parameters); the model has no positional encoding at all;
+    - ``model.bos`` "visible" (``model.bos_cap_eps`` then plays no part);
+    - ``task.max_triggers`` = 1 and ``task.no_trigger_prob`` = 0: the input set has exactly one
+      trigger per sequence (a sequence with none, or with two, has rows ``rows`` does not list);
+    - ``task.train_trigger_min``..``task.train_trigger_max`` and ``task.eval_trigger`` within
+      2..L-1: the input set's triggers are all of 2..L-1, a superset of every range the config
+      allows, so a model trained on a narrower range is covered (its own task is a subset);
+    - ``task.target``: plain or residual, matching the model's residual stream. With one
+      attention layer a residual model outputs x + y and its target is x off the trigger and
+      x + mean at it, so its error is the plain model's (y off the trigger, y - mean at it):
+      both are covered; a model whose residual stream disagrees with its target is not;
+    - ``task.d_model`` >= 4 (a content coordinate; the model's width must equal it) and
+      ``task.seq_len`` >= 3 (the config guarantees both; checked anyway).
+
+    The training and evaluation settings (``train.*``, ``eval.*``, ``model.init_std``) do not
+    change the weights' meaning or the input set, so they are not checked."""
+    mc, task = cfg.model, cfg.task
+    blocks = list(model.blocks)
+    attn = blocks[0].attn if blocks else None
+    shape = (len(blocks), attn.w_q.shape[1] if attn is not None else 0)
     reasons = []
-    if mc.n_layers != 1 or mc.n_heads != 1:
+    if (mc.n_layers, mc.n_heads) != (1, 1):
         reasons.append(f"it has {mc.n_layers} layer(s) x {mc.n_heads} head(s), not 1 x 1")
-    if mc.attention not in CERTIFIABLE or mc.attention_args:
-        reasons.append(f"its rule is {mc.attention!r}"
-                       + (" with arguments" if mc.attention_args else ""))
-    if mc.bos != "visible":
-        reasons.append(f"its BOS key is {mc.bos}")
-    if mc.block != "attention":
-        reasons.append(f"its block is {mc.block!r}")
+    elif shape != (1, 1):
+        reasons.append(f"its weights have {shape[0]} layer(s) x {shape[1]} head(s), not 1 x 1")
     if model.n_members != 1:
         reasons.append(f"it is an ensemble of {model.n_members}")
+    rules = {mc.attention, attn.rule_name if attn is not None else mc.attention}
+    if not rules <= set(CERTIFIABLE):
+        reasons.append(f"its rule is {' / '.join(sorted(map(repr, rules)))}")
+    else:
+        args = {**_non_default(mc.attention, mc.attention_args),
+                **(_non_default(attn.rule_name, attn.rule_args) if attn is not None else {})}
+        if args:
+            reasons.append(f"its rule has the arguments {args} (certified: the defaults)")
+    block = "standard" if mc.block == "standard" or any(b.standard for b in blocks) \
+        else mc.block
+    if block != "attention":
+        reasons.append(f"its block is {block!r} (an MLP and LayerNorm)")
+    elif shape == (1, 1) and not reasons:
+        extra = sorted(name for name, _ in model.named_parameters()
+                       if name not in {f"blocks.0.attn.{w}" for w in WEIGHTS})
+        if extra:
+            reasons.append("it has parameters besides W_Q, W_K, W_V and W_O ("
+                           + ", ".join(extra[:3]) + (", ..." if len(extra) > 3 else "") + ")")
+    if mc.bos != "visible" or model.cfg.bos != "visible":
+        reasons.append(f"its BOS key is {mc.bos if mc.bos != 'visible' else model.cfg.bos}")
+    L = task.seq_len
+    if task.no_trigger_prob != 0:
+        reasons.append(f"its sequences have no trigger with probability {task.no_trigger_prob:g}"
+                       " (task.no_trigger_prob; the input set has one trigger in each)")
+    if task.max_triggers != 1:
+        reasons.append(f"its sequences have up to {task.max_triggers} triggers "
+                       "(task.max_triggers; the input set has one in each)")
+    outside = [f"task.{name}={getattr(task, name)}"
+               for name in ("train_trigger_min", "train_trigger_max", "eval_trigger")
+               if not 2 <= getattr(task, name) <= L - 1]
+    if outside:
+        reasons.append(f"its trigger positions {', '.join(outside)} lie outside 2..{L - 1}")
+    if model.residual != cfg.residual:
+        reasons.append(f"its target is {task.target} but the model "
+                       + ("adds its input back" if model.residual else "has no residual stream"))
+    if task.d_model < 4 or model.d_model != task.d_model:
+        reasons.append(f"its width is {model.d_model} for task.d_model={task.d_model} (the "
+                       "certificate needs them equal and >= 4)")
+    if L < 3:
+        reasons.append(f"its task.seq_len={L} is below 3")
     if reasons:
-        raise NotCertifiable("certification covers single-layer, single-head softmax or relu "
-                             "models with default arguments and a visible BOS key; this one is "
-                             "not: " + "; ".join(reasons) + ".")
-    attn = model.blocks[0].attn
-    w = {k: getattr(attn, k)[0, 0].detach().to(torch.float64) for k in ("w_q", "w_k", "w_v",
-                                                                         "w_o")}
+        raise NotCertifiable(
+            "certification covers the paper's model and task (one layer and one head of softmax "
+            "or relu attention with the rule's default arguments, no MLP, LayerNorm, biases or "
+            "other parameters, a visible BOS key, on sequences with exactly one trigger, "
+            "anywhere in 2..L-1, and a plain or residual target matching the model); this one "
+            "is not: " + "; ".join(reasons) + ".")
+    w = {k: getattr(attn, k)[0, 0].detach().to(torch.float64) for k in WEIGHTS}
     return Folded(a=w["w_q"] @ w["w_k"].T, m=w["w_v"] @ w["w_o"], rule=mc.attention,
                   seq_len=cfg.task.seq_len)
+
+
+def _non_default(rule: str, args: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments of ``rule`` that differ from its defaults."""
+    return rule_info(rule).non_default(args) if args else {}
 
 
 # ------------------------------------------------------------------ float64's range
@@ -202,7 +287,8 @@ def check_sound(cert: dict[str, Any], errors: dict[str, dict[str, list[float | N
     "sampled"; None where it was not computed) to its kind -> per-position errors
     (``attack.WorstCase.error``). An attained error may exceed a bound only by float64
     rounding, ``SOUND_RTOL`` relative to the bound's size (as tests/test_certify.py compares a
-    chain's maximum with sampled values); the largest excess is named."""
+    chain's maximum with sampled values); the largest excess is named. An unknown bound (inf,
+    or None where the record went through JSON) bounds nothing and is never a violation."""
     rows = [("bos", 0, cert["bos"])] + [(r["kind"], r["i"], r["upper"]) for r in cert["rows"]]
     worst = None
     for source, table in errors.items():
@@ -211,8 +297,8 @@ def check_sound(cert: dict[str, Any], errors: dict[str, dict[str, list[float | N
         for kind, i, upper in rows:
             values = table.get(kind) or []
             v = values[i] if i < len(values) else None
-            if v is None or math.isnan(v):
-                continue
+            if v is None or math.isnan(v) or upper is None or upper == math.inf:
+                continue  # no error to compare, or an unknown (inf; null in JSON) bound
             if v > upper + SOUND_RTOL * (1 + abs(upper)):
                 excess = math.inf if math.isinf(v) else (v - upper) / (1 + abs(upper))
                 if worst is None or excess > worst[0]:
@@ -384,8 +470,30 @@ def bos_row_error(f: Folded) -> float:
 
 class _Bounds:
     """Upper bounds of s y_m at one row over query boxes. A node is a box with one objective o
-    = (coordinate m, sign s), o < d meaning s = +1 and o >= d meaning s = -1; at radius 0 a
-    bound is the exact supremum over the other keys (the point value)."""
+    = (coordinate m, sign s), o < d meaning s = +1 and o >= d meaning s = -1.
+
+    ``bound`` is an upper bound of the supremum over a box in exact arithmetic on the folded
+    weights, float64 rounding included; ``point`` is the float64 value of the supremum over the
+    other keys at one query content (radius 0), within ``lower_slack`` of it either way.
+
+    **Rounding.** One evaluation rounds by at most eps = ``ROUNDING_FACTOR`` (d + L) u relative
+    to the magnitudes it combines: S (``scale``'s score: the largest |score|, or score
+    difference, any ordinary query gives any key) and V (``scale``'s value: the largest
+    |value| coordinate of any token). The bounds are widened so that they hold whatever those
+    roundings were, with ``MARGIN`` (1e-9, far above eps S and eps for trained models) in place
+    of eps, and the widening is relative to the terms' magnitudes, not only to the result:
+
+    - softmax: the bound is Dinkelbach's root, bisected on [-vmax - 1, vmax + 1]. A rounding
+      of delta relative to e^S in every weight moves the root by at most delta (2 vmax + 1),
+      and score rounding (at most eps S) enters e^S as a relative error: the root is widened
+      by MARGIN |root| + (2 vmax + 2) (MARGIN + eps (1 + S)), the bracket's width times the
+      rounding. The bisection's upper end is already above the root of the computed equation,
+      and its last bracket, (2 vmax + 2) 2^-52, is inside that slack (for ``point``);
+    - relu: each term ReLU(score) value is Lipschitz in the score and monotone in the value,
+      so the score's spread is widened by MARGIN S and the value by MARGIN V (a computed score
+      of at most -MARGIN S stays 0: a zero row is still certified exactly 0), and the sum by
+      MARGIN times the sum of the terms' magnitudes (products round relatively).
+    """
 
     def __init__(self, f: Folded, row: Row) -> None:
         self.f, self.row = f, row
@@ -416,10 +524,32 @@ class _Bounds:
         # the largest |value| any key can have: Dinkelbach's root lies within it
         self.vmax = torch.stack([self.v0.abs(), self.b_ord.abs() + self.h_abs.sum(-1),
                                  self.b_trig.abs() + self.h_abs.sum(-1)]).amax(0)
+        # the magnitudes rounding is relative to (see the class docstring)
+        s = scale(f)
+        self.score_scale, self.value_scale = s["score"], s["value"]
+        self.eps = ROUNDING_FACTOR * (d + f.seq_len) * UNIT
 
     def bound(self, q: Tensor, rad: Tensor, obj: Tensor) -> Tensor:
         """Upper bounds (N,) of s y_m over boxes centred at q (N, n) with radii rad (N, n), one
-        objective obj (N,) each (exact point values at radius 0)."""
+        objective obj (N,) each, rounding included (at radius 0: the supremum at q, widened).
+        A bound that is not a finite number (inf - inf, an overflow) is +inf: unknown."""
+        return _unknown_above(self._evaluate(q, rad, obj, widen=True))
+
+    def point(self, q: Tensor, obj: Tensor) -> Tensor:
+        """The float64 value (N,) of the supremum of s y_m over the other keys at query
+        contents q (N, n), objectives obj (N,): not widened, so within ``lower_slack`` of the
+        exact supremum from above or below."""
+        return self._evaluate(q, torch.zeros_like(q), obj, widen=False)
+
+    def lower_slack(self, objective: int) -> float:
+        """How far ``point`` at ``objective`` may exceed the exact supremum through rounding:
+        (2 vmax + 2) eps (1 + S) for softmax (the root's move, and the last bracket), 4 eps S V
+        for ReLU (at most i + 1 terms of size S V each, over i, rounded)."""
+        if self.f.rule == "softmax":
+            return (2 * self.vmax[objective].item() + 2) * self.eps * (1 + self.score_scale)
+        return 4 * self.eps * self.score_scale * self.value_scale
+
+    def _evaluate(self, q: Tensor, rad: Tensor, obj: Tensor, widen: bool) -> Tensor:
         f = self.f
         x = f.token(f.d - 1, q)  # (N, d) the query token at the centre
         u = x @ f.a  # (N, d)
@@ -437,13 +567,13 @@ class _Bounds:
         k["self_value"] = (x @ self.mv)[torch.arange(len(obj), device=obj.device), obj]
         k["self_value_move"] = (rad * self.h_abs[obj]).sum(-1)
         k["t"], k["u"] = _chain(g, h)  # (N, n + 1)
-        return self._softmax(k) if f.rule == "softmax" else self._relu(k)
+        return self._softmax(k, widen) if f.rule == "softmax" else self._relu(k, widen)
 
-    def _softmax(self, k: dict[str, Tensor]) -> Tensor:
+    def _softmax(self, k: dict[str, Tensor], widen: bool) -> Tensor:
         n_ord, n_trig = self.row.n_ordinary, self.row.n_trigger
         lo, hi = -k["vmax"] - 1.0, k["vmax"] + 1.0
 
-        def widen(z: Tensor, radius: Tensor) -> Tensor:  # the larger of e^{+-R} z
+        def spread(z: Tensor, radius: Tensor) -> Tensor:  # the larger of e^{+-R} z
             return torch.where(z >= 0, z * torch.exp(radius), z * torch.exp(-radius))
 
         for _ in range(BISECTIONS):
@@ -454,34 +584,41 @@ class _Bounds:
             total = total + torch.exp(score) * value
             if n_ord:
                 g_ord = _chain_max(k["t"], k["u"], k["a_ord"], k["b_ord"] - lam)
-                total = total + n_ord * widen(g_ord, k["r_ord"])
+                total = total + n_ord * spread(g_ord, k["r_ord"])
             if n_trig:
                 g_trig = _chain_max(k["t"], k["u"], k["a_trig"], k["b_trig"] - lam)
-                total = total + n_trig * widen(g_trig, k["r_trig"])
+                total = total + n_trig * spread(g_trig, k["r_trig"])
             # the root is above lam where F(lam) > 0, and where F(lam) is not a finite
             # number (a term that overflowed: inf - inf, or an e^S too large to tell): an
             # undecided sign keeps the upper end, so the bound stays an upper bound
             above = ~(torch.isfinite(total) & (total <= 0))
             lo = torch.where(above, lam, lo)
             hi = torch.where(above, hi, lam)
-        return hi
+        if not widen:
+            return hi
+        rounding = MARGIN + self.eps * (1 + self.score_scale)
+        return hi + MARGIN * hi.abs() + (2 * k["vmax"] + 2) * rounding
 
-    def _relu(self, k: dict[str, Tensor]) -> Tensor:
+    def _relu(self, k: dict[str, Tensor], widen: bool) -> Tensor:
         row = self.row
-        v0 = k["v0"]
-        bos_score = k["bos_score"] + torch.where(v0 >= 0, 1.0, -1.0) * k["r_bos"]
-        total = torch.relu(bos_score) * v0
-        value = k["self_value"] + k["self_value_move"]
-        score = k["self_score"] + torch.where(value >= 0, 1.0, -1.0) * k["self_move"]
-        total = total + torch.relu(score) * value
+        ds = MARGIN * self.score_scale if widen else 0.0  # a score's rounding, at most
+        dv = MARGIN * self.value_scale if widen else 0.0  # a value's
+        v0 = k["v0"] + dv
+        bos_score = k["bos_score"] + torch.where(v0 >= 0, 1.0, -1.0) * (k["r_bos"] + ds)
+        terms = [torch.relu(bos_score) * v0]
+        value = k["self_value"] + k["self_value_move"] + dv
+        score = k["self_score"] + torch.where(value >= 0, 1.0, -1.0) * (k["self_move"] + ds)
+        terms.append(torch.relu(score) * value)
         if row.n_ordinary:
-            total = total + row.n_ordinary * _chain_max(k["t"], k["u"], k["a_ord"],
-                                                        k["b_ord"], k["r_ord"])
+            terms.append(row.n_ordinary * _chain_max(k["t"], k["u"], k["a_ord"],
+                                                     k["b_ord"] + dv, k["r_ord"] + ds))
         if row.n_trigger:
-            total = total + row.n_trigger * _chain_max(k["t"], k["u"], k["a_trig"],
-                                                       k["b_trig"], k["r_trig"])
-        total = total / max(row.i, 1)
-        return torch.where(torch.isnan(total), math.inf, total)  # inf - inf: no bound
+            terms.append(row.n_trigger * _chain_max(k["t"], k["u"], k["a_trig"],
+                                                    k["b_trig"] + dv, k["r_trig"] + ds))
+        total = sum(terms[1:], terms[0])
+        if widen:
+            total = total + MARGIN * sum((t.abs() for t in terms[1:]), terms[0].abs())
+        return total / max(row.i, 1)
 
     def split_weights(self) -> Tensor:
         """How much each query content coordinate moves the bound per unit radius (n,): the
@@ -496,7 +633,7 @@ class _Bounds:
         root for softmax."""
         f, row = self.f, self.row
         obj = torch.tensor([objective], device=q.device)
-        value = self.bound(q[None], torch.zeros_like(q)[None], obj)[0].item()
+        value = self.point(q[None], obj)[0].item()
         x_q = f.token(f.d - 1, q)
         u = x_q @ f.a
         g, h = u[f.content], self.h[objective]
@@ -527,9 +664,13 @@ class _Bounds:
 
 @dataclass
 class RowCertificate:
-    """The certified supremum error at one non-trigger row: ``upper`` >= sup >= ``lower``
-    (``lower`` attained by ``witness_query``'s input), ``converged`` when upper <= lower (1 +
-    rtol) + atol was reached before the time cap, with ``boxes`` query boxes examined."""
+    """The certified supremum error at one non-trigger row: ``upper`` >= sup >= ``lower`` in
+    exact arithmetic on the folded weights (``lower`` attained by ``witness_query``'s input, up
+    to the rounding it is narrowed by; never below 0, as the error is a norm). ``upper`` is inf
+    where a box's bound was not a finite number (unknown) and stayed so; JSON writes it as null
+    (``sinklab.runs.files.jsonable``). ``converged`` when the bound came within rtol of the best
+    point value (upper <= best (1 + rtol), or upper <= 0 where best <= 0) before the time cap,
+    with ``boxes`` query boxes examined."""
 
     kind: str
     i: int
@@ -548,6 +689,18 @@ class RowCertificate:
                 "witness_query": self.witness_query}
 
 
+def _unknown_above(bound: Tensor) -> Tensor:
+    """Upper bounds with every value that is not a finite number (NaN, +-inf) made +inf:
+    nothing is known there, which is never "below" anything."""
+    return torch.where(torch.isfinite(bound), bound, math.inf)
+
+
+def _unknown_below(value: Tensor) -> Tensor:
+    """Point values with every value that is not a finite number made -inf: an overflowed
+    evaluation attains nothing, so it never becomes the best input."""
+    return torch.where(torch.isfinite(value), value, -math.inf)
+
+
 def _polish(bounds: _Bounds, q: Tensor, obj: int, value: float,
             deadline: float = math.inf) -> tuple[Tensor, float]:
     """Coordinate search over the query's content from q (n,): move the one coordinate to
@@ -561,28 +714,33 @@ def _polish(bounds: _Bounds, q: Tensor, obj: int, value: float,
             break
         trial = q.expand(3 * n, n).clone()
         trial[torch.arange(3 * n), torch.arange(n).repeat_interleave(3)] = moves.repeat(n)
-        vals = bounds.bound(trial, torch.zeros_like(trial),
-                            torch.full((3 * n,), obj, device=q.device))
+        vals = _unknown_below(bounds.point(trial, torch.full((3 * n,), obj, device=q.device)))
         top, at = vals.max(0)
-        if top.item() <= value:
+        if not top.item() > value:
             break
         q, value = trial[at].clone(), top.item()
     return q, value
 
 
-def certify_row(f: Folded, row: Row, *, rtol: float = RTOL, atol: float = 1e-12,
+def certify_row(f: Folded, row: Row, *, rtol: float = RTOL, atol: float = 0.0,
                 time_limit: float = 10.0, batch: int = 256, max_nodes: int = 500_000,
                 start: Tensor | None = None) -> RowCertificate:
     """Branch and bound over the query token's content box for one non-trigger row.
 
     A node is a query box with one objective (coordinate, sign); its upper bound comes from
-    ``_Bounds.bound`` and its centre's exact value is a lower bound on the supremum. Each round
-    splits the ``batch`` open nodes with the largest bounds in two along their most influential
-    coordinate, and drops nodes whose bound cannot beat the best value found (improved by a
-    coordinate search, ``_polish``, from the best centre of each round and from ``start``, a
-    query content (n,) such as an attack's). It stops when the largest open bound is within
-    rtol (relative) and atol (absolute) of the best value, at ``time_limit`` seconds, or after
-    ``max_nodes`` nodes."""
+    ``_Bounds.bound`` (rounding included; not a finite number: +inf, unknown) and its centre's
+    point value (``_Bounds.point``) is the best input's candidate. Each round splits the
+    ``batch`` open nodes with the largest bounds in two along their most influential
+    coordinate, and drops only nodes whose bound is at most the best point value found
+    (improved by a coordinate search, ``_polish``, from the best centre of each round and from
+    ``start``, a query content (n,) such as an attack's), so the reported upper bound, the
+    larger of the open nodes' bounds and that best value, covers every dropped node.
+
+    It stops when that bound is within ``rtol`` (relative) of the best value, or is <= 0 where
+    the best value is <= 0 (a zero row, whose boxes' bounds are exactly 0), plus ``atol``
+    (absolute, default 0; it only stops the search sooner, it never lowers what is reported),
+    at ``time_limit`` seconds, or after ``max_nodes`` nodes. The reported ``lower`` is the best
+    point value less its rounding (``_Bounds.lower_slack``), and at least 0."""
     bounds = _Bounds(f, row)
     n, k = f.d - 3, bounds.n_objectives
     dev, dt = f.a.device, f.a.dtype
@@ -590,13 +748,13 @@ def certify_row(f: Folded, row: Row, *, rtol: float = RTOL, atol: float = 1e-12,
     obj = torch.arange(k, device=dev)
     centre = torch.zeros(k, n, dtype=dt, device=dev)
     radius = torch.ones(k, n, dtype=dt, device=dev)
-    upper = bounds.bound(centre, radius, obj)
-    point = bounds.bound(centre, torch.zeros_like(radius), obj)
+    upper = _unknown_above(bounds.bound(centre, radius, obj))
+    point = _unknown_below(bounds.point(centre, obj))
     best = int(point.argmax())
     best_val, best_obj, best_q = point[best].item(), best, centre[best].clone()
     if start is not None:
         start = start.to(device=dev, dtype=dt)
-        vals = bounds.bound(start.expand(k, n), torch.zeros(k, n, dtype=dt, device=dev), obj)
+        vals = _unknown_below(bounds.point(start.expand(k, n), obj))
         if vals.max().item() > best_val:
             best_val, best_obj, best_q = vals.max().item(), int(vals.argmax()), start.clone()
     began = time.perf_counter()
@@ -604,9 +762,10 @@ def certify_row(f: Folded, row: Row, *, rtol: float = RTOL, atol: float = 1e-12,
     best_q, best_val = _polish(bounds, best_q, best_obj, best_val, deadline)
     examined = k
     while True:
-        keep = upper > best_val + atol
+        # a node whose bound is at most best_val holds nothing above the reported bound
+        keep = upper > best_val
         centre, radius, upper, obj = centre[keep], radius[keep], upper[keep], obj[keep]
-        top = upper.max().item() if len(upper) else best_val
+        top = max(upper.max().item() if len(upper) else -math.inf, best_val)
         if top <= (best_val * (1 + rtol) if best_val > 0 else 0.0) + atol:
             converged = True
             break
@@ -624,8 +783,9 @@ def certify_row(f: Folded, row: Row, *, rtol: float = RTOL, atol: float = 1e-12,
                             c.clone().scatter_add_(1, axis, half)])
         kids_r, kids_o = torch.cat([r2, r2]), torch.cat([o, o])
         # a kid's box lies inside its parent's, so the parent's bound holds for it too
-        kid_upper = torch.minimum(bounds.bound(kids_c, kids_r, kids_o), torch.cat([up, up]))
-        kid_point = bounds.bound(kids_c, torch.zeros_like(kids_r), kids_o)
+        kid_upper = torch.minimum(_unknown_above(bounds.bound(kids_c, kids_r, kids_o)),
+                                  torch.cat([up, up]))
+        kid_point = _unknown_below(bounds.point(kids_c, kids_o))
         examined += len(kids_c)
         val, at = kid_point.max(0)
         if val.item() > best_val:
@@ -634,19 +794,21 @@ def certify_row(f: Folded, row: Row, *, rtol: float = RTOL, atol: float = 1e-12,
             best_val, best_obj, best_q = value, int(kids_o[at]), q
         centre, radius = torch.cat([centre[rest], kids_c]), torch.cat([radius[rest], kids_r])
         upper, obj = torch.cat([upper[rest], kid_upper]), torch.cat([obj[rest], kids_o])
-    top = max(upper.max().item() if len(upper) else best_val, best_val)
+    top = max(upper.max().item() if len(upper) else -math.inf, best_val)
+    lower = max(best_val - bounds.lower_slack(best_obj), 0.0) if math.isfinite(best_val) \
+        else 0.0
     d = f.d
-    return RowCertificate(kind=row.kind, i=row.i, upper=top + MARGIN * abs(top),
-                          lower=best_val, converged=converged, boxes=examined,
-                          coordinate=best_obj % d, sign=1 if best_obj < d else -1,
-                          witness_query=best_q.tolist())
+    return RowCertificate(kind=row.kind, i=row.i, upper=top, lower=lower, converged=converged,
+                          boxes=examined, coordinate=best_obj % d,
+                          sign=1 if best_obj < d else -1, witness_query=best_q.tolist())
 
 
 @dataclass
 class Certificate:
     """Certified errors of a single-layer model at every non-trigger row: the BOS row's exact
     error, and per (kind, i) a RowCertificate. ``upper(kind)`` is the largest upper bound over
-    the rows of a kind, ``lower(kind)`` the largest value attained."""
+    the rows of a kind (inf where a row's bound is unknown), ``lower(kind)`` the largest value
+    attained."""
 
     rule: str
     bos: float
@@ -681,10 +843,10 @@ def certify(model: AttentionStack, cfg: RunConfig, *, rtol: float = RTOL,
     f = folded(model, cfg)
     check_range(f)
     if not (rtol >= 0 and math.isfinite(rtol)):
-        raise ValueError(f"rtol={rtol!r} is not allowed: it must be a finite number >= 0.")
+        raise ConfigError(f"rtol={rtol!r} is not allowed: it must be a finite number >= 0.")
     if not (time_limit > 0 and math.isfinite(time_limit)):
-        raise ValueError(f"time_limit={time_limit!r} is not allowed: it must be a finite "
-                         "number of seconds > 0.")
+        raise ConfigError(f"time_limit={time_limit!r} is not allowed: it must be a finite "
+                          "number of seconds > 0.")
     start = time.perf_counter()
     todo = rows(f.seq_len)
     out = []
