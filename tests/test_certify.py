@@ -289,10 +289,34 @@ def test_sinklab_worst_on_any_finished_run(tmp_path, capsys):
     assert code == 0, err
     assert out.count("attacked >=") == 8 and out.count("certified <=") == 3
     assert "largest non-trigger score" in out
-    assert "not certified (1-layer, 1-head softmax or relu only)" in out
+    assert out.count("not certified (see below)") == 4  # every row type of the 2x2 model
+    assert "  not certified: certification covers the paper's model and task" in out
+    assert "this one is not: it has 2 layer(s) x 2 head(s)" in out
     code = main(["worst", str(tmp_path / "nowhere")])
     _, err = capsys.readouterr()
     assert code == 2 and err.count("\n") == 1 and "no finished run" in err
+
+
+def test_sinklab_worst_measures_a_trigger_variant_on_the_papers_inputs_and_says_why_not_certified(
+        tmp_path, capsys):
+    """A run trained with no-trigger and two-trigger sequences (a zoo extension's task) is
+    attacked and sampled on the paper's input set (one trigger, anywhere in 2..L-1), and its
+    certificate is refused with the reason (its task), not a traceback."""
+    from sinklab.cli import main
+    from sinklab.train import train_runs
+
+    cfg = build_run_config({"task": {"seq_len": 6, "d_model": 6, "eval_trigger": 5,
+                                     "no_trigger_prob": 0.3, "max_triggers": 2},
+                            "model": {"attention": "softmax"},
+                            "train": {"max_steps": 5, "batch_size": 16},
+                            "eval": {"n_sequences": 16}})
+    train_runs([cfg], [tmp_path / "variant"], progress=False)
+    code = main(["worst", str(tmp_path / "variant"), "--attack-steps", "3", "--restarts", "1",
+                 "--certify-seconds", "1"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert out.count("attacked >=") == 4 and "certified <=" not in out
+    assert "no_trigger_prob" in out and "max_triggers" in out
 
 
 # ------------------------------------------------------------ only where the certificate holds
@@ -623,3 +647,21 @@ def test_covered_variants_are_certified_alike():
     resid = certify.certify(rmodel, rcfg, time_limit=1.5)
     sampled = bounds.sampled_errors(rmodel, rcfg, n=400)
     certify.check_sound(resid.to_dict(), {"sampled": sampled})
+
+
+def test_an_unknown_bound_read_back_from_json_bounds_nothing_in_the_reports():
+    # JSON writes an infinite (unknown) certified bound as null; the tables and ratios read it
+    # back as inf, never as a number below the attack
+    from sinklab.theory import verdicts
+
+    errors = {"bos": [1e-4], "pre": [None, 2e-3, 3e-3], "post": [None, None, None, 1e-3],
+              "trigger": [None, None, 5e-2]}
+    final = {"rule": "softmax", "sampled": errors, "attacked": errors,
+             "certified": {"bos": 1e-4, "upper": None,
+                           "rows": [{"kind": "pre", "i": 1, "upper": 2.1e-3},
+                                    {"kind": "pre", "i": 2, "upper": None},
+                                    {"kind": "post", "i": 3, "upper": 1.1e-3}]}}
+    assert verdicts.ratio_certified_attacked(final) == math.inf
+    table = {(r["rule"], r["kind"]): r for r in verdicts.worst_table([final])}
+    assert table["softmax", "pre"]["certified"]["max"] == math.inf
+    assert table["softmax", "post"]["certified"]["max"] == pytest.approx(1.1e-3)

@@ -44,7 +44,7 @@ from sinklab.runs.files import read_json
 from sinklab.task import encode
 from sinklab.theory import attack, certify, sink
 from sinklab.theory import constructions as theory
-from sinklab.theory.verdicts import CHECKPOINT_RESTARTS, ROUNDING, RULES, SAMPLED, finite
+from sinklab.theory.verdicts import CHECKPOINT_RESTARTS, ROUNDING, RULES, SAMPLED, finite, upper
 from sinklab.train import list_checkpoints, load_checkpoint, load_model
 
 if TYPE_CHECKING:
@@ -117,11 +117,12 @@ def worst_case(model: AttentionStack, cfg: RunConfig, *, steps: int, restarts: i
     error of its row (``certify.check_sound``). ``name`` names the model in those sentences."""
     rule = cfg.model.attention
     check_finite(model, name)
+    why = None
     try:  # what certify covers: 1 x 1, softmax or relu with default arguments, BOS visible
         f = certify.folded(model, cfg)
         single = True
-    except certify.NotCertifiable:
-        single = False
+    except certify.NotCertifiable as exc:
+        single, why = False, str(exc)
     if single and certified:
         certify.check_range(f, name)
     worst = attack.attack(model, cfg, steps=steps, restarts=restarts, triggers=triggers,
@@ -129,6 +130,8 @@ def worst_case(model: AttentionStack, cfg: RunConfig, *, steps: int, restarts: i
     out: dict[str, Any] = {"attacked": worst.to_dict("none")["error"],
                            "sampled": sampled_errors(model, cfg) if triggers is None else None,
                            "norm": qk_norm(model)}
+    if why is not None:
+        out["not_certifiable"] = why
     if triggers is None:  # the input attaining each row type's attacked maximum
         full = worst.to_dict("max")
         out["witness"] = {k: None if full["argmax"][k] is None
@@ -193,14 +196,16 @@ def worst_runs(runs: Sequence[Path], *, steps: int, restarts: int, seconds: floa
             sampled = max((v for v in rec["sampled"][kind] if v is not None), default=None)
             attacked = max((v for v in rec["attacked"][kind] if v is not None), default=None)
             if cert is None:
-                certified = "not certified (1-layer, 1-head softmax or relu only)"
+                certified = "not certified (see below)"
             elif kind == "trigger":
                 certified = "not certified (the mean couples the tokens)"
             else:
                 up = cert["bos"] if kind == "bos" else \
-                    max(r["upper"] for r in cert["rows"] if r["kind"] == kind)
+                    max(upper(r["upper"]) for r in cert["rows"] if r["kind"] == kind)
                 certified = f"certified <= {up:.3e}"
             yield f"  {kind:8s} sampled {sampled:.3e}   attacked >= {attacked:.3e}   {certified}"
+        if "not_certifiable" in rec:
+            yield f"  not certified: {rec['not_certifiable']}"
         if cert is not None:
             gaps = [r["upper"] / r["lower"] for r in cert["rows"]
                     if not r["converged"] and r["lower"] > 0]

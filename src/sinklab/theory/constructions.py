@@ -19,6 +19,7 @@ Weights use the model's row-vector convention: q = x W_Q, scores = q k^T, output
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -120,9 +121,14 @@ def softmax_sink(c: float, seq_len: int = 16, d_model: int = 16,
 
 def all_triggers_batch(cfg: RunConfig, n_sequences: int, seed: int,
                        dtype: torch.dtype = torch.float64) -> Batch:
-    """Test sequences with the trigger anywhere in 2..L-1 (every position the task allows)."""
+    """Test sequences of the paper's input set, one trigger each, anywhere in 2..L-1: the set
+    the theorem and the certificate speak of, whatever trigger range or count (a zoo
+    extension's) the model was trained on."""
     generator = torch.Generator().manual_seed(seed)
-    return sample_batch(cfg.task, n_sequences, generator, residual=cfg.residual, dtype=dtype)
+    task = dataclasses.replace(cfg.task, train_trigger_min=2,
+                               train_trigger_max=cfg.task.seq_len - 1, no_trigger_prob=0.0,
+                               max_triggers=1)
+    return sample_batch(task, n_sequences, generator, residual=cfg.residual, dtype=dtype)
 
 
 @torch.no_grad()

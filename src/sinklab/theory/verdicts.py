@@ -71,11 +71,20 @@ def worst_table(finals: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 if c is None or kind == "trigger":
                     continue
                 cert.append(c["bos"] if kind == "bos" else
-                            max(r["upper"] for r in c["rows"] if r["kind"] == kind))
+                            max(upper(r["upper"]) for r in c["rows"] if r["kind"] == kind))
             rows.append({"rule": rule, "kind": kind, "n": len(sel),
                          "sampled": spread(sampled), "attacked": spread(attacked),
-                         "certified": spread(cert) if cert else None})
+                         "certified": certified_spread(cert) if cert else None})
     return rows
+
+
+def certified_spread(values: list[float]) -> dict[str, float | None]:
+    """``spread`` of certified upper bounds, where an unknown (infinite) bound of any seed
+    makes the mean and the largest unknown too, instead of leaving that seed out."""
+    out = spread(values)
+    if any(v == math.inf for v in values):
+        out.update(mean=math.inf, max=math.inf)
+    return out
 
 
 def spread(values: list[Any]) -> dict[str, float | None]:
@@ -86,9 +95,15 @@ def spread(values: list[Any]) -> dict[str, float | None]:
     return {"mean": float(np.mean(vals)), "min": float(min(vals)), "max": float(max(vals))}
 
 
+def upper(value: float | None) -> float:
+    """A certified upper bound read back from a record: JSON writes an unknown (infinite) bound
+    as null, which bounds nothing."""
+    return math.inf if value is None else value
+
+
 def ratio_certified_attacked(final: dict[str, Any]) -> float:
     """Certified upper bound over attacked lower bound of the non-trigger supremum."""
-    cert = final["certified"]["upper"]
+    cert = upper(final["certified"]["upper"])
     att = nontrigger(final["attacked"])
     return cert / att if att > 0 else (1.0 if cert <= 0 else math.inf)
 
@@ -115,7 +130,7 @@ def worst_claims(records: dict[str, Any]) -> list[Claim]:
     w = records["worst"]
     finals = w["finals"]
     out = []
-    gaps = [nontrigger(f["attacked"]) - f["certified"]["upper"] for f in finals
+    gaps = [nontrigger(f["attacked"]) - upper(f["certified"]["upper"]) for f in finals
             if f.get("certified")]
     out.append(cl.check(
         "worst.certified_above_attack",
@@ -258,7 +273,7 @@ def draw_positions(axes: Any, records: dict[str, Any], opts: Any) -> None:
                 up = [np.nan] * L
                 for r in cert["rows"]:
                     if r["kind"] == kind:
-                        up[r["i"]] = max(r["upper"], floor)
+                        up[r["i"]] = max(upper(r["upper"]), floor)
                 ax.plot(pos, up, style, color="k", marker="_", label=f"certified, {kind}")
         ax.set_yscale("log")
         ax.set_xlabel("query position i")
@@ -321,7 +336,8 @@ def draw_norm(ax: Any, records: dict[str, Any], opts: Any) -> None:
                    s=5, alpha=0.3, color=COLORS[rule],
                    label=f"{rule} checkpoints (attacked, pre rows)")
         fin = [f for f in w["finals"] if f["rule"] == rule and f.get("certified")]
-        ax.scatter([f["norm"] for f in fin], [max(f["certified"]["upper"], floor) for f in fin],
+        ax.scatter([f["norm"] for f in fin],
+                   [max(upper(f["certified"]["upper"]), floor) for f in fin],
                    s=30, marker="D", edgecolor="k", color=COLORS[rule],
                    label=f"{rule} final models (certified)")
     ax.set_yscale("log")
