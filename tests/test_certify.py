@@ -665,3 +665,41 @@ def test_an_unknown_bound_read_back_from_json_bounds_nothing_in_the_reports():
     table = {(r["rule"], r["kind"]): r for r in verdicts.worst_table([final])}
     assert table["softmax", "pre"]["certified"]["max"] == math.inf
     assert table["softmax", "post"]["certified"]["max"] == pytest.approx(1.1e-3)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), scale=st.sampled_from([0.05, 0.5, 2.0]),
+       seq_len=st.integers(4, 9), d_model=st.integers(4, 7))
+def test_the_value_lemma_holds_with_the_constant_one_for_any_weights(seed, scale, seq_len,
+                                                                      d_model):
+    # W* >= 1 - eps_full[m] - nu at every content coordinate m, whatever the weights (a check of
+    # the proof and of the inputs necessity() builds for it: wrong inputs, a wrong coordinate
+    # or the trigger's content left at 0 break it on some weights), and the first lemma's
+    # W* >= delta - eps[m] - nu beside it
+    cfg = build_run_config({"task": {"seq_len": seq_len, "d_model": d_model,
+                                     "eval_trigger": seq_len - 1},
+                            "model": {"attention": "softmax"}})
+    model = AttentionStack(cfg.model, d_model, residual=cfg.residual).to(torch.float64)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) * scale)
+    nec = certify.necessity(model, cfg)
+    slack = 1e-12 * (1 + nec["w_star"])
+    for full, part in zip(nec["proof_errors_full"], nec["proof_errors"], strict=True):
+        assert nec["w_star"] >= 1 - full - nec["nu"] - slack
+        assert nec["w_star"] >= nec["delta"] - part - nec["nu"] - slack
+
+
+def test_the_value_lemmas_constant_one_cannot_be_raised():
+    # along the sink family W* = 1 while the proof inputs' errors go to 0: with 1.001 in place
+    # of 1 the lemma is violated at c = 16, so 1 is its best constant; the first lemma's
+    # delta = (L - 2) / (L - 1) leaves a gap of 1 - delta there
+    for c, violated in ((4.0, False), (16.0, True)):
+        cfg, model = theory.softmax_sink(c, seq_len=8, d_model=6)
+        nec = certify.necessity(model, cfg)
+        assert nec["w_star"] == pytest.approx(1.0, abs=1e-12)
+        sharper = max(1.001 - e - nec["nu"] for e in nec["proof_errors_full"])
+        assert (sharper > nec["w_star"]) is violated
+        first = max(nec["delta"] - e - nec["nu"] for e in nec["proof_errors"])
+        assert nec["w_star"] - first >= 1 - nec["delta"] - 1e-6

@@ -192,12 +192,14 @@ def test_sink_family_bounds_within_their_factors(models):
     """Along the sink family (BOS mass e^c / (e^c + i) at every input): the scores' bound on
     1 - b is exact (factor 1 + 1e-7); part 1's is within 1.002 at pre rows (the certificate's
     rtol 1e-3, w_min = 1) and 2.004 at post rows (w_min = 1/2); at X*, the weights form within
-    1.002 and the errors-only form within 1.002 / (delta - eps_T), eps_T the proof inputs'
-    error delta / (1 + (L - 1) e^c)."""
+    1.002 and the errors-only form within 1.002 / (1 - eps_T), eps_T the error 1 / (1 + (L - 1)
+    e^c) of the sharper lemma's proof inputs (every non-BOS token +-e_m: target +-1, of which
+    the trigger row's BOS share is missing). With the first lemma's delta = (L - 2) / (L - 1) in
+    place of 1 the factor would be 1 / (delta - eps_T) = 1.167 here."""
     cfg, model, rec = models["family"]
     c, L = 8.0, cfg.task.seq_len
-    delta = (L - 2) / (L - 1)
-    eps_t = delta / (1 + (L - 1) * math.exp(c))
+    eps_t = 1 / (1 + (L - 1) * math.exp(c))
+    delta = 1.0
     for row in rec["rows"]:
         exact = row["i"] / (math.exp(c) + row["i"])
         assert 1 <= row["scores"]["off"] / exact <= 1 + 1e-7

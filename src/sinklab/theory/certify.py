@@ -933,7 +933,15 @@ def necessity(model: AttentionStack, cfg: RunConfig) -> dict[str, Any]:
       ``bound`` (1 - b_i(X*)) w_star - nu (part 1: the supremum error at row i is at least this);
     - ``proof_errors``: per content coordinate m, the largest trigger-row error at coordinate m
       over the two inputs of part 2's proof (ordinary contents +-1 at m, 0 elsewhere, trigger
-      content 0), so that w_star >= delta - proof_error - nu can be checked for every m.
+      content 0), so that w_star >= delta - proof_error - nu can be checked for every m;
+    - ``proof_errors_full``: the same at the inputs where the trigger carries the ordinary
+      tokens' content too (every non-BOS token +-e_m), whose trigger-row target at m is the full
+      +-1: the sharper lemma w_star >= 1 - proof_error_full - nu (proof: the trigger's value
+      differs from an ordinary token's of the same content by the constant kappa = (e_1 -
+      e_{d-1}) M; if kappa_m >= 0, at the input with content -e_m the trigger row's output at m,
+      a convex combination of v_0m, O_m and O_m + kappa_m, is at least that of v_0m and O_m, so
+      reaching -1 + eps there needs O_m - v_0m <= -(1 - eps - nu); if kappa_m < 0, the same at
+      +e_m). The constant 1 cannot be raised: the sink family has w_star = 1 and errors -> 0.
     """
     f = folded(model, cfg)
     if f.rule != "softmax":
@@ -948,20 +956,26 @@ def necessity(model: AttentionStack, cfg: RunConfig) -> dict[str, Any]:
         torch.tensor([1.0, -1.0], dtype=f.m.dtype, device=f.m.device).repeat(n)
     inputs = torch.stack([uniform_input(f, c_star, trigger_content=c_star)]
                          + [uniform_input(f, c, trigger_content=torch.zeros_like(c))
-                            for c in proof])
-    weights, err = forward_errors(model, cfg, inputs)  # one pass: X*, then the proof inputs
+                            for c in proof]
+                         + [uniform_input(f, c, trigger_content=c) for c in proof])
+    # one pass: X*, then both lemmas' proof inputs
+    weights, err = forward_errors(model, cfg, inputs)
     row_err = err.abs().amax(-1)
     out_rows = []
     for i in range(1, L - 1):
         b = weights[0, i].item()
         out_rows.append({"i": i, "bos": b, "error": row_err[0, i].item(),
                          "bound": (1 - b) * w_star - nu})
-    at_coord = err[1:, L - 1, CONTENT_START:d - 1].abs()  # (2n, n): proof input, coordinate
     coords = torch.arange(n, device=err.device).repeat_interleave(2)
-    proof_errors = at_coord[torch.arange(2 * n), coords].view(n, 2).amax(-1).tolist()
+
+    def at_own_coordinate(e: Tensor) -> list[float]:  # (2n, L, d) -> per m, the larger of +-
+        at_coord = e[:, L - 1, CONTENT_START:d - 1].abs()  # (2n, n): proof input, coordinate
+        return at_coord[torch.arange(2 * n), coords].view(n, 2).amax(-1).tolist()
+
     return {"nu": nu, "w_star": w_star, "m_star": m_star, "c_star": c_star.tolist(),
-            "delta": (L - 2) / (L - 1), "rows": out_rows, "proof_errors": proof_errors,
-            "seq_len": L}
+            "delta": (L - 2) / (L - 1), "rows": out_rows,
+            "proof_errors": at_own_coordinate(err[1:1 + 2 * n]),
+            "proof_errors_full": at_own_coordinate(err[1 + 2 * n:]), "seq_len": L}
 
 
 def widest_value(m: Tensor, relative_to_bos: bool = True) -> tuple[float, int, Tensor]:

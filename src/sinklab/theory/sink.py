@@ -48,10 +48,11 @@ left off BOS, ``off`` = 1 - b (a lower bound b >= 1 - off on the mass):
   box (``min_value_norm``: one small LP per row kind, made sound by its dual).
 - at the input X* of ``certify.necessity`` (pre rows; every content c*, the maximiser of
   ||w(c)||_inf, so w_bar = w(c*) and ||w_bar|| = W*): ``w_star``, off <= (eps_i + nu) / W*, and
-  ``errors_only``, the theorem's form with part 2 in place of W*: W* >= max_m (delta -
+  ``errors_only``, the theorem's form with part 2 in place of W*: W* >= max_m (1 -
   eps_T[m] - nu), eps_T[m] the exact trigger-row errors at coordinate m of the proof inputs
-  X+- (``necessity(...)["proof_errors"]``), where that denominator is positive; beside them the
-  exact mass b_i(X*).
+  X+- whose every non-BOS token carries +-e_m (``necessity(...)["proof_errors_full"]``; the
+  weaker delta - eps_T[m] - nu of ``"proof_errors"`` counts too, for records without it), where
+  that denominator is positive; beside them the exact mass b_i(X*).
 
 Float64 rounding: the exponents s(q) are sums of about 2d products of the scores' size, rounded
 by at most 2 (d + 2) u times ``certify.scale``'s score, which ``certify.check_range`` keeps
@@ -324,7 +325,7 @@ def certified_sink(model: AttentionStack, cfg: RunConfig,
     - ``min``: per kind the same bounds at the row where they are weakest (every row of the
       kind over every input), and at X* over the pre rows;
     - ``w_min`` (``min_value_norm``, per kind), ``nu``, ``w_star``, ``delta``, ``denominator``
-      (part 2's max_m (delta - eps_T[m] - nu), lowered for rounding), ``exact``, ``seconds``
+      (part 2's max_m (1 - eps_T[m] - nu), lowered for rounding), ``exact``, ``seconds``
       (this function's, the certificate's excluded) and ``certificate`` (its seconds and
       whether every row closed).
 
@@ -340,7 +341,10 @@ def certified_sink(model: AttentionStack, cfg: RunConfig,
     nec = certify.necessity(model, cfg) if nec is None else nec
     nu, w_star, delta = nec["nu"], nec["w_star"], nec["delta"]
     value_scale = certify.scale(f)["value"]
-    part2 = max(delta - e - nu for e in nec["proof_errors"])
+    # part 2, W* >= delta - eps_T[m] - nu, and its sharper form W* >= 1 - eps_T_full[m] - nu
+    # (certify.necessity): the larger is the bound; records from before the sharper form lack it
+    part2 = max([delta - e - nu for e in nec["proof_errors"]]
+                + [1.0 - e - nu for e in nec.get("proof_errors_full", [])])
     denominator = part2 - MARGIN * (1 + value_scale)
     w_min = {kind: min_value_norm(f, kind) for kind in ("pre", "post")}
     scores = score_bounds(f)
@@ -426,7 +430,8 @@ def sink_lines(record: dict[str, Any]) -> list[str]:
         f"  from the certified errors (theorem, part 1; min ||w|| {w_min['pre']['lower']:.3g} "
         f"pre, {w_min['post']['lower']:.3g} post): BOS mass >= {mass_text(pre['part1'])} at every "
         f"pre row and >= {mass_text(post['part1'])} at every post row over every input; at X* >= "
-        f"{mass_text(x['w_star'])} (weights form), >= {mass_text(x['errors_only'])} (errors only), "
+        f"{mass_text(x['w_star'])} (weights form), >= {mass_text(x['errors_only'])} "
+        "(errors only), "
         f"measured {mass_text(x['exact'])}",
     ]
 
