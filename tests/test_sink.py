@@ -297,7 +297,7 @@ def test_record_is_json_and_its_lines_say_the_bounds(models):
     for _, _, rec in models.values():
         json.dumps(rec, allow_nan=False)
     lines = sink.sink_lines(models["family"][2])
-    assert len(lines) == 2 and all(line.startswith("  ") for line in lines)
+    assert len(lines) == 3 and all(line.startswith("  ") for line in lines)
     off = models["family"][2]["min"]["pre"]["scores"]["off"]
     assert lines[0].startswith(f"  certified BOS mass >= 1 - {off:.2e} at every pre row")
     assert "attained by an input: exact" in lines[0]
@@ -381,8 +381,31 @@ def test_sinklab_worst_prints_the_certified_sink_of_a_softmax_run(tmp_path, caps
     lines = out.splitlines()
     at = next(k for k, line in enumerate(lines) if "certified BOS mass >=" in line)
     assert "from the certified errors (theorem, part 1" in lines[at + 1]
-    assert lines[at + 2].startswith("  the attack's smallest BOS mass: ")
+    assert lines[at + 2].startswith("  so, from the errors alone, ||W_Q W_K^T|| >= ")
+    assert lines[at + 3].startswith("  the attack's smallest BOS mass: ")
     # what the lines say is the record's: the weakest pre row's bound from the scores
     cfg_run, model = worst_run(tmp_path / "run")  # the scores' bound needs no certificate time
     rec = sink.certified_sink(model, cfg_run, time_limit=2.0)
     assert f">= {sink.mass_text(rec['min']['pre']['scores'])} at every pre row" in lines[at]
+
+
+def test_the_norm_corollary_holds_and_grows_like_log_one_over_the_error():
+    # ||W_Q W_K^T|| >= log(i (1 - eta) / eta) / sqrt((d - 2)(d - 1)) from the errors-only bound:
+    # below the actual norm on the family, noisy family and random weights, rising with the
+    # family's gap c about as c / sqrt((d - 2)(d - 1)) does, and 0 on untrained weights
+    d = 6
+    seen = []
+    for c in (4.0, 8.0, 12.0):
+        cfg, model = theory.softmax_sink(c, seq_len=8, d_model=d)
+        rec = record(cfg, model, rtol=1e-3)
+        assert 0 < rec["norm"]["lower"] <= rec["qk_norm"]
+        assert rec["norm"]["lower"] == pytest.approx(c / math.sqrt((d - 2) * (d - 1)), rel=0.05)
+        seen.append(rec["norm"]["lower"])
+    assert seen == sorted(seen)
+    for cfg, model in (noisy_family(6.0, 0.05, seed=2), random_model(seed=4)):
+        rec = record(cfg, model)
+        assert rec["norm"]["lower"] <= rec["qk_norm"]
+    cfg, model = untrained_model(seed=1)
+    assert record(cfg, model)["norm"]["lower"] == 0
+    lines = sink.sink_lines(record(*theory.softmax_sink(8.0, seq_len=8, d_model=d)))
+    assert lines[2].startswith("  so, from the errors alone, ||W_Q W_K^T|| >= ")

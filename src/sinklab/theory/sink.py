@@ -368,9 +368,36 @@ def certified_sink(model: AttentionStack, cfg: RunConfig,
     return {"rule": "softmax", "seq_len": f.seq_len, "d_model": f.d, "margin": MARGIN,
             "nu": nu, "w_star": w_star, "delta": delta, "denominator": denominator,
             "w_min": w_min, "exact": scores[0]["exact"], "rows": rows,
-            "min": _minima(rows), "seconds": time.perf_counter() - began,
+            "min": _minima(rows), "norm": norm_bound(rows, f.d),
+            "qk_norm": torch.linalg.matrix_norm(f.a, ord=2).item(),
+            "seconds": time.perf_counter() - began,
             "certificate": {"seconds": cert_d.get("seconds"),
                             "converged": cert_d.get("converged")}}
+
+
+def norm_bound(rows: list[dict[str, Any]], d: int) -> dict[str, Any]:
+    """The norm corollary: a lower bound on ||W_Q W_K^T||_2 from the errors alone, growing like
+    log(1 / error).
+
+    At X* every non-BOS token is x = e_{d-1} + c* (c* a vertex), so pre row i sees BOS and i
+    copies of x, and 1 - b_i(X*) <= eta_i (the errors-only bound) gives i e^{x A x^T - x A e_0^T}
+    <= eta_i / (1 - eta_i), that is x A (e_0 - x)^T >= log(i (1 - eta_i) / eta_i). The left side
+    is at most ||A||_2 ||x|| ||e_0 - x|| = ||A||_2 sqrt((d - 2)(d - 1)), so ||A||_2 >=
+    log(i (1 - eta_i) / eta_i) / sqrt((d - 2)(d - 1)); with eta_i about 2 eps, log(1 / eps) /
+    d up to constants. Returned: the largest such bound over the pre rows (``lower``, 0 where
+    no row has a bound eta_i < 1) and its row."""
+    best, at = 0.0, None
+    for row in rows:
+        if row["kind"] != "pre":
+            continue
+        eta = row["x_star"]["errors_only"]["off"]
+        if eta is None or not 0 < eta < 1:
+            continue
+        value = math.log(row["i"] * (1 - eta) / eta) / math.sqrt((d - 2) * (d - 1))
+        value *= 1 - MARGIN
+        if value > best:
+            best, at = value, row["i"]
+    return {"lower": best, "i": at}
 
 
 def _weakest(bounds: list[dict[str, float | None]]) -> dict[str, float | None]:
@@ -433,6 +460,8 @@ def sink_lines(record: dict[str, Any]) -> list[str]:
         f"{mass_text(x['w_star'])} (weights form), >= {mass_text(x['errors_only'])} "
         "(errors only), "
         f"measured {mass_text(x['exact'])}",
+        f"  so, from the errors alone, ||W_Q W_K^T|| >= {record['norm']['lower']:.3g} (it is "
+        f"{record['qk_norm']:.3g}; the bound grows like log(1 / error))",
     ]
 
 
