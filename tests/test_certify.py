@@ -676,14 +676,7 @@ def test_the_value_lemma_holds_with_the_constant_one_for_any_weights(seed, scale
     # the proof and of the inputs necessity() builds for it: wrong inputs, a wrong coordinate
     # or the trigger's content left at 0 break it on some weights), and the first lemma's
     # W* >= delta - eps[m] - nu beside it
-    cfg = build_run_config({"task": {"seq_len": seq_len, "d_model": d_model,
-                                     "eval_trigger": seq_len - 1},
-                            "model": {"attention": "softmax"}})
-    model = AttentionStack(cfg.model, d_model, residual=cfg.residual).to(torch.float64)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) * scale)
+    cfg, model = random_model("softmax", seq_len, d_model, scale, seed)
     nec = certify.necessity(model, cfg)
     slack = 1e-12 * (1 + nec["w_star"])
     for full, part in zip(nec["proof_errors_full"], nec["proof_errors"], strict=True):

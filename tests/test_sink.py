@@ -14,6 +14,7 @@ from sinklab.model import AttentionStack
 from sinklab.task import encode
 from sinklab.theory import certify, sink
 from sinklab.theory import constructions as theory
+from test_certify import random_model as random_1x1
 
 F64 = torch.float64
 SECONDS = 2.0  # the certificate's time cap per model: its rows stay sound when they do not close
@@ -27,13 +28,7 @@ def config(seq_len: int, d_model: int, rule: str = "softmax", **model):
 
 def random_model(seed: int, scale: float = 0.7, seq_len: int = 6, d_model: int = 6):
     """A 1x1 softmax model with N(0, scale^2) weights (far from any sink)."""
-    cfg = config(seq_len, d_model)
-    model = AttentionStack(cfg.model, d_model, residual=cfg.residual).to(F64)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen, dtype=F64) * scale)
-    return cfg, model
+    return random_1x1("softmax", seq_len, d_model, scale, seed)
 
 
 def untrained_model(seed: int, seq_len: int = 8, d_model: int = 6):

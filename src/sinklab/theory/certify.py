@@ -861,6 +861,14 @@ def certify(model: AttentionStack, cfg: RunConfig, *, rtol: float = RTOL,
 # ------------------------------------------------------------------ ReLU's zero rows
 
 
+def vertices(n: int, like: Tensor) -> Tensor:
+    """Every vertex of [-1, 1]^n, (2^n, n), on ``like``'s device and dtype: row k has +1 at the
+    coordinates r whose bit r of k is set."""
+    k = torch.arange(2 ** n, device=like.device)
+    bits = (k[:, None] >> torch.arange(n, device=like.device)) & 1
+    return bits.to(like.dtype) * 2 - 1
+
+
 def relu_max_score(model: AttentionStack, cfg: RunConfig) -> dict[str, Any]:
     """The largest score any non-trigger query of a single-layer model can give any key over
     the whole input set, per key kind ("bos", "ordinary", "trigger", "self", and "bos_query":
@@ -885,8 +893,7 @@ def relu_max_score(model: AttentionStack, cfg: RunConfig) -> dict[str, Any]:
     out: dict[str, Any] = {"bos_query": a[BOS, BOS].item()}
     flags = {"bos": BOS, "ordinary": d - 1, "trigger": TRIGGER}
     if exact:
-        grid = torch.tensor([[(k >> r) & 1 for r in range(n)] for k in range(2 ** n)],
-                            dtype=a.dtype, device=a.device) * 2 - 1
+        grid = vertices(n, a)
         u = f.token(d - 1, grid) @ a  # (V, d): x_q A at every vertex q
         for name, flag in flags.items():
             score = u[:, flag] + (0 if name == "bos" else u[:, cs].abs().sum(-1))

@@ -101,13 +101,6 @@ def softmax_folded(model: AttentionStack, cfg: RunConfig) -> certify.Folded:
 # ----------------------------------------------------------------- every input, from the scores
 
 
-def _vertices(n: int, like: Tensor) -> Tensor:
-    """Every vertex of [-1, 1]^n, (2^n, n), on ``like``'s device and dtype."""
-    k = torch.arange(2 ** n, device=like.device)
-    bits = (k[:, None] >> torch.arange(n, device=like.device)) & 1
-    return bits.to(like.dtype) * 2 - 1
-
-
 def _log_sum(terms: list[tuple[int, Tensor]]) -> Tensor:
     """log sum_k count_k e^{s_k}, elementwise, over the terms with count_k > 0."""
     parts = [math.log(count) + s for count, s in terms if count > 0]
@@ -138,7 +131,7 @@ def score_bounds(f: certify.Folded, exact_limit: int = EXACT_COORDS) -> list[dic
     a = f.a
     exact = n <= exact_limit
     if exact:
-        q = _vertices(n, a)
+        q = certify.vertices(n, a)
     else:
         gen = torch.Generator(device=a.device).manual_seed(0)
         draw = torch.rand(SAMPLED_VERTICES, n, generator=gen, dtype=a.dtype, device=a.device)
