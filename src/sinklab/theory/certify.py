@@ -2,13 +2,12 @@
 
 The task's input set is every sequence with content in [-1, 1]^(d-3) at every non-BOS token and
 a trigger anywhere in 2..L-1. For a model with one layer and one head (softmax or the paper's
-ReLU / i), this module gives, at every non-trigger row, an *upper* bound on the supremum error
-over that whole set, together with an input that attains a lower bound (``certify``); an attack
-(``sinklab.theory.attack``) gives lower bounds for any model. It also computes the largest score a
-ReLU
-model's non-trigger queries can give any key (``relu_max_score``), which certifies that those rows
-are zero for every input when it is <= 0, and the quantities of the necessity bound proved in
-docs/theory.md (``necessity``).
+ReLU / i), this module gives, at every row, an *upper* bound on the supremum error over that
+whole set, together with an input that attains a lower bound (``certify``; the trigger rows' in
+``sinklab.theory.trigger``); an attack (``sinklab.theory.attack``) gives lower bounds for any
+model. It also computes the largest score a ReLU model's non-trigger queries can give any key
+(``relu_max_score``), which certifies that those rows are zero for every input when it is <= 0,
+and the quantities of the necessity bound proved in docs/theory.md (``necessity``).
 
 Notation (row vectors, as in the model): A = W_Q W_K^T and M = W_V W_O, so a query token x_q
 scores key x_k at x_q A x_k^T and the key's value is x_k M. A token is its flags plus its
@@ -31,7 +30,9 @@ lies on the zonogon's upper chain, n + 1 vertices found by sorting, where it is 
 the query box, bounding each term over a sub-box by how far the scores and the values can move
 inside it, and stops when the bound is within ``rtol`` of the best input found or at its time cap,
 reporting the gap. At the trigger row the target, the mean of every token, couples the tokens, so
-the decomposition does not apply: trigger rows get the attack's lower bound only.
+this decomposition does not apply as it stands: ``sinklab.theory.trigger`` certifies those rows
+(each key's problem gains a linear term; for softmax a multiplier on the keys' mean and a branch
+over it), with the same branch and bound, time cap per row and reported gap.
 
 All arithmetic is float64, and rounding is covered in both directions (``_Bounds``): every box's
 bound is widened by ``MARGIN`` relative to the magnitudes its terms have, not only to its own
@@ -219,13 +220,14 @@ def _non_default(rule: str, args: dict[str, Any]) -> dict[str, Any]:
 # ------------------------------------------------------------------ float64's range
 
 
-def scale(f: Folded) -> dict[str, float]:
+def scale(f: Folded, trigger: bool = True) -> dict[str, float]:
     """The magnitudes ``certify``'s float64 arithmetic meets at a point of the input set (a
     query box of radius 0), bounded from the weights alone:
 
-    - ``score``: |x_q A y| for every ordinary query token x_q and every y with entries in
-      [-1, 1] (any key, or a key minus BOS: the score differences softmax takes), at most the
-      sum of |A_rs| over the rows x_q uses (its flag and content coordinates);
+    - ``score``: |x_q A y| for every query token x_q (ordinary, and with ``trigger`` the
+      trigger at its own row too) and every y with entries in [-1, 1] (any key, or a key minus
+      BOS: the score differences softmax takes), at most the sum of |A_rs| over the rows x_q
+      uses (its flag row, the larger of the two with ``trigger``, and the content rows);
     - ``value``: |(x M)_m| for every token x, at most the largest column sum of |M|;
     - ``exponent``: the natural logarithm of the largest magnitude computed: score +
       log(L (2 value + 2)) for softmax (terms e^score (value - lambda) over L keys, lambda
@@ -236,8 +238,10 @@ def scale(f: Folded) -> dict[str, float]:
 
     ``check_range`` compares them with what float64 holds."""
     d, L = f.d, f.seq_len
-    rows = [d - 1, *range(CONTENT_START, d - 1)]
-    score = f.a[rows].abs().sum().item()
+    flags = f.a[d - 1].abs().sum().item()
+    if trigger:
+        flags = max(flags, f.a[TRIGGER].abs().sum().item())
+    score = flags + f.a[CONTENT_START:d - 1].abs().sum().item()
     value = f.m.abs().sum(0).max().item()
     if f.rule == "softmax":
         exponent = score + math.log(L * (2 * value + 2))
@@ -289,7 +293,8 @@ def check_sound(cert: dict[str, Any], errors: dict[str, dict[str, list[float | N
     rounding, ``SOUND_RTOL`` relative to the bound's size (as tests/test_certify.py compares a
     chain's maximum with sampled values); the largest excess is named. An unknown bound (inf,
     or None where the record went through JSON) bounds nothing and is never a violation."""
-    rows = [("bos", 0, cert["bos"])] + [(r["kind"], r["i"], r["upper"]) for r in cert["rows"]]
+    rows = [("bos", 0, cert["bos"])] + [(r["kind"], r["i"], r["upper"])
+                                        for r in cert["rows"] + cert.get("trigger_rows", [])]
     worst = None
     for source, table in errors.items():
         if table is None:
@@ -436,9 +441,10 @@ def _chain_argmax(g: Tensor, h: Tensor, a: float, b: float, relu: bool) -> Tenso
 
 @dataclass(frozen=True)
 class Row:
-    """A non-trigger query row: position ``i`` and whether the trigger is visible ("post",
-    i > j) or not ("pre", i < j). The keys are BOS, the query itself, ``n_ordinary`` other
-    ordinary tokens and ``n_trigger`` (0 or 1) trigger tokens."""
+    """A query row: position ``i`` and whether the trigger is visible ("post", i > j), not
+    ("pre", i < j) or the query itself ("trigger", i = j: ``trigger.TriggerBounds``). The keys
+    are BOS, the query itself, ``n_ordinary`` other ordinary tokens and ``n_trigger`` (0 or 1)
+    other trigger tokens."""
 
     kind: str
     i: int
@@ -525,7 +531,7 @@ class _Bounds:
         self.vmax = torch.stack([self.v0.abs(), self.b_ord.abs() + self.h_abs.sum(-1),
                                  self.b_trig.abs() + self.h_abs.sum(-1)]).amax(0)
         # the magnitudes rounding is relative to (see the class docstring)
-        s = scale(f)
+        s = scale(f, trigger=self.query_flag() == TRIGGER)
         self.score_scale, self.value_scale = s["score"], s["value"]
         self.eps = ROUNDING_FACTOR * (d + f.seq_len) * UNIT
 
@@ -549,16 +555,29 @@ class _Bounds:
             return (2 * self.vmax[objective].item() + 2) * self.eps * (1 + self.score_scale)
         return 4 * self.eps * self.score_scale * self.value_scale
 
+    def query_flag(self) -> int:
+        """The query token's flag: an ordinary token's at a non-trigger row."""
+        return self.f.d - 1
+
     def _evaluate(self, q: Tensor, rad: Tensor, obj: Tensor, widen: bool) -> Tensor:
+        k = self._terms(q, rad, obj)
+        return self._softmax(k, widen) if self.f.rule == "softmax" else self._relu(k, widen)
+
+    def _terms(self, q: Tensor, rad: Tensor, obj: Tensor) -> dict[str, Tensor]:
+        """What every bound at query boxes (q, rad) (N, n) and objectives obj (N,) is made of:
+        the keys' scores relative to the reference, how far the box moves them, the values and
+        the chain of the zonogon of (g, h) (``g``, ``h``: how a key's score and value change
+        with its content)."""
         f = self.f
-        x = f.token(f.d - 1, q)  # (N, d) the query token at the centre
+        x = f.token(self.query_flag(), q)  # (N, d) the query token at the centre
         u = x @ f.a  # (N, d)
         g = u[:, f.content]  # a key's score changes by g . c
         h = self.h[obj]  # (N, n) and its value by h . c
         base = u @ self.ref  # the reference score (BOS's for softmax, 0 for ReLU)
         k = {"a_ord": u @ self.flag_ord - base, "a_trig": u @ self.flag_trig - base,
              "self_score": (u * x).sum(-1) - base,
-             "bos_score": u[:, BOS], "r_bos": rad @ self.move_bos,
+             "bos_score": u[:, BOS], "bos_rel": u[:, BOS] - base,
+             "r_bos": rad @ self.move_bos,
              "r_ord": rad @ self.move_ord, "r_trig": rad @ self.move_trig,
              "v0": self.v0[obj], "b_ord": self.b_ord[obj], "b_trig": self.b_trig[obj],
              "vmax": self.vmax[obj]}
@@ -567,7 +586,8 @@ class _Bounds:
         k["self_value"] = (x @ self.mv)[torch.arange(len(obj), device=obj.device), obj]
         k["self_value_move"] = (rad * self.h_abs[obj]).sum(-1)
         k["t"], k["u"] = _chain(g, h)  # (N, n + 1)
-        return self._softmax(k, widen) if f.rule == "softmax" else self._relu(k, widen)
+        k["g"], k["h"] = g, h
+        return k
 
     def _softmax(self, k: dict[str, Tensor], widen: bool) -> Tensor:
         n_ord, n_trig = self.row.n_ordinary, self.row.n_trigger
@@ -664,7 +684,7 @@ class _Bounds:
 
 @dataclass
 class RowCertificate:
-    """The certified supremum error at one non-trigger row: ``upper`` >= sup >= ``lower`` in
+    """The certified supremum error at one row: ``upper`` >= sup >= ``lower`` in
     exact arithmetic on the folded weights (``lower`` attained by ``witness_query``'s input, up
     to the rounding it is narrowed by; never below 0, as the error is a norm). ``upper`` is inf
     where a box's bound was not a finite number (unknown) and stayed so; JSON writes it as null
@@ -725,7 +745,8 @@ def _polish(bounds: _Bounds, q: Tensor, obj: int, value: float,
 def certify_row(f: Folded, row: Row, *, rtol: float = RTOL, atol: float = 0.0,
                 time_limit: float = 10.0, batch: int = 256, max_nodes: int = 500_000,
                 start: Tensor | None = None) -> RowCertificate:
-    """Branch and bound over the query token's content box for one non-trigger row.
+    """Branch and bound over the query token's content box for one row (at a trigger row the
+    node has one more coordinate, ``trigger.TriggerBounds``'s coupling).
 
     A node is a query box with one objective (coordinate, sign); its upper bound comes from
     ``_Bounds.bound`` (rounding included; not a finite number: +inf, unknown) and its centre's
@@ -741,8 +762,8 @@ def certify_row(f: Folded, row: Row, *, rtol: float = RTOL, atol: float = 0.0,
     (absolute, default 0; it only stops the search sooner, it never lowers what is reported),
     at ``time_limit`` seconds, or after ``max_nodes`` nodes. The reported ``lower`` is the best
     point value less its rounding (``_Bounds.lower_slack``), and at least 0."""
-    bounds = _Bounds(f, row)
-    n, k = f.d - 3, bounds.n_objectives
+    bounds = row_bounds(f, row)
+    n, k = getattr(bounds, "dims", f.d - 3), bounds.n_objectives
     dev, dt = f.a.device, f.a.dtype
     weight = bounds.split_weights()
     obj = torch.arange(k, device=dev)
@@ -754,6 +775,8 @@ def certify_row(f: Folded, row: Row, *, rtol: float = RTOL, atol: float = 0.0,
     best_val, best_obj, best_q = point[best].item(), best, centre[best].clone()
     if start is not None:
         start = start.to(device=dev, dtype=dt)
+        if start.shape[0] < n:  # a query content without the trigger row's coupling coordinate
+            start = torch.cat([start, torch.zeros(n - start.shape[0], dtype=dt, device=dev)])
         vals = _unknown_below(bounds.point(start.expand(k, n), obj))
         if vals.max().item() > best_val:
             best_val, best_obj, best_q = vals.max().item(), int(vals.argmax()), start.clone()
@@ -800,46 +823,76 @@ def certify_row(f: Folded, row: Row, *, rtol: float = RTOL, atol: float = 0.0,
     d = f.d
     return RowCertificate(kind=row.kind, i=row.i, upper=top, lower=lower, converged=converged,
                           boxes=examined, coordinate=best_obj % d,
-                          sign=1 if best_obj < d else -1, witness_query=best_q.tolist())
+                          sign=1 if best_obj < d else -1,
+                          witness_query=best_q[:d - 3].tolist())
+
+
+def row_bounds(f: Folded, row: Row) -> _Bounds:
+    """The bounds of one row: ``_Bounds`` at a non-trigger row, ``trigger.TriggerBounds`` at a
+    trigger row (its own module, which builds on this one)."""
+    if row.kind == "trigger":
+        from sinklab.theory.trigger import TriggerBounds
+        return TriggerBounds(f, row)
+    return _Bounds(f, row)
 
 
 @dataclass
 class Certificate:
-    """Certified errors of a single-layer model at every non-trigger row: the BOS row's exact
-    error, and per (kind, i) a RowCertificate. ``upper(kind)`` is the largest upper bound over
-    the rows of a kind (inf where a row's bound is unknown), ``lower(kind)`` the largest value
-    attained."""
+    """Certified errors of a single-layer model: the BOS row's exact error, per non-trigger row
+    (kind, i) a RowCertificate in ``rows``, and per trigger row j one in ``trigger`` (empty
+    where they were not asked for). ``upper(kind)`` is the largest upper bound over the
+    non-trigger rows of a kind (inf where a row's bound is unknown), ``lower(kind)`` the largest
+    value attained; ``upper("trigger")`` and ``lower("trigger")`` are the trigger rows'. With
+    no kind, both cover the BOS row and the non-trigger rows, what section 4's theorem uses."""
 
     rule: str
     bos: float
     rows: list[RowCertificate]
     seconds: float
+    trigger: list[RowCertificate] = field(default_factory=list)
+
+    def _of(self, kind: str | None) -> list[RowCertificate]:
+        return self.trigger if kind == "trigger" else \
+            [r for r in self.rows if kind in (None, r.kind)]
 
     def upper(self, kind: str | None = None) -> float:
-        sel = [r.upper for r in self.rows if kind in (None, r.kind)]
+        sel = [r.upper for r in self._of(kind)]
         return max([self.bos, *sel]) if kind is None else max(sel, default=float("nan"))
 
     def lower(self, kind: str | None = None) -> float:
-        sel = [r.lower for r in self.rows if kind in (None, r.kind)]
+        sel = [r.lower for r in self._of(kind)]
         return max([self.bos, *sel]) if kind is None else max(sel, default=float("nan"))
 
     @property
     def converged(self) -> bool:
+        """Every non-trigger row closed (``trigger_converged``: every trigger row)."""
         return all(r.converged for r in self.rows)
 
+    @property
+    def trigger_converged(self) -> bool:
+        return all(r.converged for r in self.trigger)
+
     def to_dict(self) -> dict[str, Any]:
-        return {"rule": self.rule, "bos": self.bos, "seconds": self.seconds,
-                "converged": self.converged, "upper": self.upper(), "lower": self.lower(),
-                "rows": [r.to_dict() for r in self.rows]}
+        out = {"rule": self.rule, "bos": self.bos, "seconds": self.seconds,
+               "converged": self.converged, "upper": self.upper(), "lower": self.lower(),
+               "rows": [r.to_dict() for r in self.rows]}
+        if self.trigger:
+            out.update({"trigger_converged": self.trigger_converged,
+                        "trigger_upper": self.upper("trigger"),
+                        "trigger_lower": self.lower("trigger"),
+                        "trigger_rows": [r.to_dict() for r in self.trigger]})
+        return out
 
 
 def certify(model: AttentionStack, cfg: RunConfig, *, rtol: float = RTOL,
-            time_limit: float = 30.0) -> Certificate:
-    """Certified upper bounds (and attained lower bounds) of the supremum error at every
-    non-trigger row of a single-layer, single-head softmax or ReLU model over the task's whole
-    input set. ``time_limit`` (seconds) is shared by the rows; a row that hits it reports its
-    remaining gap (``converged`` False). NotCertifiable for any other model, OutOfRange for one
-    whose weights are beyond float64's reach (``check_range``)."""
+            time_limit: float = 30.0, trigger: bool = True) -> Certificate:
+    """Certified upper bounds (and attained lower bounds) of the supremum error at every row
+    of a single-layer, single-head softmax or ReLU model over the task's whole input set: the
+    non-trigger rows share ``time_limit`` (seconds), and the trigger rows (``trigger``, the
+    default; ``trigger.TriggerBounds``) share as much again. A row that hits its share reports
+    its remaining gap (``converged`` False). NotCertifiable for
+    any other model, OutOfRange for one whose weights are beyond float64's reach
+    (``check_range``)."""
     f = folded(model, cfg)
     check_range(f)
     if not (rtol >= 0 and math.isfinite(rtol)):
@@ -849,13 +902,27 @@ def certify(model: AttentionStack, cfg: RunConfig, *, rtol: float = RTOL,
                           "number of seconds > 0.")
     start = time.perf_counter()
     todo = rows(f.seq_len)
+    out = _certify_rows(f, todo, rtol, time_limit)
+    triggers: list[RowCertificate] = []
+    if trigger:
+        from sinklab.theory.trigger import trigger_rows
+        tr = trigger_rows(f.seq_len)
+        triggers = _certify_rows(f, tr, rtol, time_limit)
+    return Certificate(rule=f.rule, bos=bos_row_error(f), rows=out,
+                       seconds=time.perf_counter() - start, trigger=triggers)
+
+
+def _certify_rows(f: Folded, todo: list[Row], rtol: float, time_limit: float
+                  ) -> list[RowCertificate]:
+    """``certify_row`` for each row, sharing ``time_limit``: a row that closes early leaves its
+    time to the rows after it."""
+    start = time.perf_counter()
     out = []
     for k, row in enumerate(todo):
         left = time_limit - (time.perf_counter() - start)
         share = max(left / (len(todo) - k), 1e-3)
         out.append(certify_row(f, row, rtol=rtol, time_limit=share))
-    return Certificate(rule=f.rule, bos=bos_row_error(f), rows=out,
-                       seconds=time.perf_counter() - start)
+    return out
 
 
 # ------------------------------------------------------------------ ReLU's zero rows

@@ -1,0 +1,549 @@
+"""Certified worst-case errors at the trigger row of a single-layer, single-head model.
+
+At the trigger row j the query is the trigger token e_1 + q, the keys are BOS, the j - 1 ordinary
+tokens before it (contents c_1..c_{j-1}) and the trigger itself, and the target is the mean of
+x_1..x_j. For one output coordinate m and sign s the error is
+
+    s (y_m - tau_m),   tau_m = (1/j) (sum_k x_km + x_jm),
+
+and x_km is the token's flag (1 at m = d-1 for an ordinary token, 1 at m = 1 for the trigger) or
+its content coordinate c_km. Unlike the non-trigger rows (``certify``), the target depends on
+every key's content, so each ordinary key's one-token problem gains a linear term:
+
+    maximise  phi(a + g.c, h.c + b) - kappa c_m   over c in [-1, 1]^n,
+
+with phi(t, v) = e^t v for softmax and ReLU(t) v for ReLU (``key_max``). Its maximum is found
+exactly. For a fixed t = g.c the objective is linear (softmax) or a maximum of two linear
+functions (ReLU with a score spread) in c over the slice {c : g.c = t} of the box, so it is
+attained at a vertex of the slice, which has at most one coordinate strictly inside [-1, 1]. If
+that coordinate is not m, then c_m = +-1 and the rest lies on the upper chain of the zonogon of
+the other coordinates, whose maximum ``certify._chain_max`` finds exactly with the offsets of
+c_m = +-1. If it is m, the other coordinates sit at a vertex of that chain (the slice's linear
+objective orders them by the same slopes h_r / g_r as the chain does, whatever the weight on
+c_m), and c_m = w is one free number: a one-dimensional problem per chain vertex, whose
+stationary points are closed-form for ReLU (a quadratic on each piece) and bracketed by
+bisection for softmax (f'(w) = e^{A + g w} (g (B + h w) + h) - kappa changes monotonicity at
+most once, so it has at most two roots, each bracketed to 2^-40 and covered by the bracket's
+width times the largest |f'| on it).
+
+**ReLU** (divisor j): the error is a sum of terms, one per key, and the ordinary keys' terms are
+identical and independent, so the supremum over the keys at a fixed query content is exact (BOS
+and the trigger's own term as in ``certify``).
+
+**Softmax**: s y_m = N / D is a ratio, and the target couples the keys through the sum
+mu = (1/j) sum_k s x_km of the ordinary keys' target shares. The error is at most lambda exactly
+when N - (lambda + tau_0 + mu) D <= 0 for every input, tau_0 = s x_jm / j the trigger's own
+share. The outer branch and bound splits the interval of mu (a coordinate z of the node, mu =
+(j - 1) z / j for a content coordinate, a constant for a flag) as well as the query box. Inside a
+node with mu in [mu_1, mu_2], D >= D_1 (the smallest denominator any key contents give) and
+tau_0 >= its smallest value: -mu D <= -mu_1 D - D_1 (mu - mu_1) (McCormick's inequality), so
+
+    N - (lambda + tau_0 + mu) D <= sum_keys Q_k (v_k - theta) - rho sum_k tau_k + C(rho),
+    theta = lambda + tau_0,min + mu_1,
+
+for every rho, with the multipliers of mu >= mu_1 and mu <= mu_2 giving C(rho) = rho mu_1 for
+rho <= D_1 and D_1 mu_1 + (rho - D_1) mu_2 above it. The right side separates into one-token
+problems (``key_max`` with kappa = rho s / j); lambda is bisected, and the smallest bound over a
+few rho (multiples of D_1) is kept. The gap it leaves shrinks with the node's mu interval and
+query box. The attained value (``point``) is the exact error of an input whose ordinary keys all
+carry the content that solves the one-token problem at the current lambda, refined twice with
+the denominator and mu of that input.
+
+Rounding is covered as in ``certify._Bounds`` (its class docstring), with the targets' terms, of
+size 1 each, added to the magnitudes the margin is relative to.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from sinklab.task import BOS, CONTENT_START, TRIGGER
+from sinklab.theory import certify
+from sinklab.theory.certify import MARGIN, Folded, Row, _chain, _chain_max, _edge_candidates, \
+    _normalised, _term
+
+ROOT_BISECTIONS = 14  # bisection steps of each stationary point of softmax's f_p(w)
+NEWTON_STEPS = 4  # Newton steps of the softmax bound's lambda
+RHO_STEPS = 6  # steps of the multiplier rho's search at each lambda, after its bracket's ends
+RHO_TOP = 4.0  # the multiplier's bracket: [0, RHO_TOP D_1]
+
+
+def trigger_rows(seq_len: int) -> list[Row]:
+    """Every trigger row the input set has: j = 2..L-1."""
+    return [Row("trigger", j) for j in range(2, seq_len)]
+
+
+# ------------------------------------------------------------------ one-token problems
+
+
+def chain_vertices(g: Tensor, h: Tensor) -> Tensor:
+    """The contents (..., n + 1, n) at the vertices of the upper chain ``certify._chain``
+    returns for (g, h) (..., n), in the same order: vertex k has the first k coordinates of the
+    chain's order at +1 (in the turned coordinates), the rest at -1, the flat ones at the sign of
+    their h."""
+    _, hh, flip, flat, order = _normalised(g, h)
+    n = g.shape[-1]
+    rank = torch.empty_like(order).scatter_(-1, order, torch.arange(
+        n, device=g.device).expand_as(order))
+    k = torch.arange(n + 1, device=g.device)
+    on = (rank[..., None, :] < k[:, None]).to(g.dtype) * 2 - 1  # (..., n + 1, n)
+    start = torch.where(hh >= 0, 1.0, -1.0).to(g.dtype)[..., None, :]
+    return torch.where(flat[..., None, :], start, on) * flip[..., None, :]
+
+
+def _chain_best(t: Tensor, u: Tensor, a: Tensor, b: Tensor, spread: Tensor | None
+                ) -> tuple[Tensor, Tensor, Tensor]:
+    """``certify._chain_max`` with where it is attained: the maximum (N,), the edge e (N,) and
+    the fraction theta (N,) along it (the point is vertex e + theta (vertex e+1 - vertex e))."""
+    pts, t_a, u_a, r = _edge_candidates(t, u, a, b, spread)
+    on_edge = u_a[..., None] + r[..., None] * (pts - t_a[..., None])
+    s2 = None if spread is None else spread[:, None, None]
+    inner = _term(pts, on_edge, a[:, None, None], b[:, None, None], s2).flatten(-2)
+    at_v = _term(t, u, a[:, None], b[:, None], None if spread is None else spread[:, None])
+    n = t.shape[-1] - 1
+    k_cand = inner.shape[-1] // n
+    vals = torch.cat([at_v, inner], dim=-1)
+    best, idx = vals.max(-1)
+    is_vertex = idx < n + 1
+    edge = torch.where(is_vertex, torch.clamp(idx, max=n - 1),
+                       torch.div(idx - (n + 1), k_cand, rounding_mode="floor"))
+    width = (t.gather(-1, (edge + 1)[:, None]) - t.gather(-1, edge[:, None]))[:, 0]
+    p = pts.flatten(-2).gather(-1, torch.clamp(idx - (n + 1), min=0)[:, None])[:, 0]
+    theta_edge = torch.where(width > 0, (p - t.gather(-1, edge[:, None])[:, 0])
+                             / torch.where(width > 0, width, 1.0), 0.0)
+    theta = torch.where(is_vertex, torch.where(idx == n, 1.0, 0.0).to(t.dtype), theta_edge)
+    return best, edge, theta
+
+
+def _relu_line(A: Tensor, B: Tensor, gm: Tensor, hm: Tensor, kappa: Tensor, spread: Tensor
+               ) -> tuple[Tensor, Tensor]:
+    """max over w in [-1, 1] of ReLU(A + gm w +- spread) (B + hm w) - kappa w (the spread's
+    sign that of B + hm w), for A, B (N, V) and the rest (N,): exact, from the breakpoints, the
+    ends and each quadratic piece's stationary point. Returned: the maximum and its w (N, V)."""
+    gm, hm, kappa, spread = (x[:, None] for x in (gm, hm, kappa, spread))
+
+    def safe(x: Tensor) -> Tensor:
+        return torch.where(x != 0, x, 1.0)
+
+    cands = [torch.full_like(A, -1.0), torch.ones_like(A), -B / safe(hm)]
+    for sp in (spread, -spread):
+        cands.append((-A - sp) / safe(gm))
+        cands.append((kappa - gm * B - hm * (A + sp)) / safe(2 * gm * hm))
+    w = torch.stack([c.expand_as(A) for c in cands], -1).clamp(-1.0, 1.0)
+    val = B[..., None] + hm[..., None] * w
+    sp = torch.where(val >= 0, spread[..., None], -spread[..., None])
+    f = torch.relu(A[..., None] + gm[..., None] * w + sp) * val - kappa[..., None] * w
+    best, at = f.max(-1)
+    return best, w.gather(-1, at[..., None])[..., 0]
+
+
+def _exp_line(A: Tensor, B: Tensor, gm: Tensor, hm: Tensor, kappa: Tensor, widen: bool
+              ) -> tuple[Tensor, Tensor]:
+    """max over w in [-1, 1] of f(w) = e^{A + gm w} (B + hm w) - kappa w for A, B (N, V) and
+    the rest (N,): the ends, and each root of f' on the (at most two) pieces where f' is
+    monotone, bisected; ``widen`` adds to a root's value its bracket's width times the largest
+    |f'| at the bracket's ends (f' is monotone between them), so that it bounds the maximum.
+    Returned: the value and its w (N, V)."""
+    gm, hm, kappa = (x[:, None].expand_as(A) for x in (gm, hm, kappa))
+
+    def f(w: Tensor) -> Tensor:
+        return torch.exp(A + gm * w) * (B + hm * w) - kappa * w
+
+    def df(w: Tensor) -> Tensor:
+        return torch.exp(A + gm * w) * (gm * (B + hm * w) + hm) - kappa
+
+    gh = gm * hm
+    w0 = torch.where(gh != 0, -(gm * B + 2 * hm) / torch.where(gh != 0, gh, 1.0), -1.0)
+    w0 = w0.clamp(-1.0, 1.0)
+    one = torch.ones_like(A)
+    best_w = torch.where(f(one) >= f(-one), one, -one)
+    best = f(best_w)
+    for lo, hi in ((-one, w0), (w0, one)):
+        d_lo, d_hi = df(lo), df(hi)
+        root = (d_lo >= 0) != (d_hi >= 0)  # f' changes sign: a stationary point inside
+        up = d_lo < 0  # f' rises through 0 here (a minimum) or falls (a maximum)
+        a, b = lo.clone(), hi.clone()
+        for _ in range(ROOT_BISECTIONS):
+            mid = (a + b) / 2
+            left = (df(mid) >= 0) == up  # the root lies to the left of mid
+            b = torch.where(left, mid, b)
+            a = torch.where(left, a, mid)
+        mid = (a + b) / 2
+        val = f(mid)
+        if widen:
+            val = torch.maximum(val, torch.maximum(f(a), f(b))) \
+                + (b - a) * torch.maximum(df(a).abs(), df(b).abs())
+        val = torch.where(root, val, -math.inf)
+        take = val > best
+        best, best_w = torch.where(take, val, best), torch.where(take, mid, best_w)
+    return best, best_w
+
+
+class KeyProblem:
+    """``key_max``'s problem for fixed rows of (g, h, mi) and many (a, b, kappa): the chain of
+    the coordinates other than mi and its vertices, which depend on (g, h) only, are prepared
+    once (the softmax bound solves it a few dozen times per node)."""
+
+    def __init__(self, g: Tensor, h: Tensor, mi: Tensor) -> None:
+        self.rows = torch.arange(len(mi), device=mi.device)
+        self.mi = mi
+        self.g, self.gm, self.hm = g, g[self.rows, mi], h[self.rows, mi]
+        g2, h2 = g.clone(), h.clone()
+        g2[self.rows, mi] = 0.0
+        h2[self.rows, mi] = 0.0
+        self.t, self.u = _chain(g2, h2)
+        self.verts = chain_vertices(g2, h2)  # (N, n + 1, n)
+
+    def solve(self, a: Tensor, b: Tensor, kappa: Tensor, spread: Tensor | None,
+              widen: bool = False) -> tuple[Tensor, Tensor]:
+        """The maximum (N,) and a content attaining it (N, n): ``key_max``."""
+        rows, mi, verts = self.rows, self.mi, self.verts
+        best = torch.full_like(a, -math.inf)
+        best_c = verts[:, 0].clone()
+        for w in (1.0, -1.0):  # c_mi at an end, the rest on the chain
+            val, edge, theta = _chain_best(self.t, self.u, a + w * self.gm, b + w * self.hm,
+                                           spread)
+            val = val - w * kappa
+            c = verts[rows, edge] + theta[:, None] * (verts[rows, edge + 1] - verts[rows, edge])
+            c[rows, mi] = w
+            take = val > best
+            best, best_c = torch.where(take, val, best), torch.where(take[:, None], c, best_c)
+        A, B = a[:, None] + self.t, b[:, None] + self.u  # c_mi inside, the rest at a vertex
+        if spread is None:
+            val, w = _exp_line(A, B, self.gm, self.hm, kappa, widen)
+        else:
+            val, w = _relu_line(A, B, self.gm, self.hm, kappa, spread)
+        top, k = val.max(-1)
+        c = verts[rows, k].clone()
+        c[rows, mi] = w[rows, k]
+        take = top > best
+        return torch.where(take, top, best), torch.where(take[:, None], c, best_c)
+
+
+def key_max(g: Tensor, h: Tensor, mi: Tensor, a: Tensor, b: Tensor, kappa: Tensor,
+            spread: Tensor | None, widen: bool = False) -> tuple[Tensor, Tensor]:
+    """The maximum over c in [-1, 1]^n of phi(a + g.c, h.c + b) - kappa c_mi (the module
+    docstring), for rows of g, h (N, n), coordinate indices mi (N,) and a, b, kappa (N,); phi is
+    softmax's e^t v (``spread`` None) or ReLU's term with a score spread (``spread`` (N,),
+    ``certify._edge_candidates``). Returned: the maximum (N,) and a content attaining it (N, n)
+    (for softmax exact up to the roots' bisection, which ``widen`` covers)."""
+    return KeyProblem(g, h, mi).solve(a, b, kappa, spread, widen)
+
+
+# ------------------------------------------------------------------ the trigger row's bounds
+
+
+class TriggerBounds(certify._Bounds):
+    """Upper bounds of the error s (y_m - tau_m) at the trigger row j over nodes, and attained
+    values (``certify._Bounds``'s interface, with the query token the trigger). A node is a
+    query content box and, last of its ``dims`` coordinates, the interval of z = the ordinary
+    keys' mean of s c_m (softmax's coupling, the module docstring; ignored for ReLU and for flag
+    coordinates)."""
+
+    def __init__(self, f: Folded, row: Row) -> None:
+        super().__init__(f, row)
+        d = f.d
+        self.j = row.i
+        self.n_ord = row.i - 1
+        m = torch.arange(2 * d, device=f.a.device) % d
+        s = torch.cat([torch.ones(d), -torch.ones(d)]).to(f.a)
+        content = (m >= CONTENT_START) & (m < d - 1)
+        self.is_content = content
+        self.mi = torch.where(content, m - CONTENT_START, 0)
+        self.sign = s
+        self.kappa = torch.where(content, s, 0.0)  # an ordinary key's target share per c_m, x j
+        self.key_target = torch.where(m == d - 1, s, 0.0)  # and its flag's share, x j
+        self.self_flag = torch.where(m == TRIGGER, s, 0.0)  # the trigger's flag's share, x j
+        self.dims = d - 3 + 1
+        if f.rule == "softmax":
+            # scores relative to an ordinary key's flag score, not BOS's: the query's content
+            # moves every ordinary key's score alike, and that common move cancels in the ratio
+            self.ref = self.flag_ord.clone()
+            self.move_ord = self.acc_abs.sum(-1)
+            self.move_trig = (self.ac @ (self.flag_trig - self.ref)).abs() + self.move_ord
+            bos = torch.zeros_like(self.ref)
+            bos[BOS] = 1.0
+            self.move_bos = (self.ac @ (bos - self.ref)).abs()
+
+    def query_flag(self) -> int:
+        return TRIGGER
+
+    def split_weights(self) -> Tensor:
+        """The query coordinates' weights of ``certify._Bounds``, and for softmax the coupling
+        coordinate z ahead of them (its interval is what the bound is loosest in: a node's z
+        is split until its radius is below 1/16 of the largest query weight's share)."""
+        base = super().split_weights()
+        z = 16.0 * base.max().item() if self.f.rule == "softmax" else 0.0
+        return torch.cat([base,
+                          torch.tensor([z], dtype=self.f.a.dtype, device=self.f.a.device)])
+
+    def lower_slack(self, objective: int) -> float:
+        return super().lower_slack(objective) + 4 * self.eps * (self.j + 1)
+
+    # the query's own target share over a box: s x_jm / j at its smallest
+    def _self_target_min(self, q: Tensor, rad: Tensor, obj: Tensor) -> Tensor:
+        rows = torch.arange(len(obj), device=obj.device)
+        mi = self.mi[obj]
+        own = self.sign[obj] * q[rows, mi] - rad[rows, mi]
+        return torch.where(self.is_content[obj], own, self.self_flag[obj])
+
+    def _evaluate(self, q: Tensor, rad: Tensor, obj: Tensor, widen: bool) -> Tensor:
+        n = self.f.d - 3
+        z_c, z_r = q[:, n], rad[:, n]
+        k = self._terms(q[:, :n], rad[:, :n], obj)
+        k["target0"] = self._self_target_min(q[:, :n], rad[:, :n], obj)
+        k["target_centre"] = self._self_target_min(q[:, :n], 0 * rad[:, :n], obj)
+        k["rad"] = rad[:, :n]
+        if self.f.rule == "relu":
+            return self._relu_trigger(k, obj, widen)
+        return self._softmax_trigger(k, obj, z_c, z_r, widen)[0]
+
+    def point(self, q: Tensor, obj: Tensor) -> Tensor:
+        """The error of an attained input (N,) at query contents q (N, dims): for ReLU the exact
+        supremum over the other keys (every ordinary key at ``key_max``'s content); for
+        softmax the error of the input ``_softmax_input`` builds."""
+        if self.f.rule == "relu":
+            return self._evaluate(q, torch.zeros_like(q), obj, widen=False)
+        return self._softmax_input(q, obj)[0]
+
+    # -- ReLU
+
+    def _relu_trigger(self, k: dict[str, Tensor], obj: Tensor, widen: bool) -> Tensor:
+        ds = MARGIN * self.score_scale if widen else 0.0
+        dv = MARGIN * self.value_scale if widen else 0.0
+        v0 = k["v0"] + dv
+        bos_score = k["bos_score"] + torch.where(v0 >= 0, 1.0, -1.0) * (k["r_bos"] + ds)
+        own = self._own_term_relu(k, obj, dv, ds)
+        spread = k["r_ord"] + ds
+        km, _ = key_max(k["g"], k["h"], self.mi[obj], k["a_ord"], k["b_ord"] + dv,
+                        self.kappa[obj], spread)
+        terms = [torch.relu(bos_score) * v0, own,
+                 self.n_ord * (km - self.key_target[obj])]
+        total = terms[0] + terms[1] + terms[2]
+        if widen:
+            total = total + MARGIN * (terms[0].abs() + terms[1].abs() + terms[2].abs()
+                                      + 1 + self.n_ord)
+        return total / self.j
+
+    def _own_coefficients(self, obj: Tensor) -> Tensor:
+        """(N, n): how the trigger's own target share s x_jm moves with its content (s at
+        coordinate m for a content objective, else 0)."""
+        n = self.f.d - 3
+        own = torch.zeros(len(obj), n, dtype=self.f.a.dtype, device=self.f.a.device)
+        own[torch.arange(len(obj), device=obj.device), self.mi[obj]] = self.kappa[obj]
+        return own
+
+    def _own_term_relu(self, k: dict[str, Tensor], obj: Tensor, dv: float, ds: float
+                       ) -> Tensor:
+        """The trigger's own term ReLU(S) s v_jm - s x_jm over the query box, its value and its
+        target moved together: for a weight rho in [ReLU(S - R), ReLU(S + R)] the term is
+        rho V_c - tau_c + (rho h - own) . dq, whose maximum over the box is at an end of rho
+        (a convex function of rho)."""
+        rad, h = k["rad"], k["h"]
+        own = self._own_coefficients(obj)
+        tau_c = k["target_centre"]
+        best = None
+        for sgn in (1.0, -1.0):
+            rho = torch.relu(k["self_score"] + sgn * (k["self_move"] + ds))
+            val = rho * (k["self_value"] + dv) - tau_c \
+                + (rad * (rho[:, None] * h - own).abs()).sum(-1)
+            best = val if best is None else torch.maximum(best, val)
+        return best
+
+    # -- softmax
+
+    def _denominator_min(self, k: dict[str, Tensor]) -> Tensor:
+        """The smallest denominator (BOS's weight 1) any key contents give over the box."""
+        t_min = -k["g"].abs().sum(-1)
+        return (torch.exp(k["bos_rel"] - k["r_bos"]) + torch.exp(k["self_score"] - k["self_move"])
+                + self.n_ord * torch.exp(k["a_ord"] + t_min - k["r_ord"]))
+
+    def _rest_move(self, k: dict[str, Tensor], obj: Tensor) -> Tensor:
+        """rad_m / j times the largest |D - j Q_self| over the box (0 for a flag objective):
+        the part of the trigger's target share that its own weight does not carry."""
+        rows = torch.arange(len(obj), device=obj.device)
+        r_m = torch.where(self.is_content[obj], k["rad"][rows, self.mi[obj]], 0.0)
+        wide = k["g"].abs().sum(-1) + k["r_ord"]
+        q_lo, q_hi = torch.exp(k["a_ord"] - wide), torch.exp(k["a_ord"] + wide)
+        s_lo = torch.exp(k["self_score"] - k["self_move"])
+        s_hi = torch.exp(k["self_score"] + k["self_move"])
+        b_lo = torch.exp(k["bos_rel"] - k["r_bos"])
+        b_hi = torch.exp(k["bos_rel"] + k["r_bos"])
+        lo = b_lo + self.n_ord * (q_lo - s_hi)
+        hi = b_hi + self.n_ord * (q_hi - s_lo)
+        return r_m / self.j * torch.maximum(lo.abs(), hi.abs())
+
+    def _mu_range(self, obj: Tensor, z_c: Tensor, z_r: Tensor) -> tuple[Tensor, Tensor]:
+        share = self.n_ord / self.j
+        fixed = share * self.key_target[obj]
+        lo = torch.where(self.is_content[obj], share * (z_c - z_r), fixed)
+        hi = torch.where(self.is_content[obj], share * (z_c + z_r), fixed)
+        return lo, hi
+
+    def _softmax_trigger(self, k: dict[str, Tensor], obj: Tensor, z_c: Tensor, z_r: Tensor,
+                         widen: bool) -> tuple[Tensor, dict[str, Tensor]]:
+        """The bound (module docstring) and, in ``found``, the lambda it reached and the
+        ordinary keys' contents on both sides of the last multiplier (``_softmax_input``).
+
+        phi(lambda) = min over rho of psi(lambda, rho) is convex and falls with slope at most
+        -D_1' (D_1 less what the score spread adds), so psi(lambda, rho) <= 0 makes lambda a
+        bound and psi > 0 makes lambda + psi / D_1' one. Newton's steps on phi (slope: the
+        denominator of the maximising keys) bring lambda to the root, and each step's rho
+        minimises psi at its lambda (``_rho_search``)."""
+        mu1, mu2 = self._mu_range(obj, z_c, z_r)
+        d1 = self._denominator_min(k)
+        spread_slope = self.n_ord * torch.expm1(k["r_ord"]) \
+            * torch.exp(k["a_ord"] + k["g"].abs().sum(-1))
+        d1p = d1 - spread_slope
+        tau0 = k["target_centre"] / self.j
+        reach = k["vmax"] + 1.0 + self.n_ord / self.j
+        upper = reach + 1.0  # |y| <= vmax and |tau| <= 1 + n_ord / j: no input is above it
+        problem = KeyProblem(k["g"], k["h"], self.mi[obj])
+        lam = torch.zeros_like(d1)
+        found: dict[str, Tensor] = {}
+        for _ in range(NEWTON_STEPS):
+            theta = lam + tau0 + mu1
+            psi, den, found = self._rho_search(k, problem, theta, d1, mu1, mu2, obj, widen)
+            ok = torch.isfinite(psi) & (d1p > 0)
+            step = torch.where(psi <= 0, lam, lam + psi / torch.where(d1p > 0, d1p, 1.0))
+            upper = torch.where(ok, torch.minimum(upper, step), upper)
+            found["lam"] = lam
+            lam = torch.where(torch.isfinite(psi), lam + psi / den, lam)
+        if not widen:
+            return upper, found
+        rounding = MARGIN + self.eps * (1 + self.score_scale)
+        return upper + MARGIN * upper.abs() + (2 * reach + 2) * rounding, found
+
+    def _fixed(self, k: dict[str, Tensor], theta: Tensor, obj: Tensor
+               ) -> tuple[Tensor, Tensor]:
+        """BOS's and the trigger's own terms of psi at theta (their largest over the box), and
+        their weights there."""
+        # the trigger's target share s q_m / j multiplies D: its move -s dq_m D / j is
+        # -s dq_m Q_self (with the trigger's own value) plus -s dq_m (D - j Q_self) / j
+        own = self._own_coefficients(obj)
+        value = k["self_value"] + (k["rad"] * (k["h"] - own).abs()).sum(-1) - theta
+        w_self = torch.exp(k["self_score"] + torch.where(value >= 0, 1.0, -1.0) * k["self_move"])
+        v0 = k["v0"] - theta
+        w_bos = torch.exp(k["bos_rel"] + torch.where(v0 >= 0, 1.0, -1.0) * k["r_bos"])
+        return w_bos * v0 + w_self * value + self._rest_move(k, obj), w_bos + w_self
+
+    def _psi(self, k: dict[str, Tensor], problem: KeyProblem, theta: Tensor, rho: Tensor,
+             fixed: Tensor, d1: Tensor, mu1: Tensor, mu2: Tensor, obj: Tensor, widen: bool
+             ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """The separable bound psi (module docstring) at theta = lambda + tau_0 + mu_1 and
+        multiplier rho, its slope in rho, the maximising key content and that key's weight."""
+        kap = self.kappa[obj]
+        top, c = problem.solve(k["a_ord"], k["b_ord"] - theta, rho * kap / self.j, None, widen)
+        # the query box moves every ordinary key's score z = e^S (v - theta) by at most
+        # r_ord: e^{+-r} z <= z + (e^r - 1) |z|, |z| <= e^{a + sum|g|} (|b - theta| + sum|h|)
+        size = torch.exp(k["a_ord"] + k["g"].abs().sum(-1)) \
+            * ((k["b_ord"] - theta).abs() + k["h"].abs().sum(-1))
+        key = top + torch.expm1(k["r_ord"]) * size - rho * self.key_target[obj] / self.j
+        below = rho <= d1
+        psi = fixed + self.n_ord * key + torch.where(below, rho * mu1,
+                                                     d1 * mu1 + (rho - d1) * mu2)
+        mu_c = self.n_ord * (self.key_target[obj] + kap * c[problem.rows, problem.mi]) / self.j
+        slope = torch.where(below, mu1, mu2) - mu_c
+        weight = torch.exp(k["a_ord"] + (k["g"] * c).sum(-1))
+        return psi, slope, c, weight
+
+    def _rho_search(self, k: dict[str, Tensor], problem: KeyProblem, theta: Tensor,
+                    d1: Tensor, mu1: Tensor, mu2: Tensor, obj: Tensor, widen: bool
+                    ) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+        """The smallest psi found over rho in [0, RHO_TOP D_1] at theta (psi is convex in rho;
+        any rho gives a sound bound), with the denominator of its maximising keys and the
+        contents at the ends of the last bracket. Each step goes to where the tangents at the
+        bracket's ends cross (exact when psi is two lines, as it is where the keys' best c_m
+        jumps from +1 to -1), or to the middle where they do not."""
+        fixed, w_fixed = self._fixed(k, theta, obj)
+        lo, hi = torch.zeros_like(d1), RHO_TOP * d1
+        f_lo, s_lo, c_lo, q_lo = self._psi(k, problem, theta, lo, fixed, d1, mu1, mu2, obj,
+                                           widen)
+        f_hi, s_hi, c_hi, q_hi = self._psi(k, problem, theta, hi, fixed, d1, mu1, mu2, obj,
+                                           widen)
+        take = f_hi < f_lo
+        best, best_q = torch.where(take, f_hi, f_lo), torch.where(take, q_hi, q_lo)
+        for _ in range(RHO_STEPS):
+            gap = s_hi - s_lo
+            cross = (f_lo - s_lo * lo - f_hi + s_hi * hi) / torch.where(gap > 0, gap, 1.0)
+            inside = (s_lo < 0) & (s_hi > 0) & torch.isfinite(cross)
+            rho = torch.where(inside, cross, (lo + hi) / 2).clamp(min=0.0)
+            rho = torch.minimum(torch.maximum(rho, lo), hi)
+            f, s, c, q = self._psi(k, problem, theta, rho, fixed, d1, mu1, mu2, obj, widen)
+            take = f < best
+            best, best_q = torch.where(take, f, best), torch.where(take, q, best_q)
+            left = s >= 0  # the minimum lies at or left of rho
+            hi, f_hi, s_hi = (torch.where(left, rho, hi), torch.where(left, f, f_hi),
+                              torch.where(left, s, s_hi))
+            c_hi = torch.where(left[:, None], c, c_hi)
+            lo, f_lo, s_lo = (torch.where(left, lo, rho), torch.where(left, f_lo, f),
+                              torch.where(left, s_lo, s))
+            c_lo = torch.where(left[:, None], c_lo, c)
+        den = w_fixed + self.n_ord * best_q
+        return best, den, {"c_lo": c_lo, "c_hi": c_hi}
+
+    def _softmax_input(self, q: Tensor, obj: Tensor) -> tuple[Tensor, Tensor]:
+        """An attained error (N,) at query contents q (N, dims) and the ordinary keys' contents
+        (N, j - 1, n) attaining it. The bound at radius 0 with the keys' mean of s c_m fixed
+        at q's coupling coordinate gives two contents, those maximising the keys' problem on
+        either side of the last multiplier (the mean constraint mixes them); every split of the
+        j - 1 keys between them is evaluated exactly and the best kept."""
+        n = self.f.d - 3
+        z = q[:, n]
+        rad = torch.zeros_like(q[:, :n])
+        k = self._terms(q[:, :n], rad, obj)
+        k["target0"] = k["target_centre"] = self._self_target_min(q[:, :n], rad, obj)
+        k["rad"] = rad
+        _, found = self._softmax_trigger(k, obj, z, torch.zeros_like(z), widen=False)
+        c_lo, c_hi = found["c_lo"], found["c_hi"]
+        rows = torch.arange(len(obj), device=obj.device)
+        kap, mi = self.kappa[obj], self.mi[obj]
+
+        def key(c: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+            return (torch.exp(k["a_ord"] + (k["g"] * c).sum(-1)),
+                    k["b_ord"] + (k["h"] * c).sum(-1), kap * c[rows, mi])
+
+        (w_a, v_a, t_a), (w_b, v_b, t_b) = key(c_lo), key(c_hi)
+        split = torch.arange(self.n_ord + 1, dtype=q.dtype, device=q.device)  # keys at c_lo
+        rest = self.n_ord - split
+        q_self, q_bos = torch.exp(k["self_score"]), torch.exp(k["bos_rel"])
+        den = (q_bos + q_self)[:, None] + split * w_a[:, None] + rest * w_b[:, None]
+        num = (q_bos * k["v0"] + q_self * k["self_value"])[:, None] \
+            + split * (w_a * v_a)[:, None] + rest * (w_b * v_b)[:, None]
+        mu = (self.n_ord * self.key_target[obj][:, None] + split * t_a[:, None]
+              + rest * t_b[:, None]) / self.j
+        err = num / den - (k["target0"] / self.j)[:, None] - mu
+        err = torch.where(torch.isfinite(err), err, -math.inf)
+        best, at = err.max(-1)
+        on_lo = torch.arange(self.n_ord, device=q.device)[None, :] < at[:, None]  # (N, j - 1)
+        contents = torch.where(on_lo[..., None], c_lo[:, None], c_hi[:, None])
+        return best, contents
+
+    def key_contents(self, q: Tensor, objective: int) -> Tensor:
+        """The contents (j - 1, n) of the ordinary keys in the attained input at query content
+        q (dims,): for ReLU all alike (``key_max``'s), for softmax ``_softmax_input``'s."""
+        obj = torch.tensor([objective], device=q.device)
+        n = self.f.d - 3
+        if self.f.rule == "softmax":
+            return self._softmax_input(q[None], obj)[1][0]
+        rad = torch.zeros_like(q[None, :n])
+        k = self._terms(q[None, :n], rad, obj)
+        c = key_max(k["g"], k["h"], self.mi[obj], k["a_ord"], k["b_ord"], self.kappa[obj],
+                    k["r_ord"])[1][0]
+        return c.expand(self.n_ord, n)
+
+    def witness(self, q: Tensor, objective: int) -> Tensor:
+        """The input (L, d), trigger at j with content q[:n], the ordinary keys before it with
+        ``key_contents``, content 0 after it, whose trigger row attains ``point``."""
+        f, j, n = self.f, self.j, self.f.d - 3
+        content = torch.zeros(f.seq_len, n, dtype=f.a.dtype, device=f.a.device)
+        content[1:j] = self.key_contents(q, objective)
+        content[j] = q[:n]
+        x = f.token(f.d - 1, content)
+        x[0] = 0.0
+        x[0, BOS] = 1.0
+        x[j] = f.token(TRIGGER, content[j])
+        return x
