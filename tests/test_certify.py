@@ -268,8 +268,9 @@ def test_certified_bounds_are_never_below_the_attack(rule):
 
 
 def test_sinklab_worst_on_any_finished_run(tmp_path, capsys):
-    """`sinklab worst RUN` prints sampled, attacked and certified errors per row type, and says
-    which rows a multi-layer model cannot have certified; a missing run is one sentence."""
+    """`sinklab worst RUN` prints sampled, attacked and certified errors per row type (trigger
+    rows included) and how many rows of each set closed, and says which rows a multi-layer
+    model cannot have certified; a missing run is one sentence."""
     from sinklab.cli import main
     from sinklab.train import train_runs
 
@@ -287,7 +288,9 @@ def test_sinklab_worst_on_any_finished_run(tmp_path, capsys):
                  "--restarts", "1", "--certify-seconds", "1"])
     out, err = capsys.readouterr()
     assert code == 0, err
-    assert out.count("attacked >=") == 8 and out.count("certified <=") == 3
+    assert out.count("attacked >=") == 8 and out.count("certified <=") == 4
+    assert re.search(r"certificate: \d+ of \d+ non-trigger rows closed to 5%.*; \d+ of 4 "
+                     r"trigger rows closed to 5%", out)
     assert "largest non-trigger score" in out
     assert out.count("not certified (see below)") == 4  # every row type of the 2x2 model
     assert "  not certified: certification covers the paper's model and task" in out

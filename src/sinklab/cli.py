@@ -229,8 +229,9 @@ def _add_worst(sub: Any, common: argparse.ArgumentParser) -> None:
     wp.add_argument("--restarts", type=int, default=8, metavar="N",
                     help="random starts per trigger position and row (default: 8)")
     wp.add_argument("--certify-seconds", type=float, default=30.0, metavar="S",
-                    help="time cap of one model's certificate (default: 30; the gap left is "
-                         "printed)")
+                    help="time cap of one model's certificate: its non-trigger rows share it, "
+                         "and its trigger rows share as much again (default: 30; the gap left "
+                         "is printed)")
 
 
 def _add_rules(sub: Any, common: argparse.ArgumentParser) -> None:

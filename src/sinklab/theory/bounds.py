@@ -4,8 +4,8 @@ For the 1x1 models the theory study trains itself (``frontier/{rule}_seed{s}``, 
 protocol with the weights saved every ``save_every`` steps), this module computes:
 
 - per row type and position, the error on sampled test sequences, the attack's lower bound on
-  the supremum over every input (``sinklab.theory.attack``) and, at non-trigger rows, the certified
-  upper bound (``sinklab.theory.certify``);
+  the supremum over every input (``sinklab.theory.attack``) and the certified upper bound
+  (``sinklab.theory.certify``; at trigger rows ``sinklab.theory.trigger``);
 - for ReLU, the largest score a non-trigger query can give any key (``certify.relu_max_score``):
   <= 0 certifies that those rows are zero for every input;
 - for softmax, the necessity bound of docs/theory.md at every saved checkpoint, with its slack,
@@ -197,22 +197,27 @@ def worst_runs(runs: Sequence[Path], *, steps: int, restarts: int, seconds: floa
             attacked = max((v for v in rec["attacked"][kind] if v is not None), default=None)
             if cert is None:
                 certified = "not certified (see below)"
-            elif kind == "trigger":
-                certified = "not certified (the mean couples the tokens)"
+            elif kind == "trigger" and not cert.get("trigger_rows"):
+                certified = "not certified (a record without trigger rows)"
             else:
                 up = cert["bos"] if kind == "bos" else \
-                    max(upper(r["upper"]) for r in cert["rows"] if r["kind"] == kind)
+                    max(upper(r["upper"]) for r in _rows_of(cert, kind))
                 certified = f"certified <= {up:.3e}"
             yield f"  {kind:8s} sampled {sampled:.3e}   attacked >= {attacked:.3e}   {certified}"
         if "not_certifiable" in rec:
             yield f"  not certified: {rec['not_certifiable']}"
         if cert is not None:
-            gaps = [r["upper"] / r["lower"] for r in cert["rows"]
-                    if not r["converged"] and r["lower"] > 0]
-            closed = sum(r["converged"] for r in cert["rows"])
-            yield (f"  certificate: {closed} of {len(cert['rows'])} rows closed to "
-                   f"{certify.RTOL:.0%} in {cert['seconds']:.1f} s"
-                   + (f"; largest gap left {max(gaps):.3g}x" if gaps else ""))
+            parts = []
+            for name, rows in (("non-trigger", cert["rows"]),
+                               ("trigger", cert.get("trigger_rows", []))):
+                if not rows:
+                    continue
+                gaps = [upper(r["upper"]) / r["lower"] for r in rows
+                        if not r["converged"] and r["lower"] > 0]
+                closed = sum(r["converged"] for r in rows)
+                parts.append(f"{closed} of {len(rows)} {name} rows closed to {certify.RTOL:.0%}"
+                             + (f" (largest gap left {max(gaps):.3g}x)" if gaps else ""))
+            yield f"  certificate: {'; '.join(parts)}, in {cert['seconds']:.1f} s"
         if "sink" in rec:
             yield from sink.sink_lines(rec["sink"])
             found = {kind: max(v for v in rec["sink_attack"][kind]["off"] if v is not None)
@@ -224,6 +229,14 @@ def worst_runs(runs: Sequence[Path], *, steps: int, restarts: int, seconds: floa
             score = rec["relu_score"]["max"]
             yield (f"  largest non-trigger score {score:.3e}: non-trigger rows "
                    + ("certified zero for every input" if score <= 0 else "not certified zero"))
+
+
+def _rows_of(cert: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+    """A certificate record's rows of one kind: its trigger rows, or its non-trigger rows of
+    that kind."""
+    if kind == "trigger":
+        return cert["trigger_rows"]
+    return [r for r in cert["rows"] if r["kind"] == kind]
 
 
 def qk_norm(model: AttentionStack) -> float:
