@@ -686,7 +686,9 @@ class _Bounds:
 class RowCertificate:
     """The certified supremum error at one row: ``upper`` >= sup >= ``lower`` in
     exact arithmetic on the folded weights (``lower`` attained by ``witness_query``'s input, up
-    to the rounding it is narrowed by; never below 0, as the error is a norm). ``upper`` is inf
+    to the rounding it is narrowed by; never below 0, as the error is a norm; at a trigger row
+    the query's content is followed by the keys' mean coordinate the witness is built for,
+    ``trigger.TriggerBounds.witness``). ``upper`` is inf
     where a box's bound was not a finite number (unknown) and stayed so; JSON writes it as null
     (``sinklab.runs.files.jsonable``). ``converged`` when the bound came within rtol of the best
     point value (upper <= best (1 + rtol), or upper <= 0 where best <= 0) before the time cap,
@@ -775,7 +777,7 @@ def certify_row(f: Folded, row: Row, *, rtol: float = RTOL, atol: float = 0.0,
     best_val, best_obj, best_q = point[best].item(), best, centre[best].clone()
     if start is not None:
         start = start.to(device=dev, dtype=dt)
-        if start.shape[0] < n:  # a query content without the trigger row's coupling coordinate
+        if start.shape[0] < n:  # a query content without the trigger row's mean coordinate
             start = torch.cat([start, torch.zeros(n - start.shape[0], dtype=dt, device=dev)])
         vals = _unknown_below(bounds.point(start.expand(k, n), obj))
         if vals.max().item() > best_val:
@@ -824,7 +826,7 @@ def certify_row(f: Folded, row: Row, *, rtol: float = RTOL, atol: float = 0.0,
     return RowCertificate(kind=row.kind, i=row.i, upper=top, lower=lower, converged=converged,
                           boxes=examined, coordinate=best_obj % d,
                           sign=1 if best_obj < d else -1,
-                          witness_query=best_q[:d - 3].tolist())
+                          witness_query=best_q.tolist())
 
 
 def row_bounds(f: Folded, row: Row) -> _Bounds:

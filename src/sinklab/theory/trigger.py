@@ -23,8 +23,8 @@ objective orders them by the same slopes h_r / g_r as the chain does, whatever t
 c_m), and c_m = w is one free number: a one-dimensional problem per chain vertex, whose
 stationary points are closed-form for ReLU (a quadratic on each piece) and bracketed by
 bisection for softmax (f'(w) = e^{A + g w} (g (B + h w) + h) - kappa changes monotonicity at
-most once, so it has at most two roots, each bracketed to 2^-40 and covered by the bracket's
-width times the largest |f'| on it).
+most once, so it has at most two roots, each bracketed by bisection and covered by the bracket's
+width times the largest |f'| at its ends, which is quadratic in the width).
 
 **ReLU** (divisor j): the error is a sum of terms, one per key, and the ordinary keys' terms are
 identical and independent, so the supremum over the keys at a fixed query content is exact (BOS
@@ -43,11 +43,18 @@ tau_0 >= its smallest value: -mu D <= -mu_1 D - D_1 (mu - mu_1) (McCormick's ine
 
 for every rho, with the multipliers of mu >= mu_1 and mu <= mu_2 giving C(rho) = rho mu_1 for
 rho <= D_1 and D_1 mu_1 + (rho - D_1) mu_2 above it. The right side separates into one-token
-problems (``key_max`` with kappa = rho s / j); lambda is bisected, and the smallest bound over a
-few rho (multiples of D_1) is kept. The gap it leaves shrinks with the node's mu interval and
-query box. The attained value (``point``) is the exact error of an input whose ordinary keys all
-carry the content that solves the one-token problem at the current lambda, refined twice with
-the denominator and mu of that input.
+problems (``key_max`` with kappa = rho s / j). Call it psi(lambda, rho): it is convex in both
+(a maximum of affine functions), so phi(lambda) = min over rho of psi is convex, and it falls with slope at most -D_1 (less what the query box's
+score spread can add): psi(lambda, rho) <= 0 makes lambda a bound, and psi > 0 makes lambda +
+psi / D_1 one. A few Newton steps on phi (slope: the denominator of the maximising keys) bring
+lambda to the root, and at each lambda rho is searched on [0, 4 D_1] by where the tangents at
+its bracket's ends cross (exact where psi is two lines, as it is where the keys' best c_m jumps
+from +1 to -1). The gap the bound leaves shrinks with the node's mu interval and query box
+(on trained softmax models most of it is the box's spread of every key's score, which the bound
+takes key by key; the attack's and the bound's ratio is what `sinklab worst` reports). The
+attained value (``point``) fixes mu at the node's z and takes the two key contents that maximise
+the one-token problem on either side of the last multiplier (the mean constraint mixes them):
+every split of the j - 1 keys between them is evaluated exactly and the best kept.
 
 Rounding is covered as in ``certify._Bounds`` (its class docstring), with the targets' terms, of
 size 1 each, added to the magnitudes the margin is relative to.
