@@ -325,6 +325,10 @@ def test_theory_trains_its_own_runs_writes_its_report_and_resumes(tmp_path, caps
     assert [(g["experiment"], g["rule"]) for g in records["frontier"]] == [
         (e, r) for e in ("1x1", "2x2", "4x4") for r in ("softmax", "relu")]
     assert all("train_linf" in p for r in records["frontier_runs"] for p in r["points"])
+    # every final 1x1 model's certificate has its trigger rows, and the report tabulates them
+    L = records["worst"]["finals"][0]["certified"]["rows"][-1]["i"] + 1
+    assert all(len(f["certified"]["trigger_rows"]) == L - 2 for f in records["worst"]["finals"])
+    assert "Per model, the trigger rows' supremum" in docs.read_text()
     assert len(records["heads"]) == 1 and len(records["heads"][0]["layers"]) == 4
     assert len(records["head_rows"]) == 16 and len(records["head_layers"]) == 4
     # the reproduction's runs are this study's own cells, under the reproduction's names, and
