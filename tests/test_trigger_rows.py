@@ -84,7 +84,7 @@ def test_trigger_bounds_hold_at_every_sampled_input_in_its_box(rule):
         f = certify.folded(model, cfg)
         d, n = f.d, f.d - 3
         for j in range(2, f.seq_len):
-            bounds = certify.row_bounds(f, certify.Row("trigger", j))
+            bounds = trigger.TriggerBounds(f, certify.Row("trigger", j))
             for vertices in (False, True):
                 x = random_inputs(f, 300, j, seed=j + 17 * vertices + 100 * seed,
                                   vertices=vertices)
@@ -113,14 +113,15 @@ def test_trigger_rows_certificate_and_witness(rule):
     upper, and each row's witness input gives the model the error its lower bound names."""
     cfg, model = random_model(rule, scale=0.7, seed=1)
     f = certify.folded(model, cfg)
-    cert = certify.certify(model, cfg, time_limit=4, rtol=0.02)
+    cert = certify.certify(model, cfg, time_limit=4, rtol=0.02,
+                           trigger_bounds=trigger.TriggerBounds)
     assert [r.i for r in cert.trigger] == list(range(2, f.seq_len))
     for rc in cert.trigger:
         x = random_inputs(f, 3000, rc.i, seed=rc.i)
         sampled = row_errors(model, cfg, x, rc.i)[:, rc.i].abs().max().item()
         assert sampled <= rc.upper
         assert rc.lower <= rc.upper
-        bounds = certify.row_bounds(f, certify.Row("trigger", rc.i))
+        bounds = trigger.TriggerBounds(f, certify.Row("trigger", rc.i))
         obj = rc.coordinate + (0 if rc.sign > 0 else f.d)
         q = torch.tensor(rc.witness_query, dtype=F64)
         assert len(q) == f.d - 2  # the query's content and the keys' mean coordinate
@@ -135,7 +136,7 @@ def test_trigger_rows_certificate_and_witness(rule):
 
 def test_trigger_rows_are_not_asked_for_when_not_wanted():
     cfg, model = random_model("relu", scale=0.7, seed=2)
-    cert = certify.certify(model, cfg, time_limit=2, trigger=False)
+    cert = certify.certify(model, cfg, time_limit=2)
     assert cert.trigger == [] and "trigger_rows" not in cert.to_dict()
 
 
@@ -145,13 +146,13 @@ def test_relu_construction_trigger_rows_are_certified_zero():
     attained 0; its control, the same weights with the value map halved, is certified and
     attained far from 0."""
     cfg, model = theory.relu_construction(seq_len=8, d_model=6, dtype=F64)
-    cert = certify.certify(model, cfg, time_limit=2)
+    cert = certify.certify(model, cfg, time_limit=2, trigger_bounds=trigger.TriggerBounds)
     assert cert.upper() == 0.0 and cert.converged  # the non-trigger rows, as before
     assert cert.upper("trigger") <= 1e-8 and cert.lower("trigger") == 0.0
     with torch.no_grad():
         for p in model.blocks[0].attn.w_v:
             p.mul_(0.5)
-    half = certify.certify(model, cfg, time_limit=2)
+    half = certify.certify(model, cfg, time_limit=2, trigger_bounds=trigger.TriggerBounds)
     assert half.lower("trigger") >= 0.4  # half the mean's content, and the flags' half
     assert half.upper("trigger") >= half.lower("trigger")
 
@@ -159,7 +160,8 @@ def test_relu_construction_trigger_rows_are_certified_zero():
 def test_a_certificate_below_an_attained_trigger_error_is_refused():
     """check_sound reads the trigger rows too: a bound below an attained error is refused."""
     cfg, model = random_model("relu", scale=0.7, seed=3)
-    record = certify.certify(model, cfg, time_limit=2).to_dict()
+    record = certify.certify(model, cfg, time_limit=2,
+                             trigger_bounds=trigger.TriggerBounds).to_dict()
     row = record["trigger_rows"][0]
     errors = {"attacked": {"trigger": [None] * row["i"] + [row["upper"] * 2 + 1]}}
     with pytest.raises(certify.Unsound, match=f"trigger row {row['i']}"):

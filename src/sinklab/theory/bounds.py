@@ -44,6 +44,7 @@ from sinklab.runs.files import read_json
 from sinklab.task import encode
 from sinklab.theory import attack, certify, sink
 from sinklab.theory import constructions as theory
+from sinklab.theory.trigger import TriggerBounds
 from sinklab.theory.verdicts import CHECKPOINT_RESTARTS, ROUNDING, RULES, SAMPLED, finite, upper
 from sinklab.train import list_checkpoints, load_checkpoint, load_model
 
@@ -137,7 +138,8 @@ def worst_case(model: AttentionStack, cfg: RunConfig, *, steps: int, restarts: i
         out["witness"] = {k: None if full["argmax"][k] is None
                           else full["witness"][k][full["argmax"][k]] for k in attack.KINDS}
     if single and certified:
-        out["certified"] = certify.certify(model, cfg, time_limit=seconds).to_dict()
+        out["certified"] = certify.certify(model, cfg, time_limit=seconds,
+                                           trigger_bounds=TriggerBounds).to_dict()
         # the last line of defence: a bound below an attained error is never reported
         certify.check_sound(out["certified"], {"attacked": out["attacked"],
                                                "sampled": out["sampled"]}, name, out["norm"])
@@ -357,7 +359,7 @@ def with_checks(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def construction_record(seq_len: int, d_model: int, seconds: float) -> dict[str, Any]:
     """The ReLU construction's certified non-trigger error, largest score and norm."""
     cfg, model = theory.relu_construction(seq_len, d_model, dtype=torch.float64)
-    cert = certify.certify(model, cfg, time_limit=seconds)
+    cert = certify.certify(model, cfg, time_limit=seconds, trigger_bounds=TriggerBounds)
     return {"certified": cert.upper(), "converged": cert.converged,
             "relu_score": certify.relu_max_score(model, cfg), "norm": qk_norm(model)}
 

@@ -57,6 +57,7 @@ import math
 import time
 from copy import deepcopy
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -442,7 +443,8 @@ def _chain_argmax(g: Tensor, h: Tensor, a: float, b: float, relu: bool) -> Tenso
 @dataclass(frozen=True)
 class Row:
     """A query row: position ``i`` and whether the trigger is visible ("post", i > j), not
-    ("pre", i < j) or the query itself ("trigger", i = j: ``trigger.TriggerBounds``). The keys
+    ("pre", i < j) or the query itself ("trigger", i = j: ``trigger.TriggerBounds``, its own
+    module, which builds on this one). The keys
     are BOS, the query itself, ``n_ordinary`` other ordinary tokens and ``n_trigger`` (0 or 1)
     other trigger tokens."""
 
@@ -746,7 +748,7 @@ def _polish(bounds: _Bounds, q: Tensor, obj: int, value: float,
 
 def certify_row(f: Folded, row: Row, *, rtol: float = RTOL, atol: float = 0.0,
                 time_limit: float = 10.0, batch: int = 256, max_nodes: int = 500_000,
-                start: Tensor | None = None) -> RowCertificate:
+                start: Tensor | None = None, bounds: _Bounds | None = None) -> RowCertificate:
     """Branch and bound over the query token's content box for one row (at a trigger row the
     node has one more coordinate, ``trigger.TriggerBounds``'s coupling).
 
@@ -763,8 +765,10 @@ def certify_row(f: Folded, row: Row, *, rtol: float = RTOL, atol: float = 0.0,
     the best value is <= 0 (a zero row, whose boxes' bounds are exactly 0), plus ``atol``
     (absolute, default 0; it only stops the search sooner, it never lowers what is reported),
     at ``time_limit`` seconds, or after ``max_nodes`` nodes. The reported ``lower`` is the best
-    point value less its rounding (``_Bounds.lower_slack``), and at least 0."""
-    bounds = row_bounds(f, row)
+    point value less its rounding (``_Bounds.lower_slack``), and at least 0. ``bounds``: the
+    row's bounds, ``_Bounds(f, row)`` when None (a trigger row's are
+    ``trigger.TriggerBounds``)."""
+    bounds = _Bounds(f, row) if bounds is None else bounds
     n, k = getattr(bounds, "dims", f.d - 3), bounds.n_objectives
     dev, dt = f.a.device, f.a.dtype
     weight = bounds.split_weights()
@@ -829,15 +833,6 @@ def certify_row(f: Folded, row: Row, *, rtol: float = RTOL, atol: float = 0.0,
                           witness_query=best_q.tolist())
 
 
-def row_bounds(f: Folded, row: Row) -> _Bounds:
-    """The bounds of one row: ``_Bounds`` at a non-trigger row, ``trigger.TriggerBounds`` at a
-    trigger row (its own module, which builds on this one)."""
-    if row.kind == "trigger":
-        from sinklab.theory.trigger import TriggerBounds
-        return TriggerBounds(f, row)
-    return _Bounds(f, row)
-
-
 @dataclass
 class Certificate:
     """Certified errors of a single-layer model: the BOS row's exact error, per non-trigger row
@@ -887,12 +882,13 @@ class Certificate:
 
 
 def certify(model: AttentionStack, cfg: RunConfig, *, rtol: float = RTOL,
-            time_limit: float = 30.0, trigger: bool = True) -> Certificate:
-    """Certified upper bounds (and attained lower bounds) of the supremum error at every row
-    of a single-layer, single-head softmax or ReLU model over the task's whole input set: the
-    non-trigger rows share ``time_limit`` (seconds), and the trigger rows (``trigger``, the
-    default; ``trigger.TriggerBounds``) share as much again. A row that hits its share reports
-    its remaining gap (``converged`` False). NotCertifiable for
+            time_limit: float = 30.0,
+            trigger_bounds: Callable[[Folded, Row], _Bounds] | None = None) -> Certificate:
+    """Certified upper bounds (and attained lower bounds) of the supremum error at every
+    non-trigger row of a single-layer, single-head softmax or ReLU model over the task's whole
+    input set, sharing ``time_limit`` (seconds), and with ``trigger_bounds``
+    (``trigger.TriggerBounds``, which builds on this module) at every trigger row too, sharing
+    as much again. A row that hits its share reports its remaining gap (``converged`` False). NotCertifiable for
     any other model, OutOfRange for one whose weights are beyond float64's reach
     (``check_range``)."""
     f = folded(model, cfg)
@@ -906,24 +902,23 @@ def certify(model: AttentionStack, cfg: RunConfig, *, rtol: float = RTOL,
     todo = rows(f.seq_len)
     out = _certify_rows(f, todo, rtol, time_limit)
     triggers: list[RowCertificate] = []
-    if trigger:
-        from sinklab.theory.trigger import trigger_rows
-        tr = trigger_rows(f.seq_len)
-        triggers = _certify_rows(f, tr, rtol, time_limit)
+    if trigger_bounds is not None:
+        triggers = _certify_rows(f, [Row("trigger", j) for j in range(2, f.seq_len)], rtol,
+                                 time_limit, trigger_bounds)
     return Certificate(rule=f.rule, bos=bos_row_error(f), rows=out,
                        seconds=time.perf_counter() - start, trigger=triggers)
 
 
-def _certify_rows(f: Folded, todo: list[Row], rtol: float, time_limit: float
-                  ) -> list[RowCertificate]:
-    """``certify_row`` for each row, sharing ``time_limit``: a row that closes early leaves its
-    time to the rows after it."""
+def _certify_rows(f: Folded, todo: list[Row], rtol: float, time_limit: float,
+                  make: Callable[[Folded, Row], _Bounds] = _Bounds) -> list[RowCertificate]:
+    """``certify_row`` for each row with the bounds ``make`` gives, sharing ``time_limit``: a
+    row that closes early leaves its time to the rows after it."""
     start = time.perf_counter()
     out = []
     for k, row in enumerate(todo):
         left = time_limit - (time.perf_counter() - start)
         share = max(left / (len(todo) - k), 1e-3)
-        out.append(certify_row(f, row, rtol=rtol, time_limit=share))
+        out.append(certify_row(f, row, rtol=rtol, time_limit=share, bounds=make(f, row)))
     return out
 
 

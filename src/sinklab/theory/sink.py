@@ -328,7 +328,7 @@ def certified_sink(model: AttentionStack, cfg: RunConfig,
     reach."""
     f = softmax_folded(model, cfg)
     if cert is None:
-        cert = certify.certify(model, cfg, time_limit=time_limit, trigger=False)
+        cert = certify.certify(model, cfg, time_limit=time_limit)
     began = time.perf_counter()
     errors, cert_d = _certificate_errors(cert, f)
     nec = certify.necessity(model, cfg) if nec is None else nec

@@ -78,11 +78,6 @@ RHO_STEPS = 6  # steps of the multiplier rho's search at each lambda, after its 
 RHO_TOP = 4.0  # the multiplier's bracket: [0, RHO_TOP D_1]
 
 
-def trigger_rows(seq_len: int) -> list[Row]:
-    """Every trigger row the input set has: j = 2..L-1."""
-    return [Row("trigger", j) for j in range(2, seq_len)]
-
-
 # ------------------------------------------------------------------ one-token problems
 
 
