@@ -55,9 +55,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from copy import deepcopy
 from dataclasses import dataclass, field
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -444,9 +444,8 @@ def _chain_argmax(g: Tensor, h: Tensor, a: float, b: float, relu: bool) -> Tenso
 class Row:
     """A query row: position ``i`` and whether the trigger is visible ("post", i > j), not
     ("pre", i < j) or the query itself ("trigger", i = j: ``trigger.TriggerBounds``, its own
-    module, which builds on this one). The keys
-    are BOS, the query itself, ``n_ordinary`` other ordinary tokens and ``n_trigger`` (0 or 1)
-    other trigger tokens."""
+    module, which builds on this one). The keys are BOS, the query itself, ``n_ordinary`` other
+    ordinary tokens and ``n_trigger`` (0 or 1) other trigger tokens."""
 
     kind: str
     i: int
@@ -536,6 +535,7 @@ class _Bounds:
         s = scale(f, trigger=self.query_flag() == TRIGGER)
         self.score_scale, self.value_scale = s["score"], s["value"]
         self.eps = ROUNDING_FACTOR * (d + f.seq_len) * UNIT
+        self.dims = d - 3  # a node's coordinates: the query's content
 
     def bound(self, q: Tensor, rad: Tensor, obj: Tensor) -> Tensor:
         """Upper bounds (N,) of s y_m over boxes centred at q (N, n) with radii rad (N, n), one
@@ -565,11 +565,12 @@ class _Bounds:
         k = self._terms(q, rad, obj)
         return self._softmax(k, widen) if self.f.rule == "softmax" else self._relu(k, widen)
 
-    def _terms(self, q: Tensor, rad: Tensor, obj: Tensor) -> dict[str, Tensor]:
+    def _terms(self, q: Tensor, rad: Tensor, obj: Tensor, chain: bool = True
+               ) -> dict[str, Tensor]:
         """What every bound at query boxes (q, rad) (N, n) and objectives obj (N,) is made of:
         the keys' scores relative to the reference, how far the box moves them, the values and
-        the chain of the zonogon of (g, h) (``g``, ``h``: how a key's score and value change
-        with its content)."""
+        (``chain``) the chain of the zonogon of (g, h) (``g``, ``h``: how a key's score and
+        value change with its content)."""
         f = self.f
         x = f.token(self.query_flag(), q)  # (N, d) the query token at the centre
         u = x @ f.a  # (N, d)
@@ -587,7 +588,8 @@ class _Bounds:
         k["self_move"] = (grad.abs() * rad).sum(-1) + ((rad @ self.acc_abs) * rad).sum(-1)
         k["self_value"] = (x @ self.mv)[torch.arange(len(obj), device=obj.device), obj]
         k["self_value_move"] = (rad * self.h_abs[obj]).sum(-1)
-        k["t"], k["u"] = _chain(g, h)  # (N, n + 1)
+        if chain:
+            k["t"], k["u"] = _chain(g, h)  # (N, n + 1)
         k["g"], k["h"] = g, h
         return k
 
@@ -686,15 +688,15 @@ class _Bounds:
 
 @dataclass
 class RowCertificate:
-    """The certified supremum error at one row: ``upper`` >= sup >= ``lower`` in
-    exact arithmetic on the folded weights (``lower`` attained by ``witness_query``'s input, up
-    to the rounding it is narrowed by; never below 0, as the error is a norm; at a trigger row
-    the query's content is followed by the keys' mean coordinate the witness is built for,
-    ``trigger.TriggerBounds.witness``). ``upper`` is inf
-    where a box's bound was not a finite number (unknown) and stayed so; JSON writes it as null
-    (``sinklab.runs.files.jsonable``). ``converged`` when the bound came within rtol of the best
-    point value (upper <= best (1 + rtol), or upper <= 0 where best <= 0) before the time cap,
-    with ``boxes`` query boxes examined."""
+    """The certified supremum error at one row: ``upper`` >= sup >= ``lower`` in exact
+    arithmetic on the folded weights (``lower`` attained by ``witness_query``'s input, up to the
+    rounding it is narrowed by; never below 0, as the error is a norm; at a trigger row the
+    query's content is followed by the keys' mean coordinate the witness is built for,
+    ``trigger.TriggerBounds.witness``). ``upper`` is inf where a box's bound was not a finite
+    number (unknown) and stayed so; JSON writes it as null (``sinklab.runs.files.jsonable``).
+    ``converged`` when the bound came within rtol of the best point value (upper <= best
+    (1 + rtol), or upper <= 0 where best <= 0) before the time cap, with ``boxes`` query boxes
+    examined."""
 
     kind: str
     i: int
@@ -769,7 +771,7 @@ def certify_row(f: Folded, row: Row, *, rtol: float = RTOL, atol: float = 0.0,
     row's bounds, ``_Bounds(f, row)`` when None (a trigger row's are
     ``trigger.TriggerBounds``)."""
     bounds = _Bounds(f, row) if bounds is None else bounds
-    n, k = getattr(bounds, "dims", f.d - 3), bounds.n_objectives
+    n, k = bounds.dims, bounds.n_objectives
     dev, dt = f.a.device, f.a.dtype
     weight = bounds.split_weights()
     obj = torch.arange(k, device=dev)
@@ -829,8 +831,7 @@ def certify_row(f: Folded, row: Row, *, rtol: float = RTOL, atol: float = 0.0,
     d = f.d
     return RowCertificate(kind=row.kind, i=row.i, upper=top, lower=lower, converged=converged,
                           boxes=examined, coordinate=best_obj % d,
-                          sign=1 if best_obj < d else -1,
-                          witness_query=best_q.tolist())
+                          sign=1 if best_obj < d else -1, witness_query=best_q.tolist())
 
 
 @dataclass
@@ -888,9 +889,9 @@ def certify(model: AttentionStack, cfg: RunConfig, *, rtol: float = RTOL,
     non-trigger row of a single-layer, single-head softmax or ReLU model over the task's whole
     input set, sharing ``time_limit`` (seconds), and with ``trigger_bounds``
     (``trigger.TriggerBounds``, which builds on this module) at every trigger row too, sharing
-    as much again. A row that hits its share reports its remaining gap (``converged`` False). NotCertifiable for
-    any other model, OutOfRange for one whose weights are beyond float64's reach
-    (``check_range``)."""
+    as much again. A row that hits its share reports its remaining gap (``converged`` False).
+    NotCertifiable for any other model, OutOfRange for one whose weights are beyond float64's
+    reach (``check_range``)."""
     f = folded(model, cfg)
     check_range(f)
     if not (rtol >= 0 and math.isfinite(rtol)):

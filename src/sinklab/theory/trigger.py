@@ -44,17 +44,18 @@ tau_0 >= its smallest value: -mu D <= -mu_1 D - D_1 (mu - mu_1) (McCormick's ine
 for every rho, with the multipliers of mu >= mu_1 and mu <= mu_2 giving C(rho) = rho mu_1 for
 rho <= D_1 and D_1 mu_1 + (rho - D_1) mu_2 above it. The right side separates into one-token
 problems (``key_max`` with kappa = rho s / j). Call it psi(lambda, rho): it is convex in both
-(a maximum of affine functions), so phi(lambda) = min over rho of psi is convex, and it falls with slope at most -D_1 (less what the query box's
-score spread can add): psi(lambda, rho) <= 0 makes lambda a bound, and psi > 0 makes lambda +
-psi / D_1 one. A few Newton steps on phi (slope: the denominator of the maximising keys) bring
-lambda to the root, and at each lambda rho is searched on [0, 4 D_1] by where the tangents at
-its bracket's ends cross (exact where psi is two lines, as it is where the keys' best c_m jumps
-from +1 to -1). The gap the bound leaves shrinks with the node's mu interval and query box
-(on trained softmax models most of it is the box's spread of every key's score, which the bound
-takes key by key; the attack's and the bound's ratio is what `sinklab worst` reports). The
-attained value (``point``) fixes mu at the node's z and takes the two key contents that maximise
-the one-token problem on either side of the last multiplier (the mean constraint mixes them):
-every split of the j - 1 keys between them is evaluated exactly and the best kept.
+(a maximum of affine functions), so phi(lambda) = min over rho of psi is convex, and it falls
+with slope at most -D_1 (less what the query box's score spread can add): psi(lambda, rho) <= 0
+makes lambda a bound, and psi > 0 makes lambda + psi / D_1 one. A few Newton steps on phi
+(slope: the denominator of the maximising keys) bring lambda to the root, and at each lambda rho
+is searched on [0, 4 D_1] by where the tangents at its bracket's ends cross (exact where psi is
+two lines, as it is where the keys' best c_m jumps from +1 to -1). The gap the bound leaves
+shrinks with the node's mu interval and query box (on trained softmax models most of it is the
+box's spread of every key's score, which the bound takes key by key; the attack's and the
+bound's ratio is what `sinklab worst` reports). The attained value (``point``) fixes mu at the
+node's z and takes the two key contents that maximise the one-token problem on either side of
+the last multiplier (the mean constraint mixes them): every split of the j - 1 keys between
+them is evaluated exactly and the best kept.
 
 Rounding is covered as in ``certify._Bounds`` (its class docstring), with the targets' terms, of
 size 1 each, added to the magnitudes the margin is relative to.
@@ -69,8 +70,7 @@ from torch import Tensor
 
 from sinklab.task import BOS, CONTENT_START, TRIGGER
 from sinklab.theory import certify
-from sinklab.theory.certify import MARGIN, Folded, Row, _chain, _chain_max, _edge_candidates, \
-    _normalised, _term
+from sinklab.theory.certify import MARGIN, Folded, Row, _chain, _edge_candidates, _normalised, _term
 
 ROOT_BISECTIONS = 14  # bisection steps of each stationary point of softmax's f_p(w)
 NEWTON_STEPS = 4  # Newton steps of the softmax bound's lambda
@@ -192,7 +192,7 @@ class KeyProblem:
     def __init__(self, g: Tensor, h: Tensor, mi: Tensor) -> None:
         self.rows = torch.arange(len(mi), device=mi.device)
         self.mi = mi
-        self.g, self.gm, self.hm = g, g[self.rows, mi], h[self.rows, mi]
+        self.gm, self.hm = g[self.rows, mi], h[self.rows, mi]
         g2, h2 = g.clone(), h.clone()
         g2[self.rows, mi] = 0.0
         h2[self.rows, mi] = 0.0
@@ -292,16 +292,22 @@ class TriggerBounds(certify._Bounds):
         own = self.sign[obj] * q[rows, mi] - rad[rows, mi]
         return torch.where(self.is_content[obj], own, self.self_flag[obj])
 
+    def _node_terms(self, q: Tensor, rad: Tensor, obj: Tensor) -> dict[str, Tensor]:
+        """``certify._Bounds._terms`` at the query content boxes (q, rad) (N, n) (no chain: the
+        keys' problems build their own), with the trigger's own target share at its smallest
+        over the box (``target0``) and at the centre (``target_centre``), and the radii."""
+        k = self._terms(q, rad, obj, chain=False)
+        k["target0"] = self._self_target_min(q, rad, obj)
+        k["target_centre"] = self._self_target_min(q, torch.zeros_like(rad), obj)
+        k["rad"] = rad
+        return k
+
     def _evaluate(self, q: Tensor, rad: Tensor, obj: Tensor, widen: bool) -> Tensor:
         n = self.f.d - 3
-        z_c, z_r = q[:, n], rad[:, n]
-        k = self._terms(q[:, :n], rad[:, :n], obj)
-        k["target0"] = self._self_target_min(q[:, :n], rad[:, :n], obj)
-        k["target_centre"] = self._self_target_min(q[:, :n], 0 * rad[:, :n], obj)
-        k["rad"] = rad[:, :n]
+        k = self._node_terms(q[:, :n], rad[:, :n], obj)
         if self.f.rule == "relu":
             return self._relu_trigger(k, obj, widen)
-        return self._softmax_trigger(k, obj, z_c, z_r, widen)[0]
+        return self._softmax_trigger(k, obj, q[:, n], rad[:, n], widen)[0]
 
     def point(self, q: Tensor, obj: Tensor) -> Tensor:
         """The error of an attained input (N,) at query contents q (N, dims): for ReLU the exact
@@ -387,8 +393,8 @@ class TriggerBounds(certify._Bounds):
 
     def _softmax_trigger(self, k: dict[str, Tensor], obj: Tensor, z_c: Tensor, z_r: Tensor,
                          widen: bool) -> tuple[Tensor, dict[str, Tensor]]:
-        """The bound (module docstring) and, in ``found``, the lambda it reached and the
-        ordinary keys' contents on both sides of the last multiplier (``_softmax_input``).
+        """The bound (module docstring) and, in ``found``, the ordinary keys' contents on both
+        sides of the last multiplier (``_softmax_input``).
 
         phi(lambda) = min over rho of psi(lambda, rho) is convex and falls with slope at most
         -D_1' (D_1 less what the score spread adds), so psi(lambda, rho) <= 0 makes lambda a
@@ -412,7 +418,6 @@ class TriggerBounds(certify._Bounds):
             ok = torch.isfinite(psi) & (d1p > 0)
             step = torch.where(psi <= 0, lam, lam + psi / torch.where(d1p > 0, d1p, 1.0))
             upper = torch.where(ok, torch.minimum(upper, step), upper)
-            found["lam"] = lam
             lam = torch.where(torch.isfinite(psi), lam + psi / den, lam)
         if not widen:
             return upper, found
@@ -495,10 +500,7 @@ class TriggerBounds(certify._Bounds):
         j - 1 keys between them is evaluated exactly and the best kept."""
         n = self.f.d - 3
         z = q[:, n]
-        rad = torch.zeros_like(q[:, :n])
-        k = self._terms(q[:, :n], rad, obj)
-        k["target0"] = k["target_centre"] = self._self_target_min(q[:, :n], rad, obj)
-        k["rad"] = rad
+        k = self._node_terms(q[:, :n], torch.zeros_like(q[:, :n]), obj)
         _, found = self._softmax_trigger(k, obj, z, torch.zeros_like(z), widen=False)
         c_lo, c_hi = found["c_lo"], found["c_hi"]
         rows = torch.arange(len(obj), device=obj.device)
@@ -531,8 +533,7 @@ class TriggerBounds(certify._Bounds):
         n = self.f.d - 3
         if self.f.rule == "softmax":
             return self._softmax_input(q[None], obj)[1][0]
-        rad = torch.zeros_like(q[None, :n])
-        k = self._terms(q[None, :n], rad, obj)
+        k = self._terms(q[None, :n], torch.zeros_like(q[None, :n]), obj, chain=False)
         c = key_max(k["g"], k["h"], self.mi[obj], k["a_ord"], k["b_ord"], self.kappa[obj],
                     k["r_ord"])[1][0]
         return c.expand(self.n_ord, n)
