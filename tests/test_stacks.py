@@ -47,10 +47,11 @@ def test_configs_are_plain_stacks_with_the_plateau_rule():
             assert cfg.model.attention == rule
             assert cfg.train.patience == verdicts.PLATEAU_PATIENCE > 0
             assert (cfg.train.max_steps, cfg.train.seed, cfg.train.log_every) == (123, 3, 100)
-            # not the paper's multi-layer rate, which is for residual stacks
-            assert cfg.train.lr == verdicts.PLAIN_LR != build_run_config(
-                {"model": {"n_layers": cfg.model.n_layers, "n_heads": cfg.model.n_heads}}
-            ).train.lr
+            # the searched protocol of its shape and rule; another one when asked
+            assert (cfg.model.init_std, cfg.train.lr) == \
+                verdicts.PLAIN_PROTOCOL[(experiment, rule)]
+            other = stacks.plain_config(experiment, rule, 3, 123, "cpu", (0.3, 3e-3))
+            assert (other.model.init_std, other.train.lr) == (0.3, 3e-3)
             assert cfg.to_dict()["train"]["patience"] == verdicts.PLATEAU_PATIENCE
 
 
@@ -69,8 +70,65 @@ def test_cells_one_ensemble_per_experiment_and_rule():
         assert c.config.task.target == "plain" and c.config.train.max_steps == STEPS
     assert sorted(groups) == sorted(("plain", e, r) for e in verdicts.PLAIN_EXPERIMENTS
                                     for r in verdicts.PLAIN_RULES)
-    assert all(sorted(c.config.train.seed for c in g) == list(range(SEEDS))
+    first = verdicts.PLAIN_FIRST_SEED
+    assert all(sorted(c.config.train.seed for c in g) == list(range(first, first + SEEDS))
                for g in groups.values())
+
+
+def test_grid_cells_use_the_search_seeds_and_every_point():
+    cells = th.grid_cells(2, STEPS, Execution(device="cpu"))
+    points = {(c.config.model.n_layers, c.config.model.attention, c.config.model.init_std,
+               c.config.train.lr) for c in cells}
+    assert len(points) == 2 * 2 * len(verdicts.PLAIN_GRID_STD) * len(verdicts.PLAIN_GRID_LR)
+    assert len(cells) == len({c.name for c in cells}) == 2 * len(points)
+    # the search's seeds come before the seeds the claims read: none is shared
+    assert {c.config.train.seed for c in cells} == {0, 1}
+    assert max(range(verdicts.PLAIN_GRID_SEEDS)) < verdicts.PLAIN_FIRST_SEED
+    assert all(c.config.task.target == "plain" and c.config.train.max_steps == STEPS
+               for c in cells)
+    # one ensemble per (shape, rule, init_std): its learning rates and seeds train together
+    assert len({c.group for c in cells}) == 2 * 2 * len(verdicts.PLAIN_GRID_STD)
+    assert th.grid_cells(0, STEPS, Execution(device="cpu")) == []
+
+
+def grid_row(e, rule, std, lr, seed, converged, steps=1000, best=0.1, status=None):
+    return {"experiment": e, "rule": rule, "init_std": std, "lr": lr, "seed": seed,
+            "converged": converged, "steps": steps, "best_train_linf": best,
+            "status": status or ("converged" if converged else "plateau")}
+
+
+def test_choice_prefers_seeds_at_the_stop_rule_then_speed_then_error():
+    rows = [grid_row("2x2", "softmax", 0.1, 1e-3, s, True, steps=900 + s) for s in range(3)]
+    rows += [grid_row("2x2", "softmax", 0.2, 1e-3, s, True, steps=500) for s in range(2)]
+    rows += [grid_row("2x2", "softmax", 0.2, 1e-3, 2, False, best=0.02)]
+    rows += [grid_row("2x2", "softmax", 0.02, 3e-4, s, True, steps=2000) for s in range(3)]
+    # no seed at the stop rule anywhere: the lowest median best error wins
+    rows += [grid_row("4x4", "relu", 0.1, 3e-3, s, False, best=0.5) for s in range(3)]
+    rows += [grid_row("4x4", "relu", 0.3, 3e-3, s, False, best=0.2 + s) for s in range(3)]
+    rows += [grid_row("4x4", "relu", 0.2, 1e-3, s, False, best=1e9, status="diverged")
+             for s in range(3)]
+    points = verdicts.grid_points(rows)
+    p = next(p for p in points if (p["init_std"], p["lr"]) == (0.2, 1e-3)
+             and p["experiment"] == "2x2")
+    assert (p["converged"], p["n"], p["steps_median"], p["best_linf_median"]) == \
+        (2, 3, 500, 0.1)
+    choice = {(c["experiment"], c["rule"]): c for c in verdicts.plain_choice(points)}
+    assert sorted(choice) == [("2x2", "softmax"), ("4x4", "relu")]
+    sm = choice[("2x2", "softmax")]
+    assert (sm["init_std"], sm["lr"], sm["converged"]) == (0.1, 1e-3, 3)  # 3/3 beats 2/3
+    assert sm["std_bracketed"] and sm["lr_bracketed"]
+    assert sm["is_declared"] == ((0.1, 1e-3) == verdicts.PLAIN_PROTOCOL[("2x2", "softmax")])
+    relu = choice[("4x4", "relu")]
+    # medians 0.5, 1.2 and 1e9 (diverged): 0.1 wins; its rate is the grid's largest
+    assert (relu["init_std"], relu["lr"], relu["converged"]) == (0.1, 3e-3, 0)
+    assert relu["std_bracketed"] and not relu["lr_bracketed"]
+    # a point whose every run has no finite error ranks last
+    nan = [grid_row("4x4", "relu", 0.02, 3e-4, s, False, best=float("nan"),
+                    status="diverged") for s in range(3)]
+    worst = verdicts.grid_points(nan)[0]
+    assert worst["best_linf_median"] is None and worst["diverged"] == 3
+    again = verdicts.plain_choice(points + [worst])
+    assert [(c["init_std"], c["lr"]) for c in again if c["rule"] == "relu"] == [(0.1, 3e-3)]
 
 
 def test_stops_are_the_statuses_training_writes():
@@ -159,21 +217,32 @@ def test_per_position_means_agree_with_the_head_mean():
 # ------------------------------------------------------------------------ trained runs
 
 
+GRID_STD, GRID_LR = (0.1,), (1e-3,)  # a one-point search for the trained fixture
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """Every plain run of the study, tiny: 30 steps, 2 seeds, a patience of 5 steps so that the
-    plateau rule can fire."""
+    plateau rule can fire; and a one-point protocol search on one seed."""
     out = tmp_path_factory.mktemp("plain")
+    seeds = range(verdicts.PLAIN_FIRST_SEED, verdicts.PLAIN_FIRST_SEED + SEEDS)
     for experiment in verdicts.PLAIN_EXPERIMENTS:
         for rule in verdicts.PLAIN_RULES:
-            cfgs = [stacks.plain_config(experiment, rule, s, STEPS, "cpu")
-                    for s in range(SEEDS)]
+            cfgs = [stacks.plain_config(experiment, rule, s, STEPS, "cpu") for s in seeds]
             cfgs = [dataclasses.replace(c, train=dataclasses.replace(c.train, patience=5))
                     for c in cfgs]
-            train_runs(cfgs, [out / stacks.plain_name(experiment, rule, s)
-                              for s in range(SEEDS)], progress=False)
+            names = [stacks.plain_name(experiment, rule, s) for s in seeds]
+            grid = stacks.plain_config(experiment, rule, 0, STEPS, "cpu",
+                                       (GRID_STD[0], GRID_LR[0]))
+            train_runs(cfgs, [out / n for n in names], progress=False)
+            train_runs([grid], [out / stacks.grid_name(experiment, rule, GRID_STD[0],
+                                                       GRID_LR[0], 0)], progress=False)
     ctx = SimpleNamespace(out=out, summary=lambda name: read_json(out / name / "summary.json"))
-    return out, stacks.plain_collect(ctx, SEEDS, STEPS, n_sequences=SEQUENCES)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(stacks, "PLAIN_GRID_STD", GRID_STD)
+        mp.setattr(stacks, "PLAIN_GRID_LR", GRID_LR)
+        return out, stacks.plain_collect(ctx, SEEDS, STEPS, n_sequences=SEQUENCES,
+                                         grid_seeds=1, attack_steps=3)
 
 
 def test_records_of_trained_runs(trained):
@@ -194,6 +263,18 @@ def test_records_of_trained_runs(trained):
         assert len(r["positions_covered"]) == 16 and r["positions_covered"][0] is None
         assert len(r["layers_with_sink"]) == layers
         assert math.isfinite(r["linf_all_triggers"])
+        assert all(r["attacked"][k] >= 0 for k in ("bos", "pre", "trigger", "post"))
+        # the control: the same stack at its initial weights, measured the same way
+        before = r["untrained"]
+        assert len(before["head_bos"]) == layers and before["sink_heads"] == []
+        assert before["positions_covered"][1:] == [False] * 15
+    assert plain["attack"] == {"steps": 3, "restarts": verdicts.PLAIN_ATTACK_RESTARTS}
+    grid = plain["grid"]
+    assert grid["seeds"] == 1 and len(grid["points"]) == 4 and len(grid["choice"]) == 4
+    for point in grid["points"]:
+        name = stacks.grid_name(point["experiment"], point["rule"], GRID_STD[0], GRID_LR[0], 0)
+        assert point["n"] == 1 and point["best_linf_median"] == min(
+            row["train_linf"] for row in read_log(out / name / "metrics.jsonl"))
     # 30 steps at learning rate 1e-4 from N(0, 0.02^2) weights: near-uniform rows, no sink yet
     assert all(r["sink_heads"] == [] for r in runs)
     groups = plain["groups"]
