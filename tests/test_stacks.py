@@ -302,10 +302,12 @@ def test_figure_draws_a_line_per_seed(trained):
 
 
 def fake_run(experiment: str, rule: str, seed: int, sink: bool = True, converged: bool = True,
-             covered: bool = True) -> dict:
-    """A run record as ``plain_records`` writes it, with a chosen sink and coverage."""
+             covered: bool = True, sink_before: bool = False) -> dict:
+    """A run record as ``plain_records`` writes it, with a chosen sink and coverage, and its
+    stack at initialisation (``untrained``): no sink head unless ``sink_before``."""
     L = 16
     top = [None] + [0.95 if covered else 0.5] * (L - 1)
+    before = [None] + [sink_before] * (L - 1)
     return {
         "experiment": experiment, "rule": rule, "seed": seed,
         "status": "converged" if converged else "plateau", "converged": converged,
@@ -316,6 +318,11 @@ def fake_run(experiment: str, rule: str, seed: int, sink: bool = True, converged
         "positions_covered": [None] + [covered] * (L - 1),
         "trigger_positions_covered": [None, None] + [False] * (L - 2),
         "bos_nontrigger": [], "bos_trigger": [], "bos_max_by_position": top,
+        "attacked": {"bos": 1e-2, "pre": 2e-2, "trigger": 3e-2, "post": 2e-2},
+        "untrained": {"sink_heads": [[1, 1]] if sink_before else [],
+                      "positions_covered": before, "head_bos": [[0.1, 0.1], [0.1, 0.1]],
+                      "bos_max_by_position": [None] + [0.1] * (L - 1),
+                      "linf_all_triggers": 0.9},
     }
 
 
@@ -352,13 +359,16 @@ def test_stacks_without_sinks_contradict_and_relu_sinks_make_it_non_discriminati
     assert claims["plain.softmax.some_head_sinks"].outcome == CONTRADICTED
     assert claims["plain.softmax.some_head_sinks"].counterexamples == 10
     assert claims["plain.softmax.every_position_covered"].outcome == SUPPORTED
-    # the ReLU seeds of runs_of have sink heads: they contradict "ReLU seeds rarely have one",
-    # and as the softmax claims' control they pass the same test
+    # the ReLU seeds of runs_of have sink heads: they contradict "ReLU seeds rarely have one"
     assert claims["plain.relu.no_sink_head"].outcome == CONTRADICTED
-    both = by_key(runs_of(10))
-    assert both["plain.softmax.some_head_sinks"].outcome == SUPPORTED
-    assert both["plain.softmax.some_head_sinks"].standing == NON_DISCRIMINATING
-    assert not both["plain.softmax.some_head_sinks"].counted
+    # the softmax claims' control is the same stacks before any update: when those already
+    # have a sink head at every position, the claim does not discriminate
+    assert by_key(runs_of(10))["plain.softmax.some_head_sinks"].standing == DISCRIMINATING
+    born = by_key(runs_of(10, sink_before=True))
+    for key in ("some_head_sinks", "every_position_covered"):
+        claim = born[f"plain.softmax.{key}"]
+        assert claim.outcome == SUPPORTED and claim.standing == NON_DISCRIMINATING
+        assert not claim.counted and "before any update" in claim.control_claim().data
     uncovered = by_key(runs_of(10, covered=False))
     assert uncovered["plain.softmax.every_position_covered"].outcome == CONTRADICTED
 
@@ -383,11 +393,19 @@ def test_claims_rest_on_the_seeds_that_solve_the_task():
             for r in runs_of(10)]
     some = by_key(runs)["plain.softmax.some_head_sinks"]
     assert some.n == 18 and some.outcome == SUPPORTED
-    # no ReLU seed at the stop rule: the softmax claim's control has nothing to test
-    relu_stuck = [{**r, "converged": False} if r["rule"] == "relu" else r for r in runs_of(10)]
-    lone = by_key(relu_stuck)["plain.softmax.some_head_sinks"]
-    assert lone.outcome == SUPPORTED and lone.standing == CONTROL_UNDECIDED and not lone.counted
-    assert "none of the 20 plain-target ReLU seeds" in lone.control_claim().data
+    # no ReLU seed at the stop rule: the ReLU claim is untested, the softmax claims keep their
+    # own control (the same seeds before any update)
+    relu_stuck = by_key([{**r, "converged": False} if r["rule"] == "relu" else r
+                         for r in runs_of(10)])
+    assert relu_stuck["plain.relu.no_sink_head"].outcome == UNDETERMINED
+    lone = relu_stuck["plain.softmax.some_head_sinks"]
+    assert lone.outcome == SUPPORTED and lone.standing == DISCRIMINATING and lone.counted
+    # the ReLU claim's control is the softmax seeds at the stop rule: none there, nothing to test
+    soft_stuck = by_key([{**r, "converged": False} if r["rule"] == "softmax" else
+                         {**r, "sink_heads": []} for r in runs_of(10)])
+    relu = soft_stuck["plain.relu.no_sink_head"]
+    assert relu.outcome == SUPPORTED and relu.standing == CONTROL_UNDECIDED and not relu.counted
+    assert "none of the 20 plain-target softmax seeds" in relu.control_claim().data
 
 
 # ---------------------------------------------------------------------------- fragment
@@ -404,9 +422,17 @@ def render_fragment(plain: dict) -> str:
         consts=reference.constants())
 
 
-def synthetic(n: int, **kwargs) -> dict:
+def synthetic(n: int, grid: bool = True, **kwargs) -> dict:
     runs = runs_of(n, **kwargs)
+    rows = [grid_row("2x2", "softmax", 0.1, 1e-3, s, True, steps=955 + s) for s in range(3)]
+    rows += [grid_row("4x4", "relu", 0.3, 3e-4, s, False, best=0.9, status="diverged")
+             for s in range(3)]
+    points = verdicts.grid_points(rows)
+    search = {"init_std": [0.1, 0.3], "lr": [3e-4, 1e-3], "seeds": 3,
+              "rule": verdicts.PLAIN_CHOICE_RULE, "points": points,
+              "choice": verdicts.plain_choice(points)}
     return {"protocol": stacks.plain_protocol(n, 777), "sequences": 99, "runs": runs,
+            "grid": search if grid else None, "attack": {"steps": 5, "restarts": 4},
             "groups": verdicts.plain_groups(runs)}
 
 
@@ -417,11 +443,17 @@ def test_fragment_renders_from_the_records():
     assert "L1H2, L3H1" in text and "15/15" in text
     assert "777 steps" in text and f"{verdicts.PLATEAU_PATIENCE:,} steps" in text
     assert "99 test sequences" in text
-    assert text.count("| 2x2 | softmax | ") == 3 + 1  # a row per seed, one in the stops table
+    # a row per seed; one each in the protocol, stops, search and choice tables
+    assert text.count("| 2x2 | softmax | ") == 3 + 4
     assert "Plain-target softmax stacks (2x2, 4x4: no residual stream, the theorem's own " \
         "multi-layer setting) that reached the stop rule have some head that sinks" in text
     assert "fig_plain.png" in text
     assert "not made for" not in text
+    # the search: a row per grid point, one per choice, the attack's budget
+    assert "| 2x2 | softmax | 0.1 | 0.001 | 3/3 | 0 | 956 |" in text
+    assert "| 4x4 | relu | 0.3 | 0.0003 | 0/3 | 3 | - |" in text
+    assert "seeds 0 to 2" in text and "5 sign-gradient steps from 4 random starts" in text
+    assert "How the protocol was chosen" not in render_fragment(synthetic(3, grid=False))
     # every number comes from the records: another patience shows up as such
     other = {**plain, "protocol": {**plain["protocol"], "patience": 1234}}
     assert "1,234 steps" in render_fragment(other)

@@ -31,6 +31,7 @@ from sinklab.runs.files import read_log
 from sinklab.studies.reproduction import EXPERIMENTS
 from sinklab.task import Batch
 from sinklab.theory import constructions as theory
+from sinklab.theory.attack import attack
 from sinklab.theory.verdicts import (
     PLAIN_ATTACK_RESTARTS,
     PLAIN_CHOICE_RULE,
@@ -46,7 +47,6 @@ from sinklab.theory.verdicts import (
     plain_choice,
     plain_groups,
 )
-from sinklab.theory.attack import attack
 from sinklab.train import build_ensemble, load_model, plateau_rule_text
 
 if TYPE_CHECKING:
