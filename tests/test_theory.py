@@ -304,8 +304,8 @@ def snapshot(folder):
 
 
 THEORY = ["theory", "--workers", "1", "--steps", "40", "--seeds", "1", "--eps", "0.1,0.5",
-          "--plain-steps", "10", "--plain-grid-seeds", "0", "--save-every", "200", "--attack-steps", "3",
-          "--certify-seconds", "0.2"]
+          "--plain-steps", "10", "--plain-grid-seeds", "0", "--save-every", "200",
+          "--attack-steps", "3", "--certify-seconds", "0.2"]
 
 
 @pytest.mark.slow
