@@ -350,6 +350,9 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
         n_heads = summary["n_layers"] * summary["n_heads"]
         print(f"{name}: {verb} {summary['steps']} steps (last batch L∞ "
               f"{summary['train_linf']:.2e})")
+        if summary.get("lr_drop_steps"):
+            steps = ", ".join(f"{s:,}" for s in summary["lr_drop_steps"])
+            print(f"  learning rate dropped at step(s) {steps}, to {summary['lr_final']:g}")
         print(f"  test set: L∞ {summary['linf_error']:.2e}, MSE {summary['mse']:.2e}")
         print(f"  non-trigger BOS mass [layer][head]: {bos}")
         print(f"  sink heads: {summary['sink_heads']} of {n_heads}")
