@@ -53,6 +53,7 @@ def test_configs_are_plain_stacks_with_the_plateau_rule():
             other = stacks.plain_config(experiment, rule, 3, 123, "cpu", (0.3, 3e-3))
             assert (other.model.init_std, other.train.lr) == (0.3, 3e-3)
             assert cfg.to_dict()["train"]["patience"] == verdicts.PLATEAU_PATIENCE
+            assert cfg.train.lr_drops == verdicts.PLAIN_LR_DROPS > 0  # the rate drops
 
 
 def test_unknown_experiment_is_one_sentence():
@@ -85,7 +86,9 @@ def test_grid_cells_use_the_search_seeds_and_every_point():
     assert {c.config.train.seed for c in cells} == {0, 1}
     assert max(range(verdicts.PLAIN_GRID_SEEDS)) < verdicts.PLAIN_FIRST_SEED
     assert all(c.config.task.target == "plain" and c.config.train.max_steps == STEPS
-               for c in cells)
+               and c.config.train.lr_drops == 0 for c in cells)  # the search: constant rates
+    capped = th.grid_cells(1, 10**6, Execution(device="cpu"))
+    assert {c.config.train.max_steps for c in capped} == {verdicts.PLAIN_GRID_STEPS}
     # one ensemble per (shape, rule, init_std): its learning rates and seeds train together
     assert len({c.group for c in cells}) == 2 * 2 * len(verdicts.PLAIN_GRID_STD)
     assert th.grid_cells(0, STEPS, Execution(device="cpu")) == []
@@ -233,7 +236,7 @@ def trained(tmp_path_factory):
                     for c in cfgs]
             names = [stacks.plain_name(experiment, rule, s) for s in seeds]
             grid = stacks.plain_config(experiment, rule, 0, STEPS, "cpu",
-                                       (GRID_STD[0], GRID_LR[0]))
+                                       (GRID_STD[0], GRID_LR[0]), lr_drops=0)
             train_runs(cfgs, [out / n for n in names], progress=False)
             train_runs([grid], [out / stacks.grid_name(experiment, rule, GRID_STD[0],
                                                        GRID_LR[0], 0)], progress=False)
@@ -453,6 +456,8 @@ def test_fragment_renders_from_the_records():
     assert "| 2x2 | softmax | 0.1 | 0.001 | 3/3 | 0 | 956 |" in text
     assert "| 4x4 | relu | 0.3 | 0.0003 | 0/3 | 3 | - |" in text
     assert "seeds 0 to 2" in text and "5 sign-gradient steps from 4 random starts" in text
+    assert f"first {verdicts.PLAIN_LR_DROPS} firings have each multiplied the learning rate " \
+        "by 0.1" in text
     assert "How the protocol was chosen" not in render_fragment(synthetic(3, grid=False))
     # every number comes from the records: another patience shows up as such
     other = {**plain, "protocol": {**plain["protocol"], "patience": 1234}}

@@ -59,7 +59,7 @@ RELU_SIZES = ((4, 4), (5, 7), (16, 16), (33, 12), (64, 32), (128, 64))  # (seq_l
 DEFAULT_SEEDS, QUICK_SEEDS = 3, 2
 DENIED_STEPS = 10_000  # the denied-sink runs' step cap; they stop earlier on a plateau
 QUICK_DENIED_STEPS = 1200
-PLAIN_STEPS, QUICK_PLAIN_STEPS = 8000, 100  # step caps of the plain multi-layer stacks
+PLAIN_STEPS, QUICK_PLAIN_STEPS = 30_000, 100  # step caps of the plain multi-layer stacks
 SAVE_EVERY, QUICK_SAVE_EVERY = 50, 200  # checkpoint interval of the frontier runs
 CERTIFY_SECONDS, QUICK_CERTIFY_SECONDS = 30.0, 2.0  # time cap of one model's certificate
 ATTACK_STEPS, QUICK_ATTACK_STEPS = 100, 20  # projected-gradient steps of the attacks
@@ -106,7 +106,9 @@ class TheoryOptions:
                 f"{DENIED_STEPS}; {QUICK_DENIED_STEPS} with --quick)", "metavar": "N"})
     plain_steps: int | None = field(default=None, metadata={
         "help": f"step cap of the 2x2 and 4x4 stacks trained with plain targets, which stop "
-                f"earlier on the same plateau (default: {PLAIN_STEPS}; {QUICK_PLAIN_STEPS} with "
+                f"earlier on the same plateau after {verdicts.PLAIN_LR_DROPS} drops of the "
+                f"learning rate; their protocol search's cap is the smaller of this and "
+                f"{verdicts.PLAIN_GRID_STEPS} (default: {PLAIN_STEPS}; {QUICK_PLAIN_STEPS} with "
                 "--quick)", "metavar": "N"})
     plain_grid_seeds: int | None = field(default=None, metadata={
         "help": f"seeds 0..N-1 of the plain stacks' protocol search, which trains every initial "
@@ -254,13 +256,15 @@ def plain_cells(seeds: int, max_steps: int, exe: Execution) -> list[Cell]:
 
 
 def grid_cells(seeds: int, max_steps: int, exe: Execution) -> list[Cell]:
-    """The protocol search: every (experiment, rule, init_std, lr) on seeds 0..seeds-1; one
-    ensemble per experiment, rule and init_std (its learning rates and seeds)."""
+    """The protocol search: every (experiment, rule, init_std, lr) on seeds 0..seeds-1, at a
+    constant rate and a step cap of at most ``PLAIN_GRID_STEPS``; one ensemble per experiment,
+    rule and init_std (its learning rates and seeds)."""
     # torch: not for the help texts
     from sinklab.theory import stacks
 
+    steps = min(max_steps, verdicts.PLAIN_GRID_STEPS)
     return [Cell(stacks.grid_name(e, rule, std, lr, seed),
-                 stacks.plain_config(e, rule, seed, max_steps, exe.device, (std, lr)),
+                 stacks.plain_config(e, rule, seed, steps, exe.device, (std, lr), lr_drops=0),
                  group=("plain-grid", e, rule, std), label=f"plain search {e} {rule} std {std:g}")
             for e in verdicts.PLAIN_EXPERIMENTS for rule in verdicts.PLAIN_RULES
             for std in verdicts.PLAIN_GRID_STD for lr in verdicts.PLAIN_GRID_LR

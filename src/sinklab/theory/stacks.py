@@ -39,7 +39,9 @@ from sinklab.theory.verdicts import (
     PLAIN_FIRST_SEED,
     PLAIN_GRID_LR,
     PLAIN_GRID_STD,
+    PLAIN_GRID_STEPS,
     PLAIN_LOG_EVERY,
+    PLAIN_LR_DROPS,
     PLAIN_PROTOCOL,
     PLAIN_RULES,
     PLAIN_SEQUENCES,
@@ -64,14 +66,15 @@ def grid_name(experiment: str, rule: str, init_std: float, lr: float, seed: int)
 
 
 def plain_config(experiment: str, rule: str, seed: int, max_steps: int,
-                 device: str = "auto", protocol: tuple[float, float] | None = None
-                 ) -> RunConfig:
+                 device: str = "auto", protocol: tuple[float, float] | None = None,
+                 lr_drops: int = PLAIN_LR_DROPS) -> RunConfig:
     """One plain-target stack: the paper's protocol but for the initial weight scale and the
     learning rate, ``protocol`` = (init_std, lr), by default the searched ``PLAIN_PROTOCOL`` of
     its shape and rule (the paper's N(0, 0.02^2) weights and multi-layer rate 1e-4 are for
     residual stacks: without a residual stream each layer shrinks what it passes on, and a
     ReLU stack's output is stuck at zero from the first step), capped at ``max_steps`` and
-    stopped early by the plateau rule (``train.patience``)."""
+    stopped early by the plateau rule (``train.patience``), whose first ``lr_drops`` firings
+    lower the rate tenfold instead (``train.lr_drops``; the search trains with none)."""
     if experiment not in PLAIN_EXPERIMENTS:
         raise ConfigError(f"plain-target experiment {experiment!r} is not one of "
                           f"{', '.join(PLAIN_EXPERIMENTS)}.")
@@ -82,7 +85,8 @@ def plain_config(experiment: str, rule: str, seed: int, max_steps: int,
         "model": {"attention": rule, "n_layers": layers, "n_heads": heads,
                   "init_std": init_std},
         "train": {"seed": seed, "max_steps": max_steps, "log_every": PLAIN_LOG_EVERY,
-                  "lr": lr, "patience": theory.PLATEAU_PATIENCE, "device": device}})
+                  "lr": lr, "patience": theory.PLATEAU_PATIENCE, "lr_drops": lr_drops,
+                  "device": device}})
 
 
 def plain_protocol(seeds: int, max_steps: int) -> dict[str, Any]:
@@ -95,7 +99,11 @@ def plain_protocol(seeds: int, max_steps: int) -> dict[str, Any]:
     return {
         "experiments": list(PLAIN_EXPERIMENTS), "rules": list(PLAIN_RULES), "seeds": seeds,
         "max_steps": cfg.train.max_steps, "patience": cfg.train.patience,
-        "plateau_rule": plateau_rule_text(cfg.train.patience),
+        "plateau_rule": plateau_rule_text(cfg.train.patience, cfg.train.lr_drops,
+                                          cfg.train.lr_drop_factor),
+        "lr_drops": cfg.train.lr_drops, "lr_drop_factor": cfg.train.lr_drop_factor,
+        "grid_max_steps": min(max_steps, PLAIN_GRID_STEPS),
+        "grid_plateau_rule": plateau_rule_text(cfg.train.patience),
         "tol": cfg.train.tol, "batch_size": cfg.train.batch_size,
         "beta1": cfg.train.beta1, "beta2": cfg.train.beta2, "log_every": cfg.train.log_every,
         "protocol": [{"experiment": e, "rule": rule, "init_std": c.model.init_std,
@@ -209,6 +217,7 @@ def plain_records(ctx: Context, seeds: int, n_sequences: int = PLAIN_SEQUENCES,
                 rows.append({
                     "experiment": e, "rule": rule, "seed": seed, "status": summary["status"],
                     "converged": summary["converged"], "steps": summary["steps"],
+                    "lr_drop_steps": summary.get("lr_drop_steps", []),
                     "best_train_linf": best, "test_linf": summary["linf_error"],
                     "linf_trigger": summary["linf_trigger"],
                     "linf_nontrigger": summary["linf_nontrigger"],
