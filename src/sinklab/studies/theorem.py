@@ -517,6 +517,8 @@ def protocol(opts: TheoryOptions, exe: Execution) -> dict[str, Any]:
             "denied_steps": opts.steps, "log_every": cfg.train.log_every,
             "eval_sequences": cfg.eval.n_sequences, "eval_trigger": cfg.task.eval_trigger,
             "seq_len": cfg.task.seq_len, "d_model": cfg.task.d_model,
+            "train_trigger_min": cfg.task.train_trigger_min,
+            "train_trigger_max": cfg.task.train_trigger_max,
             "seeds": opts.seeds, "eps": list(opts.eps), "quick": opts.quick,
             "patience": cfg.train.patience, "plateau_rule": plateau_rule_text(cfg.train.patience),
             "save_every": opts.save_every,
@@ -571,6 +573,7 @@ def worst_records(ctx: Context) -> dict[str, Any]:
                         lambda: {"rows": bounds.denied_worst(ctx, names, opts.attack_steps,
                                                              DENIED_RESTARTS)})["rows"]
     checkpoints, family = bounds.with_checks(checkpoints), bounds.with_checks(family)
+    finals = bounds.with_checks(finals)
     return {"finals": finals, "checkpoints": checkpoints, "family": family,
             "construction": construction, "denied": denied,
             "table": verdicts.worst_table(finals),

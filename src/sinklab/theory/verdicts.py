@@ -313,7 +313,7 @@ def draw_necessity(axes: Any, records: dict[str, Any], opts: Any) -> None:
     for rows, label, style in (([r for r in ck if r["part2"] > 0],
                                 "trained checkpoints (attacked)", "o"),
                                (vacuous, "trained checkpoints where part 2 is vacuous "
-                                         "(eps_T + nu >= delta)", "x"),
+                                         "(eps_T + nu >= 1)", "x"),
                                (fam, "sink family (exact)", "s")):
         x = [1 - r["bos"] for r in rows if r["error"] > 0 and 1 - r["bos"] > 0]
         y = [r["error"] for r in rows if r["error"] > 0 and 1 - r["bos"] > 0]
@@ -324,9 +324,8 @@ def draw_necessity(axes: Any, records: dict[str, Any], opts: Any) -> None:
         xs = [r["part2"] for r in rows if r["part2"] > 0]
         ys = [r["error"] for r in rows if r["part2"] > 0]
         right.scatter(xs, ys, s=6, alpha=0.5, marker=style, label=label)
-    delta = w["family"][0]["check"]["delta"] if w["family"] else 1.0
     grid = np.logspace(-8, 0, 50)
-    left.plot(grid, delta * grid, "k--", label=f"bound, eps_T = nu = 0: {delta:.3f} (1 - b)")
+    left.plot(grid, grid, "k--", label="bound, eps_T = nu = 0: 1 - b")
     right.plot(grid, grid, "k--", label="error = bound")
     for ax in (left, right):
         ax.set_xscale("log")
