@@ -329,6 +329,13 @@ def test_theory_trains_its_own_runs_writes_its_report_and_resumes(tmp_path, caps
     L = records["worst"]["finals"][0]["certified"]["rows"][-1]["i"] + 1
     assert all(len(f["certified"]["trigger_rows"]) == L - 2 for f in records["worst"]["finals"])
     assert "Per model, the trigger rows' supremum" in docs.read_text()
+    # every final softmax model's certified sink, in the records and in a row of its table
+    text = docs.read_text()
+    soft = [f for f in records["worst"]["finals"] if f["rule"] == "softmax"]
+    assert soft and all("sink" in f and "witness_form" in f for f in soft)
+    assert "| seed | stop rule | certified non-trigger error | ν | W* | D |" in text
+    assert all(f["witness_form"]["inputs"] == 2 * (16 - 3) + 1 for f in soft)
+    assert "The control, at the initialisation" in text
     assert len(records["heads"]) == 1 and len(records["heads"][0]["layers"]) == 4
     assert len(records["head_rows"]) == 16 and len(records["head_layers"]) == 4
     # the reproduction's runs are this study's own cells, under the reproduction's names, and
