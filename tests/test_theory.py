@@ -336,6 +336,8 @@ def test_theory_trains_its_own_runs_writes_its_report_and_resumes(tmp_path, caps
     assert "| seed | stop rule | certified non-trigger error | ν | W* | D |" in text
     assert all(f["witness_form"]["inputs"] == 2 * (16 - 3) + 1 for f in soft)
     assert "The control, at the initialisation" in text
+    # the frontier's runs at step 0, untrained, beside the trained checkpoints
+    assert "The same runs at step 0" in text and "| 4x4 softmax | 1 |" in text
     assert len(records["heads"]) == 1 and len(records["heads"][0]["layers"]) == 4
     assert len(records["head_rows"]) == 16 and len(records["head_layers"]) == 4
     # the reproduction's runs are this study's own cells, under the reproduction's names, and
