@@ -222,6 +222,67 @@ def test_necessity_bound_is_tight_on_the_family_and_fails_ten_percent_stronger()
                 assert exact < 1.1 * strong  # and 10% more is violated
 
 
+def test_bound_check_uses_the_value_lemma_with_the_constant_one():
+    """The study's consistency check of the bound (``bounds.bound_check``) puts in part 2 the
+    lemma W* >= 1 - eps_T - nu: along the family its slack is then within 1e-3 of 1, so the
+    bound made 10% stronger fails; a record from before that lemma falls back to
+    (L - 2) / (L - 1) - eps_T - nu, whose slack stays near (L - 1) / (L - 2)."""
+    from sinklab.theory import attack, bounds
+
+    for c in (8.0, 12.0):
+        cfg, model = theory.softmax_sink(c)
+        record = {"necessity": certify.necessity(model, cfg),
+                  "attacked": attack.attack(model, cfg, steps=5, restarts=2,
+                                            per_coordinate=False).to_dict("none")["error"]}
+        check = bounds.bound_check(record)  # (part 1 holds with equality here: not checked)
+        assert check["lemma"] == pytest.approx(1 - check["eps_trigger"], abs=1e-12)
+        assert 1 - 1e-9 <= check["min_slack"] < 1 + 1e-3
+        old = {**record, "necessity": {k: v for k, v in record["necessity"].items()
+                                       if k != "proof_errors_full"}}
+        weak = bounds.bound_check(old)
+        delta = record["necessity"]["delta"]
+        assert weak["lemma"] == pytest.approx(delta - weak["eps_trigger"], abs=1e-12)
+        assert weak["min_slack"] == pytest.approx(1 / delta, rel=1e-3)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.floats(3.0, 12.0), st.floats(0.0, 0.3), st.integers(0, 1000))
+def test_finite_witness_form_holds_near_the_family_and_is_sharp_on_it(c, noise, seed):
+    """The theorem from the errors at 2(d - 3) + 1 named inputs: wherever it is not vacuous, its
+    bound on 1 - b_i(X*) is at least the exact value (a theorem, so a check of the code); on the
+    family itself it is within 1 / (1 - eps_T) of the exact value."""
+    from sinklab.theory import bounds
+
+    cfg, model = theory.softmax_sink(c, seq_len=8, d_model=6)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * noise)
+    form = bounds.witness_form(certify.necessity(model, cfg))
+    assert form["inputs"] == 2 * (6 - 3) + 1 and len(form["rows"]) == 8 - 2
+    for row in form["rows"]:
+        if row["off"] is not None:
+            assert row["off"] >= row["exact"] * (1 - 1e-9)
+    if noise == 0.0:
+        assert form["off"] is not None
+        assert form["off"] <= form["exact"] / form["denominator"] * (1 + 1e-9)
+        assert form["denominator"] > 1 - 2 * math.exp(-c)
+
+
+def test_finite_witness_form_is_vacuous_on_untrained_and_random_weights():
+    """The control: weights that do not solve the task give no bound (D <= 0) or a useless one
+    (1 - b above 1); only a model with small trigger errors gets a sink out of it."""
+    from sinklab.theory import bounds
+
+    cfg = build_run_config({"task": {"target": "plain"}})
+    untrained = AttentionStack(cfg.model, cfg.task.d_model, residual=False).to(F64)
+    forms = [bounds.witness_form(certify.necessity(untrained, cfg))]
+    for seed in range(5):
+        forms.append(bounds.witness_form(certify.necessity(*reversed(
+            random_model("softmax", seq_len=8, d_model=6, seed=seed)))))
+    assert all(f["off"] is None or f["off"] >= 1 for f in forms)
+
+
 @settings(max_examples=25, deadline=None)
 @given(st.floats(3.0, 12.0), st.floats(0.0, 0.05), st.integers(0, 1000))
 def test_necessity_bound_holds_near_it(c, noise, seed):

@@ -47,11 +47,13 @@ def test_configs_are_plain_stacks_with_the_plateau_rule():
             assert cfg.model.attention == rule
             assert cfg.train.patience == verdicts.PLATEAU_PATIENCE > 0
             assert (cfg.train.max_steps, cfg.train.seed, cfg.train.log_every) == (123, 3, 100)
-            # not the paper's multi-layer rate, which is for residual stacks
-            assert cfg.train.lr == verdicts.PLAIN_LR != build_run_config(
-                {"model": {"n_layers": cfg.model.n_layers, "n_heads": cfg.model.n_heads}}
-            ).train.lr
+            # the searched protocol of its shape and rule; another one when asked
+            assert (cfg.model.init_std, cfg.train.lr) == \
+                verdicts.PLAIN_PROTOCOL[(experiment, rule)]
+            other = stacks.plain_config(experiment, rule, 3, 123, "cpu", (0.3, 3e-3))
+            assert (other.model.init_std, other.train.lr) == (0.3, 3e-3)
             assert cfg.to_dict()["train"]["patience"] == verdicts.PLATEAU_PATIENCE
+            assert cfg.train.lr_drops == verdicts.PLAIN_LR_DROPS > 0  # the rate drops
 
 
 def test_unknown_experiment_is_one_sentence():
@@ -69,8 +71,67 @@ def test_cells_one_ensemble_per_experiment_and_rule():
         assert c.config.task.target == "plain" and c.config.train.max_steps == STEPS
     assert sorted(groups) == sorted(("plain", e, r) for e in verdicts.PLAIN_EXPERIMENTS
                                     for r in verdicts.PLAIN_RULES)
-    assert all(sorted(c.config.train.seed for c in g) == list(range(SEEDS))
+    first = verdicts.PLAIN_FIRST_SEED
+    assert all(sorted(c.config.train.seed for c in g) == list(range(first, first + SEEDS))
                for g in groups.values())
+
+
+def test_grid_cells_use_the_search_seeds_and_every_point():
+    cells = th.grid_cells(2, STEPS, Execution(device="cpu"))
+    points = {(c.config.model.n_layers, c.config.model.attention, c.config.model.init_std,
+               c.config.train.lr) for c in cells}
+    assert len(points) == 2 * 2 * len(verdicts.PLAIN_GRID_STD) * len(verdicts.PLAIN_GRID_LR)
+    assert len(cells) == len({c.name for c in cells}) == 2 * len(points)
+    # the search's seeds come before the seeds the claims read: none is shared
+    assert {c.config.train.seed for c in cells} == {0, 1}
+    assert max(range(verdicts.PLAIN_GRID_SEEDS)) < verdicts.PLAIN_FIRST_SEED
+    assert all(c.config.task.target == "plain" and c.config.train.max_steps == STEPS
+               and c.config.train.lr_drops == 0 for c in cells)  # the search: constant rates
+    capped = th.grid_cells(1, 10**6, Execution(device="cpu"))
+    assert {c.config.train.max_steps for c in capped} == {verdicts.PLAIN_GRID_STEPS}
+    # one ensemble per (shape, rule, init_std): its learning rates and seeds train together
+    assert len({c.group for c in cells}) == 2 * 2 * len(verdicts.PLAIN_GRID_STD)
+    assert th.grid_cells(0, STEPS, Execution(device="cpu")) == []
+
+
+def grid_row(e, rule, std, lr, seed, converged, steps=1000, best=0.1, status=None):
+    return {"experiment": e, "rule": rule, "init_std": std, "lr": lr, "seed": seed,
+            "converged": converged, "steps": steps, "best_train_linf": best,
+            "status": status or ("converged" if converged else "plateau")}
+
+
+def test_choice_prefers_seeds_at_the_stop_rule_then_speed_then_error():
+    rows = [grid_row("2x2", "softmax", 0.1, 1e-3, s, True, steps=900 + s) for s in range(3)]
+    rows += [grid_row("2x2", "softmax", 0.2, 1e-3, s, True, steps=500) for s in range(2)]
+    rows += [grid_row("2x2", "softmax", 0.2, 1e-3, 2, False, best=0.02)]
+    rows += [grid_row("2x2", "softmax", 0.02, 3e-4, s, True, steps=2000) for s in range(3)]
+    # no seed at the stop rule anywhere: the lowest median best error wins
+    rows += [grid_row("4x4", "relu", 0.1, 3e-3, s, False, best=0.5) for s in range(3)]
+    rows += [grid_row("4x4", "relu", 0.3, 3e-3, s, False, best=0.2 + s) for s in range(3)]
+    rows += [grid_row("4x4", "relu", 0.2, 1e-3, s, False, best=1e9, status="diverged")
+             for s in range(3)]
+    points = verdicts.grid_points(rows)
+    p = next(p for p in points if (p["init_std"], p["lr"]) == (0.2, 1e-3)
+             and p["experiment"] == "2x2")
+    assert (p["converged"], p["n"], p["steps_median"], p["best_linf_median"]) == \
+        (2, 3, 500, 0.1)
+    choice = {(c["experiment"], c["rule"]): c for c in verdicts.plain_choice(points)}
+    assert sorted(choice) == [("2x2", "softmax"), ("4x4", "relu")]
+    sm = choice[("2x2", "softmax")]
+    assert (sm["init_std"], sm["lr"], sm["converged"]) == (0.1, 1e-3, 3)  # 3/3 beats 2/3
+    assert sm["std_bracketed"] and sm["lr_bracketed"]
+    assert sm["is_declared"] == ((0.1, 1e-3) == verdicts.PLAIN_PROTOCOL[("2x2", "softmax")])
+    relu = choice[("4x4", "relu")]
+    # medians 0.5, 1.2 and 1e9 (diverged): 0.1 wins; its rate is the grid's largest
+    assert (relu["init_std"], relu["lr"], relu["converged"]) == (0.1, 3e-3, 0)
+    assert relu["std_bracketed"] and not relu["lr_bracketed"]
+    # a point whose every run has no finite error ranks last
+    nan = [grid_row("4x4", "relu", 0.02, 3e-4, s, False, best=float("nan"),
+                    status="diverged") for s in range(3)]
+    worst = verdicts.grid_points(nan)[0]
+    assert worst["best_linf_median"] is None and worst["diverged"] == 3
+    again = verdicts.plain_choice(points + [worst])
+    assert [(c["init_std"], c["lr"]) for c in again if c["rule"] == "relu"] == [(0.1, 3e-3)]
 
 
 def test_stops_are_the_statuses_training_writes():
@@ -159,21 +220,32 @@ def test_per_position_means_agree_with_the_head_mean():
 # ------------------------------------------------------------------------ trained runs
 
 
+GRID_STD, GRID_LR = (0.1,), (1e-3,)  # a one-point search for the trained fixture
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """Every plain run of the study, tiny: 30 steps, 2 seeds, a patience of 5 steps so that the
-    plateau rule can fire."""
+    plateau rule can fire; and a one-point protocol search on one seed."""
     out = tmp_path_factory.mktemp("plain")
+    seeds = range(verdicts.PLAIN_FIRST_SEED, verdicts.PLAIN_FIRST_SEED + SEEDS)
     for experiment in verdicts.PLAIN_EXPERIMENTS:
         for rule in verdicts.PLAIN_RULES:
-            cfgs = [stacks.plain_config(experiment, rule, s, STEPS, "cpu")
-                    for s in range(SEEDS)]
+            cfgs = [stacks.plain_config(experiment, rule, s, STEPS, "cpu") for s in seeds]
             cfgs = [dataclasses.replace(c, train=dataclasses.replace(c.train, patience=5))
                     for c in cfgs]
-            train_runs(cfgs, [out / stacks.plain_name(experiment, rule, s)
-                              for s in range(SEEDS)], progress=False)
+            names = [stacks.plain_name(experiment, rule, s) for s in seeds]
+            grid = stacks.plain_config(experiment, rule, 0, STEPS, "cpu",
+                                       (GRID_STD[0], GRID_LR[0]), lr_drops=0)
+            train_runs(cfgs, [out / n for n in names], progress=False)
+            train_runs([grid], [out / stacks.grid_name(experiment, rule, GRID_STD[0],
+                                                       GRID_LR[0], 0)], progress=False)
     ctx = SimpleNamespace(out=out, summary=lambda name: read_json(out / name / "summary.json"))
-    return out, stacks.plain_collect(ctx, SEEDS, STEPS, n_sequences=SEQUENCES)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(stacks, "PLAIN_GRID_STD", GRID_STD)
+        mp.setattr(stacks, "PLAIN_GRID_LR", GRID_LR)
+        return out, stacks.plain_collect(ctx, SEEDS, STEPS, n_sequences=SEQUENCES,
+                                         grid_seeds=1, attack_steps=3)
 
 
 def test_records_of_trained_runs(trained):
@@ -194,6 +266,18 @@ def test_records_of_trained_runs(trained):
         assert len(r["positions_covered"]) == 16 and r["positions_covered"][0] is None
         assert len(r["layers_with_sink"]) == layers
         assert math.isfinite(r["linf_all_triggers"])
+        assert all(r["attacked"][k] >= 0 for k in ("bos", "pre", "trigger", "post"))
+        # the control: the same stack at its initial weights, measured the same way
+        before = r["untrained"]
+        assert len(before["head_bos"]) == layers and before["sink_heads"] == []
+        assert before["positions_covered"][1:] == [False] * 15
+    assert plain["attack"] == {"steps": 3, "restarts": verdicts.PLAIN_ATTACK_RESTARTS}
+    grid = plain["grid"]
+    assert grid["seeds"] == 1 and len(grid["points"]) == 4 and len(grid["choice"]) == 4
+    for point in grid["points"]:
+        name = stacks.grid_name(point["experiment"], point["rule"], GRID_STD[0], GRID_LR[0], 0)
+        assert point["n"] == 1 and point["best_linf_median"] == min(
+            row["train_linf"] for row in read_log(out / name / "metrics.jsonl"))
     # 30 steps at learning rate 1e-4 from N(0, 0.02^2) weights: near-uniform rows, no sink yet
     assert all(r["sink_heads"] == [] for r in runs)
     groups = plain["groups"]
@@ -221,10 +305,12 @@ def test_figure_draws_a_line_per_seed(trained):
 
 
 def fake_run(experiment: str, rule: str, seed: int, sink: bool = True, converged: bool = True,
-             covered: bool = True) -> dict:
-    """A run record as ``plain_records`` writes it, with a chosen sink and coverage."""
+             covered: bool = True, sink_before: bool = False) -> dict:
+    """A run record as ``plain_records`` writes it, with a chosen sink and coverage, and its
+    stack at initialisation (``untrained``): no sink head unless ``sink_before``."""
     L = 16
     top = [None] + [0.95 if covered else 0.5] * (L - 1)
+    before = [None] + [sink_before] * (L - 1)
     return {
         "experiment": experiment, "rule": rule, "seed": seed,
         "status": "converged" if converged else "plateau", "converged": converged,
@@ -235,6 +321,11 @@ def fake_run(experiment: str, rule: str, seed: int, sink: bool = True, converged
         "positions_covered": [None] + [covered] * (L - 1),
         "trigger_positions_covered": [None, None] + [False] * (L - 2),
         "bos_nontrigger": [], "bos_trigger": [], "bos_max_by_position": top,
+        "attacked": {"bos": 1e-2, "pre": 2e-2, "trigger": 3e-2, "post": 2e-2},
+        "untrained": {"sink_heads": [[1, 1]] if sink_before else [],
+                      "positions_covered": before, "head_bos": [[0.1, 0.1], [0.1, 0.1]],
+                      "bos_max_by_position": [None] + [0.1] * (L - 1),
+                      "linf_all_triggers": 0.9},
     }
 
 
@@ -271,13 +362,16 @@ def test_stacks_without_sinks_contradict_and_relu_sinks_make_it_non_discriminati
     assert claims["plain.softmax.some_head_sinks"].outcome == CONTRADICTED
     assert claims["plain.softmax.some_head_sinks"].counterexamples == 10
     assert claims["plain.softmax.every_position_covered"].outcome == SUPPORTED
-    # the ReLU seeds of runs_of have sink heads: they contradict "ReLU seeds rarely have one",
-    # and as the softmax claims' control they pass the same test
+    # the ReLU seeds of runs_of have sink heads: they contradict "ReLU seeds rarely have one"
     assert claims["plain.relu.no_sink_head"].outcome == CONTRADICTED
-    both = by_key(runs_of(10))
-    assert both["plain.softmax.some_head_sinks"].outcome == SUPPORTED
-    assert both["plain.softmax.some_head_sinks"].standing == NON_DISCRIMINATING
-    assert not both["plain.softmax.some_head_sinks"].counted
+    # the softmax claims' control is the same stacks before any update: when those already
+    # have a sink head at every position, the claim does not discriminate
+    assert by_key(runs_of(10))["plain.softmax.some_head_sinks"].standing == DISCRIMINATING
+    born = by_key(runs_of(10, sink_before=True))
+    for key in ("some_head_sinks", "every_position_covered"):
+        claim = born[f"plain.softmax.{key}"]
+        assert claim.outcome == SUPPORTED and claim.standing == NON_DISCRIMINATING
+        assert not claim.counted and "before any update" in claim.control_claim().data
     uncovered = by_key(runs_of(10, covered=False))
     assert uncovered["plain.softmax.every_position_covered"].outcome == CONTRADICTED
 
@@ -302,11 +396,19 @@ def test_claims_rest_on_the_seeds_that_solve_the_task():
             for r in runs_of(10)]
     some = by_key(runs)["plain.softmax.some_head_sinks"]
     assert some.n == 18 and some.outcome == SUPPORTED
-    # no ReLU seed at the stop rule: the softmax claim's control has nothing to test
-    relu_stuck = [{**r, "converged": False} if r["rule"] == "relu" else r for r in runs_of(10)]
-    lone = by_key(relu_stuck)["plain.softmax.some_head_sinks"]
-    assert lone.outcome == SUPPORTED and lone.standing == CONTROL_UNDECIDED and not lone.counted
-    assert "none of the 20 plain-target ReLU seeds" in lone.control_claim().data
+    # no ReLU seed at the stop rule: the ReLU claim is untested, the softmax claims keep their
+    # own control (the same seeds before any update)
+    relu_stuck = by_key([{**r, "converged": False} if r["rule"] == "relu" else r
+                         for r in runs_of(10)])
+    assert relu_stuck["plain.relu.no_sink_head"].outcome == UNDETERMINED
+    lone = relu_stuck["plain.softmax.some_head_sinks"]
+    assert lone.outcome == SUPPORTED and lone.standing == DISCRIMINATING and lone.counted
+    # the ReLU claim's control is the softmax seeds at the stop rule: none there, nothing to test
+    soft_stuck = by_key([{**r, "converged": False} if r["rule"] == "softmax" else
+                         {**r, "sink_heads": []} for r in runs_of(10)])
+    relu = soft_stuck["plain.relu.no_sink_head"]
+    assert relu.outcome == SUPPORTED and relu.standing == CONTROL_UNDECIDED and not relu.counted
+    assert "none of the 20 plain-target softmax seeds" in relu.control_claim().data
 
 
 # ---------------------------------------------------------------------------- fragment
@@ -323,9 +425,17 @@ def render_fragment(plain: dict) -> str:
         consts=reference.constants())
 
 
-def synthetic(n: int, **kwargs) -> dict:
+def synthetic(n: int, grid: bool = True, **kwargs) -> dict:
     runs = runs_of(n, **kwargs)
+    rows = [grid_row("2x2", "softmax", 0.1, 1e-3, s, True, steps=955 + s) for s in range(3)]
+    rows += [grid_row("4x4", "relu", 0.3, 3e-4, s, False, best=0.9, status="diverged")
+             for s in range(3)]
+    points = verdicts.grid_points(rows)
+    search = {"init_std": [0.1, 0.3], "lr": [3e-4, 1e-3], "seeds": 3,
+              "rule": verdicts.PLAIN_CHOICE_RULE, "points": points,
+              "choice": verdicts.plain_choice(points)}
     return {"protocol": stacks.plain_protocol(n, 777), "sequences": 99, "runs": runs,
+            "grid": search if grid else None, "attack": {"steps": 5, "restarts": 4},
             "groups": verdicts.plain_groups(runs)}
 
 
@@ -336,11 +446,19 @@ def test_fragment_renders_from_the_records():
     assert "L1H2, L3H1" in text and "15/15" in text
     assert "777 steps" in text and f"{verdicts.PLATEAU_PATIENCE:,} steps" in text
     assert "99 test sequences" in text
-    assert text.count("| 2x2 | softmax | ") == 3 + 1  # a row per seed, one in the stops table
+    # a row per seed; one each in the protocol, stops, search and choice tables
+    assert text.count("| 2x2 | softmax | ") == 3 + 4
     assert "Plain-target softmax stacks (2x2, 4x4: no residual stream, the theorem's own " \
         "multi-layer setting) that reached the stop rule have some head that sinks" in text
     assert "fig_plain.png" in text
     assert "not made for" not in text
+    # the search: a row per grid point, one per choice, the attack's budget
+    assert "| 2x2 | softmax | 0.1 | 0.001 | 3/3 | 0 | 956 |" in text
+    assert "| 4x4 | relu | 0.3 | 0.0003 | 0/3 | 3 | - |" in text
+    assert "seeds 0 to 2" in text and "5 sign-gradient steps from 4 random starts" in text
+    assert f"first {verdicts.PLAIN_LR_DROPS} firings have each multiplied the learning rate " \
+        "by 0.1" in text
+    assert "How the protocol was chosen" not in render_fragment(synthetic(3, grid=False))
     # every number comes from the records: another patience shows up as such
     other = {**plain, "protocol": {**plain["protocol"], "patience": 1234}}
     assert "1,234 steps" in render_fragment(other)

@@ -304,8 +304,8 @@ def snapshot(folder):
 
 
 THEORY = ["theory", "--workers", "1", "--steps", "40", "--seeds", "1", "--eps", "0.1,0.5",
-          "--plain-steps", "10", "--save-every", "200", "--attack-steps", "3",
-          "--certify-seconds", "0.2"]
+          "--plain-steps", "10", "--plain-grid-seeds", "0", "--save-every", "200",
+          "--attack-steps", "3", "--certify-seconds", "0.2"]
 
 
 @pytest.mark.slow
@@ -329,6 +329,15 @@ def test_theory_trains_its_own_runs_writes_its_report_and_resumes(tmp_path, caps
     L = records["worst"]["finals"][0]["certified"]["rows"][-1]["i"] + 1
     assert all(len(f["certified"]["trigger_rows"]) == L - 2 for f in records["worst"]["finals"])
     assert "Per model, the trigger rows' supremum" in docs.read_text()
+    # every final softmax model's certified sink, in the records and in a row of its table
+    text = docs.read_text()
+    soft = [f for f in records["worst"]["finals"] if f["rule"] == "softmax"]
+    assert soft and all("sink" in f and "witness_form" in f for f in soft)
+    assert "| seed | stop rule | certified non-trigger error | ν | W* | D |" in text
+    assert all(f["witness_form"]["inputs"] == 2 * (16 - 3) + 1 for f in soft)
+    assert "The control, at the initialisation" in text
+    # the frontier's runs at step 0, untrained, beside the trained checkpoints
+    assert "The same runs at step 0" in text and "| 4x4 softmax | 1 |" in text
     assert len(records["heads"]) == 1 and len(records["heads"][0]["layers"]) == 4
     assert len(records["head_rows"]) == 16 and len(records["head_layers"]) == 4
     # the reproduction's runs are this study's own cells, under the reproduction's names, and
@@ -447,7 +456,11 @@ def test_theory_options_defaults_quick_and_their_runs():
     exe = Execution()
     own = th.cells(opts, exe)
     names = [c.name for c in own]
-    assert len(own) == 3 * (2 * 6 + 2 + 4 + 6) and len(set(names)) == len(names)
+    # the protocol search: every grid point of every shape and rule, on its own seeds
+    n_grid = 4 * len(verdicts.PLAIN_GRID_STD) * len(verdicts.PLAIN_GRID_LR) * \
+        verdicts.PLAIN_GRID_SEEDS
+    assert len(own) == 3 * (2 * 6 + 2 + 4 + 6) + n_grid and len(set(names)) == len(names)
+    assert sum(n.startswith("plain-grid/") for n in names) == n_grid
     # the denied-sink runs keep their folder names and configs, so earlier folders are reused
     assert "denied/softmax_capped-0.01_seed2" in names
     cell = next(c for c in own if c.name == "denied/relu_removed_seed1")
@@ -461,8 +474,10 @@ def test_theory_options_defaults_quick_and_their_runs():
            for c in reproduction.cells(reproduction.ReproduceOptions(seeds=opts.seeds), exe)}
     assert {c.name: c.config for c in own if c.name.startswith("runs/")} == rep
     given = th.cells(th.TheoryOptions(reproduce=Path("elsewhere")), exe)
-    assert all(c.name.split("/")[0] in ("denied", "frontier", "plain") for c in given)
-    assert len(given) == 3 * 18
+    assert all(c.name.split("/")[0] in ("denied", "frontier", "plain", "plain-grid")
+               for c in given)
+    assert len(given) == 3 * 18 + n_grid
+    assert len(th.cells(th.TheoryOptions(plain_grid_seeds=0), exe)) == 3 * 24
 
 
 # --------------------------------------------------------------- claims on constructed records

@@ -65,6 +65,26 @@ def test_the_options_are_left_out_of_the_config_while_off_and_round_trip_when_on
     assert d["train"]["patience"] == 500 and d["train"]["save_every"] == 10
     assert build_run_config(json.loads(json.dumps(d))) == cfg
     assert build_run_config({"train": {"patience": "7"}}).train.patience == 7  # command line
+    # learning-rate drops: left out while off (and the factor while it is the default)
+    explicit = build_run_config({"train": {"lr_drops": 0, "lr_drop_factor": 0.1}}).to_dict()
+    assert json.dumps(explicit) == json.dumps(default)
+    cfg = build_run_config({"train": {"patience": 5, "lr_drops": 2, "lr_drop_factor": 0.5}})
+    assert build_run_config(json.loads(json.dumps(cfg.to_dict()))) == cfg
+    assert cfg.to_dict()["train"]["lr_drops"] == 2
+
+
+@pytest.mark.parametrize("train, message", [
+    ({"lr_drops": 2}, "is not allowed with train.patience=0"),
+    ({"patience": 5, "lr_drops": 11}, "it must be an integer in 0..10"),
+    ({"patience": 5, "lr_drops": 1.5}, "it must be of type int"),
+    ({"patience": 5, "lr_drops": -1}, "it must be an integer in 0..10"),
+    ({"patience": 5, "lr_drops": 1, "lr_drop_factor": 1.0}, "it must be in \\(0, 1\\)"),
+    ({"patience": 5, "lr_drops": 1, "lr_drop_factor": 0}, "it must be in \\(0, 1\\)"),
+], ids=repr)
+def test_bad_lr_drops_are_one_sentence(train, message):
+    with pytest.raises(ConfigError, match=message) as exc:
+        build_run_config({"train": train})
+    assert "\n" not in str(exc.value) and str(exc.value).endswith(".")
 
 
 @pytest.mark.parametrize("key", ["save_every", "patience"])
@@ -269,6 +289,41 @@ def test_ensemble_members_stop_on_their_own_plateau_and_equal_their_solo_runs(tm
         assert steps == sorted({*range(0, t["steps"] + 1, 7), t["steps"]})
         for s in steps:
             assert checkpoint_path(a, s).read_bytes() == checkpoint_path(b, s).read_bytes()
+
+
+def test_lr_drops_lower_the_rate_at_each_plateau_then_the_rule_stops_the_run(tmp_path):
+    """With two drops the plateau rule fires three times: the first two lower the rate tenfold
+    and restart the count at that step, the third stops the run. Without drops the same run
+    stops at the first drop's step."""
+    cfg = unfit(patience=10, lr_drops=2, log_every=1, max_steps=1000)
+    (summary,) = train_runs([cfg], [tmp_path / "drops"], progress=False)
+    assert summary["status"] == "plateau"
+    first, second = summary["lr_drop_steps"]
+    # (the engine holds the configured rate as float32 rounds it, as it always has)
+    assert summary["lr_final"] == float(torch.tensor(1e-3)) * 0.1 * 0.1
+    assert summary["lr"] == 1e-3
+    errors = [r["train_linf"] for r in read_log(tmp_path / "drops" / "metrics.jsonl")]
+    bests = [s for s in range(len(errors)) if all(errors[s] < e for e in errors[:s])]
+    # each firing: 10 steps since the last new best or since the last drop, whichever is later
+    assert first == max(b for b in bests if b <= first) + 10
+    assert second == max(first, max(b for b in bests if b <= second)) + 10
+    assert summary["steps"] == max(second, bests[-1]) + 10
+    (plain,) = train_runs([unfit(patience=10, log_every=1, max_steps=1000)], progress=False)
+    assert plain["status"] == "plateau" and plain["steps"] == first
+    assert "lr_drop_steps" not in plain and "lr_final" not in plain
+
+
+def test_ensemble_members_drop_their_own_rate_and_equal_their_solo_runs(tmp_path):
+    cfgs = [unfit(patience=10, lr_drops=1, seed=s, lr=lr, max_steps=600)
+            for s, lr in ((0, 1e-3), (1, 2e-3), (2, 1e-3))]
+    together = train_runs(cfgs, [tmp_path / f"together{i}" for i in range(3)], progress=False)
+    drops = [s["lr_drop_steps"] for s in together]
+    assert all(len(d) == 1 for d in drops) and len({d[0] for d in drops}) > 1
+    for i, (cfg, t) in enumerate(zip(cfgs, together)):
+        (alone,) = train_runs([cfg], [tmp_path / f"alone{i}"], progress=False)
+        assert (alone["steps"], alone["lr_drop_steps"], alone["lr_final"]) == \
+            (t["steps"], t["lr_drop_steps"], t["lr_final"])
+        assert files(tmp_path / f"together{i}") == files(tmp_path / f"alone{i}")  # bit for bit
 
 
 def test_the_cli_trains_to_a_plateau(tmp_path, capsys):

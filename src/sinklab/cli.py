@@ -220,9 +220,12 @@ def _add_worst(sub: Any, common: argparse.ArgumentParser) -> None:
                     "non-trigger rows before and after the trigger, the trigger row) on sampled "
                     "test sequences, the attack's lower bound on the supremum over every input "
                     "(sinklab.theory.attack), and for 1-layer, 1-head softmax and ReLU models the "
-                    "certified upper bound at the non-trigger rows (sinklab.theory.certify), with "
-                    "ReLU's "
-                    "largest non-trigger score (<= 0: those rows are zero for every input).")
+                    "certified upper bound at every row, trigger rows included "
+                    "(sinklab.theory.certify, sinklab.theory.trigger), with ReLU's largest "
+                    "non-trigger score (<= 0: those rows are zero for every input) and softmax's "
+                    "certified BOS mass: lower bounds over every input and at the theorem's input "
+                    "X*, the norm of W_Q W_K^T they force, and the smallest mass an attack finds "
+                    "(sinklab.theory.sink).")
     wp.add_argument("runs", nargs="+", type=given, metavar="RUN", help="a finished run folder")
     wp.add_argument("--attack-steps", type=int, default=100, metavar="N",
                     help="projected-gradient steps of the attack (default: 100)")
@@ -350,6 +353,9 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
         n_heads = summary["n_layers"] * summary["n_heads"]
         print(f"{name}: {verb} {summary['steps']} steps (last batch L∞ "
               f"{summary['train_linf']:.2e})")
+        if summary.get("lr_drop_steps"):
+            steps = ", ".join(f"{s:,}" for s in summary["lr_drop_steps"])
+            print(f"  learning rate dropped at step(s) {steps}, to {summary['lr_final']:g}")
         print(f"  test set: L∞ {summary['linf_error']:.2e}, MSE {summary['mse']:.2e}")
         print(f"  non-trigger BOS mass [layer][head]: {bos}")
         print(f"  sink heads: {summary['sink_heads']} of {n_heads}")

@@ -202,7 +202,9 @@ class ModelConfig:
 # Training options that are off at 0. A config leaves them out of its dict while they are off,
 # so every run configured before they existed keeps its config.json byte for byte (and stays
 # reusable: a finished run is reused when its config is equal).
-OFF_BY_ZERO = ("save_every", "patience")
+OFF_BY_ZERO = ("save_every", "patience", "lr_drops")
+DEFAULT_DROP_FACTOR = 0.1  # train.lr_drop_factor, likewise left out while it is the default
+MAX_LR_DROPS = 10  # ten drops by the default factor already take the rate down 1e10-fold
 
 
 @dataclass
@@ -225,6 +227,11 @@ class TrainConfig:
     # The plateau rule (sinklab.train.plateau_rule_text): stop once the training batch's
     # L-infinity error has set no new best for this many consecutive steps; 0 never stops so.
     patience: int = 0
+    # Learning-rate drops (sinklab.train.plateau_rule_text): the first lr_drops times the plateau
+    # rule fires for a run, its learning rate is multiplied by lr_drop_factor and its patience
+    # starts afresh instead of the run stopping; 0 never drops.
+    lr_drops: int = 0
+    lr_drop_factor: float = DEFAULT_DROP_FACTOR
 
     def __post_init__(self) -> None:
         _check_finite(self, "train")
@@ -243,11 +250,20 @@ class TrainConfig:
         _check(_is_int(self.seed) and 0 <= self.seed < 2**63,
                f"train.seed={self.seed!r} is not allowed: it must be an integer in 0..2^63 - 1.")
         check_device(self.device, "train.device")
-        for name in OFF_BY_ZERO:
+        for name in ("save_every", "patience"):
             value = getattr(self, name)
             _check(_is_int(value) and value >= 0,
                    f"train.{name}={value!r} is not allowed: it must be an integer >= 0 "
                    "(0 turns it off).")
+        _check(_is_int(self.lr_drops) and 0 <= self.lr_drops <= MAX_LR_DROPS,
+               f"train.lr_drops={self.lr_drops!r} is not allowed: it must be an integer in "
+               f"0..{MAX_LR_DROPS} (0 never drops the learning rate).")
+        _check(self.lr_drops == 0 or self.patience > 0,
+               f"train.lr_drops={self.lr_drops!r} is not allowed with train.patience=0: the "
+               "learning rate drops when the plateau rule fires, so set train.patience >= 1.")
+        _check(0 < self.lr_drop_factor < 1,
+               f"train.lr_drop_factor={self.lr_drop_factor!r} is not allowed: it must be in "
+               "(0, 1).")
 
 
 @dataclass
@@ -300,6 +316,8 @@ class RunConfig:
         for name in OFF_BY_ZERO:
             if d["train"][name] == 0:
                 del d["train"][name]
+        if d["train"]["lr_drop_factor"] == DEFAULT_DROP_FACTOR:
+            del d["train"]["lr_drop_factor"]
         return d
 
 

@@ -54,7 +54,7 @@ CHECKPOINTS = "checkpoints"  # the folder of a run's saved weights (train.save_e
 CHECKPOINT = re.compile(r"step([0-9]+)\.pt")
 
 
-def plateau_rule_text(patience: int) -> str:
+def plateau_rule_text(patience: int, lr_drops: int = 0, lr_drop_factor: float = 0.1) -> str:
     """The plateau rule (``train.patience``) in words, for reports to quote.
 
     A member's best is the lowest training-batch L-infinity error it has had so far; a step sets
@@ -62,15 +62,23 @@ def plateau_rule_text(patience: int) -> str:
     step b stops at step s = b + patience, the first step at which it has gone ``patience``
     consecutive steps without one. Reaching ``train.tol`` and diverging take precedence at the
     same step; ``train.max_steps`` still caps the run (a run that plateaus exactly at the cap is
-    reported as a plateau). Implemented on the device by ``Plateau``.
+    reported as a plateau). With ``train.lr_drops`` = k, the rule's first k firings for a run do
+    not stop it: its learning rate is multiplied by ``train.lr_drop_factor`` from that step's
+    update on and its count of steps without a new best starts again at that step (its best is
+    kept); the (k+1)-th stops it. Implemented on the device by ``Plateau``.
     """
     if patience == 0:
         return "no plateau rule (train.patience=0): a run stops only at train.tol, on " \
                "divergence or at train.max_steps"
-    return (f"a run stops on a plateau when its training-batch L∞ error has not set a new best "
+    text = (f"a run stops on a plateau when its training-batch L∞ error has not set a new best "
             f"(strictly below every earlier step's) for {patience:,} consecutive steps; "
             "reaching train.tol or diverging at the same step takes precedence, and "
             "train.max_steps still caps the run")
+    if lr_drops:
+        text += (f"; the first {lr_drops} time(s) the rule fires the run does not stop: its "
+                 f"learning rate is multiplied by {lr_drop_factor:g} from that step on and the "
+                 f"count of {patience:,} steps starts again there, its best error kept")
+    return text
 
 
 class Plateau:
@@ -213,6 +221,20 @@ class MemberAdam:
 
     def zero_grad(self) -> None:
         self.grad.zero_()
+
+    def scale_lr(self, members: Tensor, factor: float) -> None:
+        """Multiply the learning rates of ``members`` (a boolean mask over members) by ``factor``,
+        in float64 as a Python float would be; one rate for all stays a Python float."""
+        lr = self.lr if isinstance(self.lr, Tensor) else \
+            torch.full((len(self.frozen),), self.lr, dtype=torch.float64, device=self.flat.device)
+        lr = torch.where(members.to(lr.device), lr * factor, lr)
+        self.lr = lr[0].item() if bool((lr == lr[0]).all()) else lr
+
+    def lrs(self) -> list[float]:
+        """Every member's learning rate now."""
+        if isinstance(self.lr, float):
+            return [self.lr] * len(self.frozen)
+        return self.lr.tolist()
 
     def freeze(self, members: Sequence[int]) -> None:
         """Give these members no further updates (their weights and moments stay as they are)."""
@@ -490,6 +512,9 @@ def train_ensemble(
     save_every = cfg.train.save_every if writers else 0
     plateau = Plateau(cfg.train.patience, n, device, opt.flat.dtype) if cfg.train.patience \
         else None
+    # Learning-rate drops left per member, and the steps at which each dropped (on the host).
+    drops = torch.full((n,), cfg.train.lr_drops, device=device) if cfg.train.lr_drops else None
+    dropped: list[list[int]] = [[] for _ in range(n)]
     show = sys.stderr.isatty() if progress is None else progress
     bar = tqdm(total=max_steps, desc=description, unit="step", disable=not show, leave=False)
     threads = torch.get_num_threads()
@@ -510,6 +535,9 @@ def train_ensemble(
         for i, e in enumerate(members):
             summaries[e] = _summary(cfg, cfgs[e], STATUS[status[e]], evals[i],
                                     time.perf_counter() - start, device, engine)
+            if drops is not None:  # absent without drops: such a summary is what it always was
+                summaries[e]["lr_drop_steps"] = dropped[e]
+                summaries[e]["lr_final"] = opt.lrs()[e]
             if writers:
                 writers[e].finish(finished, i, step, summaries[e], mean=maps["mean"][i],
                                   std=maps["std"][i])
@@ -532,6 +560,17 @@ def train_ensemble(
             # of steps, in that order of precedence.
             done = (linf < tol) | ~torch.isfinite(loss)
             stalled = None if plateau is None else plateau.update(step, linf)
+            if drops is not None and step < max_steps:
+                # A plateau with drops left lowers the rate instead of stopping the member; the
+                # stop rule and divergence still take precedence.
+                dropping = stalled & active & (drops > 0) & ~done
+                if dropping.any():
+                    stalled = stalled & ~dropping
+                    drops = drops - dropping.long()
+                    plateau.best_step = torch.where(dropping, step, plateau.best_step)
+                    opt.scale_lr(dropping, cfg.train.lr_drop_factor)
+                    for e in dropping.nonzero().flatten().tolist():
+                        dropped[e].append(step)
             if stalled is not None:
                 done = done | stalled
             stopping = active & done if step < max_steps else active

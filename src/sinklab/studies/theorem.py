@@ -11,6 +11,7 @@ non-trigger rows. Writes into its own folder (``--out``) only::
     denied/{rule}_{setting}_seed{s}/    1x1 runs with BOS removed or its share capped
     frontier/{rule}_seed{s}/            1x1 runs of the paper's protocol with checkpoints/
     plain/{2x2,4x4}_{rule}_seed{s}/     stacks with plain targets, no residual stream
+    plain-grid/{shape}_{rule}_std{v}_lr{v}_seed{s}/  their protocol search
     runs/{1x1,2x2,4x4}_{rule}_seed{s}/  the reproduction's runs, trained here only without
                                         --reproduce (the names and configs of
                                         ``sinklab reproduce``, from ``studies.reproduction``)
@@ -58,7 +59,7 @@ RELU_SIZES = ((4, 4), (5, 7), (16, 16), (33, 12), (64, 32), (128, 64))  # (seq_l
 DEFAULT_SEEDS, QUICK_SEEDS = 3, 2
 DENIED_STEPS = 10_000  # the denied-sink runs' step cap; they stop earlier on a plateau
 QUICK_DENIED_STEPS = 1200
-PLAIN_STEPS, QUICK_PLAIN_STEPS = 8000, 100  # step caps of the plain multi-layer stacks
+PLAIN_STEPS, QUICK_PLAIN_STEPS = 30_000, 100  # step caps of the plain multi-layer stacks
 SAVE_EVERY, QUICK_SAVE_EVERY = 50, 200  # checkpoint interval of the frontier runs
 CERTIFY_SECONDS, QUICK_CERTIFY_SECONDS = 30.0, 2.0  # time cap of one model's certificate
 ATTACK_STEPS, QUICK_ATTACK_STEPS = 100, 20  # projected-gradient steps of the attacks
@@ -105,8 +106,18 @@ class TheoryOptions:
                 f"{DENIED_STEPS}; {QUICK_DENIED_STEPS} with --quick)", "metavar": "N"})
     plain_steps: int | None = field(default=None, metadata={
         "help": f"step cap of the 2x2 and 4x4 stacks trained with plain targets, which stop "
-                f"earlier on the same plateau (default: {PLAIN_STEPS}; {QUICK_PLAIN_STEPS} with "
+                f"earlier on the same plateau after {verdicts.PLAIN_LR_DROPS} drops of the "
+                f"learning rate; their protocol search's cap is the smaller of this and "
+                f"{verdicts.PLAIN_GRID_STEPS} (default: {PLAIN_STEPS}; {QUICK_PLAIN_STEPS} with "
                 "--quick)", "metavar": "N"})
+    plain_grid_seeds: int | None = field(default=None, metadata={
+        "help": f"seeds 0..N-1 of the plain stacks' protocol search, which trains every initial "
+                f"weight scale in {', '.join(f'{v:g}' for v in verdicts.PLAIN_GRID_STD)} with "
+                f"every learning rate in {', '.join(f'{v:g}' for v in verdicts.PLAIN_GRID_LR)}"
+                f" per shape and rule, N at most {verdicts.PLAIN_GRID_SEEDS}; 0: no search "
+                f"(default: {verdicts.PLAIN_GRID_SEEDS}; {verdicts.QUICK_PLAIN_GRID_SEEDS} with "
+                f"--quick). The plain stacks the claims read use seeds "
+                f"{verdicts.PLAIN_FIRST_SEED} on, none of the search's", "metavar": "N"})
     save_every: int | None = field(default=None, metadata={
         "help": f"save the 1x1 frontier runs' weights every N steps, for the checkpoint checks "
                 f"(default: {SAVE_EVERY}; {QUICK_SAVE_EVERY} with --quick)", "metavar": "N"})
@@ -152,6 +163,16 @@ class TheoryOptions:
             if getattr(self, name) is None:
                 setattr(self, name, quick if self.quick else full)
             check_count(named(self, name), getattr(self, name))
+        if self.plain_grid_seeds is None:
+            self.plain_grid_seeds = verdicts.QUICK_PLAIN_GRID_SEEDS if self.quick \
+                else verdicts.PLAIN_GRID_SEEDS
+        grid_seeds = self.plain_grid_seeds
+        if not (isinstance(grid_seeds, int) and not isinstance(grid_seeds, bool)
+                and 0 <= grid_seeds <= verdicts.PLAIN_GRID_SEEDS):
+            raise ConfigError(f"{named(self, 'plain_grid_seeds')}={grid_seeds!r} is not "
+                              f"allowed: it must be an integer in 0..{verdicts.PLAIN_GRID_SEEDS} "
+                              f"(the search's seeds come before the plain stacks' seed "
+                              f"{verdicts.PLAIN_FIRST_SEED}).")
         if self.certify_seconds is None:
             self.certify_seconds = QUICK_CERTIFY_SECONDS if self.quick else CERTIFY_SECONDS
         if not (isinstance(self.certify_seconds, (int, float))
@@ -173,7 +194,10 @@ class TheoryOptions:
             + len(verdicts.PLAIN_EXPERIMENTS) * len(verdicts.PLAIN_RULES)
         trained = len(reproduction.EXPERIMENTS) * len(reproduction.RULES) \
             if self.reproduce is None else 0
-        limits.check_cells(self.seeds * (own + trained), f"{named(self, 'seeds')} {self.seeds}")
+        grid = len(verdicts.PLAIN_EXPERIMENTS) * len(verdicts.PLAIN_RULES) \
+            * len(verdicts.PLAIN_GRID_STD) * len(verdicts.PLAIN_GRID_LR) * self.plain_grid_seeds
+        limits.check_cells(self.seeds * (own + trained) + grid,
+                           f"{named(self, 'seeds')} {self.seeds}")
 
     def reproduce_options(self) -> reproduction.ReproduceOptions:
         """The reproduction this study trains itself when no --reproduce folder is given."""
@@ -200,6 +224,7 @@ def cells(opts: TheoryOptions, exe: Execution) -> list[Cell]:
            for seed in range(opts.seeds)]
     out += frontier_cells(opts.seeds, opts.save_every, exe)
     out += plain_cells(opts.seeds, opts.plain_steps, exe)
+    out += grid_cells(opts.plain_grid_seeds, opts.plain_steps, exe)
     if opts.reproduce is None:
         out += reproduction.cells(opts.reproduce_options(), exe)
     return out
@@ -217,14 +242,32 @@ def frontier_cells(seeds: int, save_every: int, exe: Execution) -> list[Cell]:
 
 
 def plain_cells(seeds: int, max_steps: int, exe: Execution) -> list[Cell]:
-    """Every (experiment, rule, seed); one ensemble of seeds per experiment and rule."""
+    """Every (experiment, rule, seed), seeds from ``PLAIN_FIRST_SEED`` (fresh: the protocol
+    search uses the ones before); one ensemble of seeds per experiment and rule."""
     # torch: not for the help texts
     from sinklab.theory import stacks
 
+    first = verdicts.PLAIN_FIRST_SEED
     return [Cell(stacks.plain_name(e, rule, seed),
                  stacks.plain_config(e, rule, seed, max_steps, exe.device),
                  group=("plain", e, rule), label=f"plain {e} {rule}")
             for e in verdicts.PLAIN_EXPERIMENTS for rule in verdicts.PLAIN_RULES
+            for seed in range(first, first + seeds)]
+
+
+def grid_cells(seeds: int, max_steps: int, exe: Execution) -> list[Cell]:
+    """The protocol search: every (experiment, rule, init_std, lr) on seeds 0..seeds-1, at a
+    constant rate and a step cap of at most ``PLAIN_GRID_STEPS``; one ensemble per experiment,
+    rule and init_std (its learning rates and seeds)."""
+    # torch: not for the help texts
+    from sinklab.theory import stacks
+
+    steps = min(max_steps, verdicts.PLAIN_GRID_STEPS)
+    return [Cell(stacks.grid_name(e, rule, std, lr, seed),
+                 stacks.plain_config(e, rule, seed, steps, exe.device, (std, lr), lr_drops=0),
+                 group=("plain-grid", e, rule, std), label=f"plain search {e} {rule} std {std:g}")
+            for e in verdicts.PLAIN_EXPERIMENTS for rule in verdicts.PLAIN_RULES
+            for std in verdicts.PLAIN_GRID_STD for lr in verdicts.PLAIN_GRID_LR
             for seed in range(seeds)]
 
 
@@ -474,6 +517,8 @@ def protocol(opts: TheoryOptions, exe: Execution) -> dict[str, Any]:
             "denied_steps": opts.steps, "log_every": cfg.train.log_every,
             "eval_sequences": cfg.eval.n_sequences, "eval_trigger": cfg.task.eval_trigger,
             "seq_len": cfg.task.seq_len, "d_model": cfg.task.d_model,
+            "train_trigger_min": cfg.task.train_trigger_min,
+            "train_trigger_max": cfg.task.train_trigger_max,
             "seeds": opts.seeds, "eps": list(opts.eps), "quick": opts.quick,
             "patience": cfg.train.patience, "plateau_rule": plateau_rule_text(cfg.train.patience),
             "save_every": opts.save_every,
@@ -528,6 +573,7 @@ def worst_records(ctx: Context) -> dict[str, Any]:
                         lambda: {"rows": bounds.denied_worst(ctx, names, opts.attack_steps,
                                                              DENIED_RESTARTS)})["rows"]
     checkpoints, family = bounds.with_checks(checkpoints), bounds.with_checks(family)
+    finals = bounds.with_checks(finals)
     return {"finals": finals, "checkpoints": checkpoints, "family": family,
             "construction": construction, "denied": denied,
             "table": verdicts.worst_table(finals),
@@ -561,9 +607,13 @@ def collect(ctx: Context) -> dict[str, Any]:
         entry["excursion"] = excursion(entry)
     worst = worst_records(ctx)
     ctx.log("theory: where the plain-target stacks sink")
-    plain = stacks.plain_collect(ctx, opts.seeds, opts.plain_steps,
-                                 verdicts.QUICK_PLAIN_SEQUENCES if opts.quick
-                                 else verdicts.PLAIN_SEQUENCES)
+    n_plain = verdicts.QUICK_PLAIN_SEQUENCES if opts.quick else verdicts.PLAIN_SEQUENCES
+    plain = ctx.cached("plain", {"seeds": opts.seeds, "plain_steps": opts.plain_steps,
+                                 "grid_seeds": opts.plain_grid_seeds, "sequences": n_plain,
+                                 "attack_steps": opts.attack_steps,
+                                 "restarts": verdicts.PLAIN_ATTACK_RESTARTS},
+                       lambda: stacks.plain_collect(ctx, opts.seeds, opts.plain_steps, n_plain,
+                                                    opts.plain_grid_seeds, opts.attack_steps))
     return {
         "protocol": protocol(opts, ctx.exe), "thresholds": thresholds(),
         "worst": worst, "plain": plain,

@@ -253,31 +253,69 @@ def bound_check(record: dict[str, Any]) -> dict[str, Any]:
     """The necessity bound at one softmax model (a ``worst_case`` record with a necessity part):
     per pre row i, eps_i (the larger of the attack's error and the error at X*, both errors of
     real inputs, so lower bounds on the supremum), part 1's bound (1 - b_i(X*)) w* - nu and
-    part 2's (1 - b_i(X*)) (delta - eps_T - nu) - nu with eps_T the trigger row's error at
-    L - 1 (the larger of the attack's and the proof inputs'), the worst violation (bound minus
-    error, less ``ROUNDING`` relative; negative: every row on the allowed side) and the slack
-    eps_i / part 2 where part 2 is positive."""
+    part 2's (1 - b_i(X*)) D - nu with D = 1 - eps_T - nu, the value lemma with the constant 1
+    (``certify.necessity``), eps_T the trigger row's error at L - 1 (the larger of the attack's
+    and the proof inputs', ``proof_errors_full``); records from before that lemma have only the
+    weaker D = delta - eps_T - nu with trigger content 0 (``proof_errors``), and where both are
+    there the larger D is used. Then the worst violation (bound minus error, less ``ROUNDING``
+    relative; negative: every row on the allowed side) and the slack eps_i / part 2 where part 2
+    is positive."""
     nec = record["necessity"]
     att = record["attacked"]
     L = nec["seq_len"]
-    eps_t = max(att["trigger"][L - 1], *nec["proof_errors"])
     nu, w_star, delta = nec["nu"], nec["w_star"], nec["delta"]
+    eps_t = max(att["trigger"][L - 1], *nec["proof_errors"])
+    lemma = delta - eps_t - nu
+    if nec.get("proof_errors_full"):
+        eps_t = max(att["trigger"][L - 1], *nec["proof_errors_full"])
+        lemma = max(lemma, 1 - eps_t - nu)
     rows, worst, slacks = [], -math.inf, []
     for row in nec["rows"]:
         i, b = row["i"], row["bos"]
         eps = max(att["pre"][i], row["error"])
         one = (1 - b) * w_star - nu
-        two = (1 - b) * (delta - eps_t - nu) - nu
-        worst = max(worst, max(one, two) - eps - ROUNDING * (abs(eps) + abs(one)))
+        two = (1 - b) * lemma - nu
+        # rounding: of the errors and part 1's terms, and of the trigger errors in the lemma
+        allowance = ROUNDING * (abs(eps) + abs(one) + (1 - b) * (1 + eps_t + nu))
+        worst = max(worst, max(one, two) - eps - allowance)
         slack = eps / two if two > 0 else None
         if slack is not None:
             slacks.append(slack)
         rows.append({"i": i, "bos": b, "error": eps, "part1": one, "part2": two,
                      "slack": slack})
     return {"rows": rows, "violation": worst, "eps_trigger": eps_t, "nu": nu,
-            "w_star": w_star, "delta": delta,
+            "w_star": w_star, "delta": delta, "lemma": lemma,
             "min_slack": min(slacks) if slacks else None,
             "max_off_bos": max(1 - r["bos"] for r in nec["rows"])}
+
+
+def witness_form(nec: dict[str, Any]) -> dict[str, Any]:
+    """The theorem in its finite-witness form at one softmax model (``certify.necessity``'s
+    record): from the errors at 2(d - 3) + 1 named inputs alone, X* (every content c*) and the
+    proof inputs X+-_m (every non-BOS token +-e_m), at every pre row i
+
+        1 - b_i(X*) <= (e_i(X*) + nu) / D,   D = max_m (1 - e_T(X+-_m) - nu),
+
+    e_i(X*) the error at row i of X*, e_T(X+-_m) the larger trigger-row error at coordinate m of
+    the two inputs X+-_m, nu the error at row 0 (the same at every input). Part 1 at X* gives
+    (1 - b_i(X*)) W* <= e_i(X*) + nu, and the value lemma W* >= D. No supremum enters: anyone can
+    evaluate it. D is lowered by ``certify.MARGIN`` times (1 + nu + W* + the largest e_T), the
+    scale of the forward pass's rounding of those errors (a model with M = 0 has errors 1 - 1e-16
+    at the trigger row: without it, D would be positive and the bound 0). Returned per row the
+    bound (``off``: None where D <= 0, the bound vacuous) and the exact 1 - b_i(X*), and the
+    weakest bound over the rows with the largest exact value."""
+    nu = nec["nu"]
+    full = nec.get("proof_errors_full") or []
+    rounding = certify.MARGIN * (1 + nu + nec["w_star"] + max(full, default=0.0))
+    denominator = max((1 - e - nu for e in full), default=-math.inf) - rounding
+    rows = []
+    for row in nec["rows"]:
+        off = (row["error"] + nu) / denominator if denominator > 0 else None
+        rows.append({"i": row["i"], "exact": 1 - row["bos"], "off": off})
+    offs = [r["off"] for r in rows]
+    return {"inputs": 2 * len(full) + 1, "denominator": denominator if full else None,
+            "rows": rows, "off": None if None in offs or not offs else max(offs),
+            "exact": max(r["exact"] for r in rows)}
 
 
 def checkpoint_records(ctx: Context, seeds: int, steps: int) -> list[dict[str, Any]]:
@@ -343,15 +381,17 @@ def family_records(gaps: list[float], seq_len: int, d_model: int, steps: int,
 
 
 def with_checks(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The entries (checkpoints or family members) with their necessity-bound check
-    (``bound_check``) added where they have the measurements for it. Kept out of the cached
-    measurements, so a rerun decides the check afresh from them."""
+    """The entries (checkpoints, final models or family members) with their necessity-bound
+    check (``bound_check``) and the theorem's finite-witness form (``witness_form``) added where
+    they have the measurements for it. Kept out of the cached measurements, so a rerun decides
+    them afresh from them."""
     out = []
     for e in entries:
         if "necessity" in e:
             check = bound_check(e)
-            e = {**e, "check": check, "trigger": check["eps_trigger"]} if "c" in e else \
-                {**e, "check": check}
+            e = {**e, "check": check, "witness_form": witness_form(e["necessity"])}
+            if "c" in e:
+                e["trigger"] = check["eps_trigger"]
         out.append(e)
     return out
 

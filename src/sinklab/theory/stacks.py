@@ -31,15 +31,25 @@ from sinklab.runs.files import read_log
 from sinklab.studies.reproduction import EXPERIMENTS
 from sinklab.task import Batch
 from sinklab.theory import constructions as theory
+from sinklab.theory.attack import attack
 from sinklab.theory.verdicts import (
+    PLAIN_ATTACK_RESTARTS,
+    PLAIN_CHOICE_RULE,
     PLAIN_EXPERIMENTS,
+    PLAIN_FIRST_SEED,
+    PLAIN_GRID_LR,
+    PLAIN_GRID_STD,
+    PLAIN_GRID_STEPS,
     PLAIN_LOG_EVERY,
-    PLAIN_LR,
+    PLAIN_LR_DROPS,
+    PLAIN_PROTOCOL,
     PLAIN_RULES,
     PLAIN_SEQUENCES,
+    grid_points,
+    plain_choice,
     plain_groups,
 )
-from sinklab.train import load_model, plateau_rule_text
+from sinklab.train import build_ensemble, load_model, plateau_rule_text
 
 if TYPE_CHECKING:
     from sinklab.studies.base import Context
@@ -50,36 +60,55 @@ def plain_name(experiment: str, rule: str, seed: int) -> str:
     return f"plain/{experiment}_{rule}_seed{seed}"
 
 
+def grid_name(experiment: str, rule: str, init_std: float, lr: float, seed: int) -> str:
+    """A run of the protocol search, relative to the study's folder."""
+    return f"plain-grid/{experiment}_{rule}_std{init_std:g}_lr{lr:g}_seed{seed}"
+
+
 def plain_config(experiment: str, rule: str, seed: int, max_steps: int,
-                 device: str = "auto") -> RunConfig:
-    """One plain-target stack: the paper's protocol but for the learning rate, ``PLAIN_LR`` (the
-    paper's multi-layer rate, 1e-4, is for residual stacks; without a residual stream it
-    barely moves the loss in thousands of steps), capped at ``max_steps`` and stopped early by
-    the plateau rule (``train.patience``)."""
+                 device: str = "auto", protocol: tuple[float, float] | None = None,
+                 lr_drops: int = PLAIN_LR_DROPS) -> RunConfig:
+    """One plain-target stack: the paper's protocol but for the initial weight scale and the
+    learning rate, ``protocol`` = (init_std, lr), by default the searched ``PLAIN_PROTOCOL`` of
+    its shape and rule (the paper's N(0, 0.02^2) weights and multi-layer rate 1e-4 are for
+    residual stacks: without a residual stream each layer shrinks what it passes on, and a
+    ReLU stack's output is stuck at zero from the first step), capped at ``max_steps`` and
+    stopped early by the plateau rule (``train.patience``), whose first ``lr_drops`` firings
+    lower the rate tenfold instead (``train.lr_drops``; the search trains with none)."""
     if experiment not in PLAIN_EXPERIMENTS:
         raise ConfigError(f"plain-target experiment {experiment!r} is not one of "
                           f"{', '.join(PLAIN_EXPERIMENTS)}.")
     layers, heads = EXPERIMENTS[experiment]
+    init_std, lr = PLAIN_PROTOCOL[(experiment, rule)] if protocol is None else protocol
     return build_run_config({
         "task": {"target": "plain"},
-        "model": {"attention": rule, "n_layers": layers, "n_heads": heads},
+        "model": {"attention": rule, "n_layers": layers, "n_heads": heads,
+                  "init_std": init_std},
         "train": {"seed": seed, "max_steps": max_steps, "log_every": PLAIN_LOG_EVERY,
-                  "lr": PLAIN_LR, "patience": theory.PLATEAU_PATIENCE, "device": device}})
+                  "lr": lr, "patience": theory.PLATEAU_PATIENCE, "lr_drops": lr_drops,
+                  "device": device}})
 
 
 def plain_protocol(seeds: int, max_steps: int) -> dict[str, Any]:
     """The settings the report quotes, read from a run's own config: the step cap, the plateau
     rule (its patience, and in words ``sinklab.train.plateau_rule_text``), the stop rule, the
-    sink threshold and the learning rate of each shape."""
-    cfgs = {e: plain_config(e, "softmax", 0, max_steps) for e in PLAIN_EXPERIMENTS}
-    cfg = cfgs[PLAIN_EXPERIMENTS[0]]
+    sink threshold, and the initial weight scale and learning rate of each shape and rule."""
+    cfgs = {(e, rule): plain_config(e, rule, 0, max_steps)
+            for e in PLAIN_EXPERIMENTS for rule in PLAIN_RULES}
+    cfg = next(iter(cfgs.values()))
     return {
         "experiments": list(PLAIN_EXPERIMENTS), "rules": list(PLAIN_RULES), "seeds": seeds,
         "max_steps": cfg.train.max_steps, "patience": cfg.train.patience,
-        "plateau_rule": plateau_rule_text(cfg.train.patience),
+        "plateau_rule": plateau_rule_text(cfg.train.patience, cfg.train.lr_drops,
+                                          cfg.train.lr_drop_factor),
+        "lr_drops": cfg.train.lr_drops, "lr_drop_factor": cfg.train.lr_drop_factor,
+        "grid_max_steps": min(max_steps, PLAIN_GRID_STEPS),
+        "grid_plateau_rule": plateau_rule_text(cfg.train.patience),
         "tol": cfg.train.tol, "batch_size": cfg.train.batch_size,
         "beta1": cfg.train.beta1, "beta2": cfg.train.beta2, "log_every": cfg.train.log_every,
-        "lr": {e: c.train.lr for e, c in cfgs.items()},
+        "protocol": [{"experiment": e, "rule": rule, "init_std": c.model.init_std,
+                      "lr": c.train.lr} for (e, rule), c in cfgs.items()],
+        "first_seed": PLAIN_FIRST_SEED, "paper_init_std": build_run_config({}).model.init_std,
         "paper_lr": {e: build_run_config({"model": {"n_layers": EXPERIMENTS[e][0],
                                                     "n_heads": EXPERIMENTS[e][1]}}).train.lr
                      for e in PLAIN_EXPERIMENTS},
@@ -158,37 +187,84 @@ def plain_measure(model: AttentionStack, batch: Batch,
     }
 
 
-def plain_records(ctx: Context, seeds: int, n_sequences: int = PLAIN_SEQUENCES
-                  ) -> list[dict[str, Any]]:
-    """One row per plain-target run: how it stopped, its errors (the test set's, from
-    ``summary.json``, and the best training batch of its log), and where its trained model puts
-    its BOS weight on ``n_sequences`` sequences with every trigger position (``plain_measure``).
+def _untrained(cfg: RunConfig) -> AttentionStack:
+    """The run's stack as its training started: the same config and seed, no update."""
+    return build_ensemble([cfg], torch.device("cpu"))
+
+
+def plain_records(ctx: Context, seeds: int, n_sequences: int = PLAIN_SEQUENCES,
+                  attack_steps: int = 100) -> list[dict[str, Any]]:
+    """One row per plain-target run (seeds ``PLAIN_FIRST_SEED`` on): how it stopped, its errors
+    (the test set's, from ``summary.json``, the best training batch of its log, and the
+    attack's worst case over every input: ``attacked``, the largest error per row type), and
+    where its trained model puts its BOS weight on ``n_sequences`` sequences with every
+    trigger position (``plain_measure``); ``untrained`` is the same measurement of the same
+    stack before any update, the claims' control.
 
     ``ctx`` needs only ``out`` (the study's folder) and ``summary(name)``."""
     rows = []
     for e in PLAIN_EXPERIMENTS:
         for rule in PLAIN_RULES:
-            for seed in range(seeds):
+            for seed in range(PLAIN_FIRST_SEED, PLAIN_FIRST_SEED + seeds):
                 name = plain_name(e, rule, seed)
                 summary = ctx.summary(name)
                 best = theory.floor(read_log(ctx.out / name / "metrics.jsonl"))["best_linf"]
                 cfg, model = load_model(ctx.out / name)
                 batch = theory.all_triggers_batch(cfg, n_sequences, seed=0, dtype=torch.float32)
+                found = attack(model, cfg, steps=attack_steps, restarts=PLAIN_ATTACK_RESTARTS,
+                               per_coordinate=False)
+                before = plain_measure(_untrained(cfg), batch)
                 rows.append({
                     "experiment": e, "rule": rule, "seed": seed, "status": summary["status"],
                     "converged": summary["converged"], "steps": summary["steps"],
+                    "lr_drop_steps": summary.get("lr_drop_steps", []),
                     "best_train_linf": best, "test_linf": summary["linf_error"],
                     "linf_trigger": summary["linf_trigger"],
                     "linf_nontrigger": summary["linf_nontrigger"],
+                    "attacked": found.to_dict(contents="none")["max"],
                     **plain_measure(model, batch),
+                    "untrained": {k: before[k] for k in
+                                  ("sink_heads", "positions_covered", "head_bos",
+                                   "bos_max_by_position", "linf_all_triggers")},
                 })
     return rows
 
 
+def grid_records(ctx: Context, seeds: int) -> list[dict[str, Any]]:
+    """One row per run of the protocol search (seeds 0..seeds-1): its grid point, how it
+    stopped and its best training-batch L∞."""
+    rows = []
+    for e in PLAIN_EXPERIMENTS:
+        for rule in PLAIN_RULES:
+            for std in PLAIN_GRID_STD:
+                for lr in PLAIN_GRID_LR:
+                    for seed in range(seeds):
+                        name = grid_name(e, rule, std, lr, seed)
+                        summary = ctx.summary(name)
+                        log = read_log(ctx.out / name / "metrics.jsonl")
+                        rows.append({
+                            "experiment": e, "rule": rule, "init_std": std, "lr": lr,
+                            "seed": seed, "status": summary["status"],
+                            "converged": summary["converged"], "steps": summary["steps"],
+                            "best_train_linf": theory.floor(log)["best_linf"],
+                        })
+    return rows
+
+
 def plain_collect(ctx: Context, seeds: int, max_steps: int,
-                  n_sequences: int = PLAIN_SEQUENCES) -> dict[str, Any]:
+                  n_sequences: int = PLAIN_SEQUENCES, grid_seeds: int = 0,
+                  attack_steps: int = 100) -> dict[str, Any]:
     """What the report's plain-target section reads, as ``records["plain"]``: the protocol, the
-    test sequences' count, one row per run and one per (experiment, rule)."""
-    runs = plain_records(ctx, seeds, n_sequences)
+    protocol search (``grid``: its grid, one row per point, the choice per shape and rule; None
+    without search seeds), the test sequences' count, one row per run and one per (experiment,
+    rule)."""
+    runs = plain_records(ctx, seeds, n_sequences, attack_steps)
+    grid = None
+    if grid_seeds:
+        points = grid_points(grid_records(ctx, grid_seeds))
+        grid = {"init_std": list(PLAIN_GRID_STD), "lr": list(PLAIN_GRID_LR),
+                "seeds": grid_seeds, "rule": PLAIN_CHOICE_RULE, "points": points,
+                "choice": plain_choice(points)}
     return {"protocol": plain_protocol(seeds, max_steps), "sequences": n_sequences,
+            "grid": grid, "attack": {"steps": attack_steps, "restarts": PLAIN_ATTACK_RESTARTS},
             "runs": runs, "groups": plain_groups(runs)}

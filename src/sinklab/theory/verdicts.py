@@ -36,7 +36,25 @@ ROUNDING = 1e-12  # relative: a bound and an error computed along two float64 pa
 PLAIN_EXPERIMENTS = ("2x2", "4x4")
 PLAIN_RULES = ("softmax", "relu")
 PLAIN_LOG_EVERY = 100
-PLAIN_LR = 1e-3  # the plain stacks' learning rate (the paper's 1x1 rate)
+# The plain stacks' protocol search: a grid of initial weight scales (model.init_std) and
+# learning rates, every point trained on the search's seeds 0..PLAIN_GRID_SEEDS-1 with the
+# plateau rule and a step cap of at most PLAIN_GRID_STEPS, at a constant rate. ``plain_choice``
+# picks a point per shape and rule; PLAIN_PROTOCOL holds the points it picked on seeds 0-2, and
+# the stacks the claims read are trained there on fresh seeds, PLAIN_FIRST_SEED on, with
+# PLAIN_LR_DROPS tenfold drops of the rate where the plateau rule fires (``train.lr_drops``):
+# on seeds 3-5 of 4x4 softmax at a constant 1e-3 every run ended on a plateau or at the cap with
+# batch L∞ 1.7e-2 to 1.1e-1, the rate's own noise, which the drops remove.
+PLAIN_GRID_STD = (0.02, 0.1, 0.2, 0.3)
+PLAIN_GRID_LR = (3e-4, 1e-3, 3e-3)
+PLAIN_GRID_SEEDS, QUICK_PLAIN_GRID_SEEDS = 3, 1
+PLAIN_GRID_STEPS = 8000
+PLAIN_LR_DROPS = 2
+PLAIN_FIRST_SEED = PLAIN_GRID_SEEDS
+PLAIN_PROTOCOL = {  # (shape, rule): (init_std, lr), plain_choice's pick on seeds 0-2
+    ("2x2", "softmax"): (0.1, 1e-3), ("2x2", "relu"): (0.1, 1e-3),
+    ("4x4", "softmax"): (0.2, 1e-3), ("4x4", "relu"): (0.02, 3e-4),
+}
+PLAIN_ATTACK_RESTARTS = 4  # random starts per (trigger, row) of the attack on plain stacks
 PLAIN_SEQUENCES, QUICK_PLAIN_SEQUENCES = 1000, 200  # test sequences of the BOS measurements
 # How a run can end (``sinklab.train``): the stop rule, the plateau rule, the step cap, NaN.
 STOPS = ("converged", "plateau", "max_steps", "diverged")
@@ -295,7 +313,7 @@ def draw_necessity(axes: Any, records: dict[str, Any], opts: Any) -> None:
     for rows, label, style in (([r for r in ck if r["part2"] > 0],
                                 "trained checkpoints (attacked)", "o"),
                                (vacuous, "trained checkpoints where part 2 is vacuous "
-                                         "(eps_T + nu >= delta)", "x"),
+                                         "(eps_T + nu >= 1)", "x"),
                                (fam, "sink family (exact)", "s")):
         x = [1 - r["bos"] for r in rows if r["error"] > 0 and 1 - r["bos"] > 0]
         y = [r["error"] for r in rows if r["error"] > 0 and 1 - r["bos"] > 0]
@@ -306,9 +324,8 @@ def draw_necessity(axes: Any, records: dict[str, Any], opts: Any) -> None:
         xs = [r["part2"] for r in rows if r["part2"] > 0]
         ys = [r["error"] for r in rows if r["part2"] > 0]
         right.scatter(xs, ys, s=6, alpha=0.5, marker=style, label=label)
-    delta = w["family"][0]["check"]["delta"] if w["family"] else 1.0
     grid = np.logspace(-8, 0, 50)
-    left.plot(grid, delta * grid, "k--", label=f"bound, eps_T = nu = 0: {delta:.3f} (1 - b)")
+    left.plot(grid, grid, "k--", label="bound, eps_T = nu = 0: 1 - b")
     right.plot(grid, grid, "k--", label="error = bound")
     for ax in (left, right):
         ax.set_xscale("log")
@@ -407,6 +424,69 @@ def _by_config(runs: list[dict[str, Any]]) -> list[tuple[str, str, list[dict[str
     return out
 
 
+def grid_points(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The protocol search per (shape, rule, init_std, lr), over its seeds: how many reached the
+    stop rule, the median steps of those that did (None if none did), and the median best
+    training-batch L∞. ``rows`` are one per grid run (``stacks.grid_records``)."""
+    points: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in rows:
+        points.setdefault((r["experiment"], r["rule"], r["init_std"], r["lr"]), []).append(r)
+    out = []
+    for (e, rule, std, lr), sel in points.items():
+        conv = [r["steps"] for r in sel if r["converged"]]
+        out.append({
+            "experiment": e, "rule": rule, "init_std": std, "lr": lr, "n": len(sel),
+            "converged": len(conv), "diverged": sum(r["status"] == "diverged" for r in sel),
+            "steps_median": float(np.median(conv)) if conv else None,
+            "best_linf_median": _median_or_inf([r["best_train_linf"] for r in sel]),
+        })
+    return out
+
+
+def _median_or_inf(values: list[Any]) -> float | None:
+    """The median of the finite values, None when there is none (every run diverged)."""
+    kept = finite(values)
+    return float(np.median(kept)) if kept else None
+
+
+def _choice_key(p: dict[str, Any]) -> tuple[float, float, float]:
+    """plain_choice's order: most seeds at the stop rule, then fewest median steps to it, then
+    the lowest median best training-batch L∞."""
+    inf = math.inf
+    return (-p["converged"], inf if p["steps_median"] is None else p["steps_median"],
+            inf if p["best_linf_median"] is None else p["best_linf_median"])
+
+
+PLAIN_CHOICE_RULE = ("the grid point with the most search seeds at the stop rule; among those, "
+                     "the fewest median steps to it; then the lowest median best training-batch "
+                     "L∞")
+
+
+def plain_choice(points: list[dict[str, Any]], stds: tuple[float, ...] = PLAIN_GRID_STD,
+                 lrs: tuple[float, ...] = PLAIN_GRID_LR) -> list[dict[str, Any]]:
+    """Per (shape, rule) the grid point ``PLAIN_CHOICE_RULE`` picks, whether it is the declared
+    protocol (``PLAIN_PROTOCOL``), and whether it is bracketed: for each of init_std and lr,
+    whether the grid has a value on both sides of the chosen one (at an edge the best value may
+    lie outside the grid)."""
+    out = []
+    for e in PLAIN_EXPERIMENTS:
+        for rule in PLAIN_RULES:
+            sel = [p for p in points if p["experiment"] == e and p["rule"] == rule]
+            if not sel:
+                continue
+            best = min(sel, key=_choice_key)
+            declared = PLAIN_PROTOCOL[(e, rule)]
+            out.append({
+                "experiment": e, "rule": rule, "init_std": best["init_std"], "lr": best["lr"],
+                "converged": best["converged"], "n": best["n"],
+                "declared": list(declared),
+                "is_declared": (best["init_std"], best["lr"]) == declared,
+                "std_bracketed": min(stds) < best["init_std"] < max(stds),
+                "lr_bracketed": min(lrs) < best["lr"] < max(lrs),
+            })
+    return out
+
+
 def plain_groups(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per (experiment, rule), over seeds: how the runs stopped (not a claim: a count), their
     steps and errors, and how many have a sink head (with its 95% Clopper-Pearson interval)."""
@@ -431,11 +511,11 @@ def plain_claims(records: list[dict[str, Any]]) -> list[Claim]:
     """The theorem's multi-layer claim, tested where its premise holds: over the seeds that
     reached the stop rule, pooled over the stack shapes (one prediction; the per-shape counts
     and a heterogeneity test are in each claim). Softmax: such seeds have a sink head, and a
-    sinking head at every non-trigger position, at a rate above r0 (control: the plain ReLU
-    seeds that reached the stop rule, through the same test); ReLU: such seeds have a sink head
-    at a rate below 1 - r0 (control: the softmax seeds). With no seed at the stop rule a claim
-    (or its control) has nothing to test, and says so; how often the seeds that did not get
-    there sink is a table (``plain_groups``), not a claim."""
+    sinking head at every non-trigger position, at a rate above r0; the control is the same
+    seeds' stacks before any update (``untrained``), through the same test. ReLU: such seeds
+    have a sink head at a rate below 1 - r0 (control: the softmax seeds at the stop rule). With
+    no seed at the stop rule a claim (or its control) has nothing to test, and says so; how
+    often the seeds that did not get there sink is a table (``plain_groups``), not a claim."""
     thr = SINK_HEAD_THRESHOLD
     configs = _by_config(records)
     if not configs:
@@ -446,21 +526,25 @@ def plain_claims(records: list[dict[str, Any]]) -> list[Claim]:
     def has_sink(r: dict[str, Any]) -> bool:
         return bool(r["sink_heads"])
 
-    def parts(rule: str, test: Callable[[dict[str, Any]], bool]) -> list[tuple[str, int, int]]:
+    def parts(rule: str, test: Callable[[dict[str, Any]], bool], untrained: bool
+              ) -> list[tuple[str, int, int]]:
         found = []
         for e, r, sel in configs:
             if r == rule:
-                conv = [x for x in sel if x["converged"]]
+                conv = [x["untrained"] if untrained else x for x in sel if x["converged"]]
                 found.append((e, sum(test(x) for x in conv), len(conv)))
         return found
 
-    def build(key: str, sentence: str, rule: str, other: str, above: bool,
+    def build(key: str, sentence: str, rule: str, control: str, above: bool,
               test: Callable[[dict[str, Any]], bool], what: str) -> Claim:
         rate = cl.rate_at_least if above else cl.rate_at_most
         pair = []
-        for k, r in ((key, rule), (f"{key}.control", other)):
-            c = rate(k, sentence, None, None, f"at the stop rule {what}",
-                     parts=parts(r, test))
+        untrained = control == "untrained"
+        for k, r, before in ((key, rule, False),
+                             (f"{key}.control", rule if untrained else control, untrained)):
+            c = rate(k, sentence, None, None,
+                     f"{'before any update' if before else 'at the stop rule'} {what}",
+                     parts=parts(r, test, before))
             if c.n == 0:
                 runs = [(e, len(sel)) for e, rr, sel in configs if rr == r]
                 why = (f"none of the {sum(n for _, n in runs)} plain-target {NAMES[r]} seeds "
@@ -469,8 +553,10 @@ def plain_claims(records: list[dict[str, Any]]) -> list[Claim]:
                        f"no plain-target {NAMES[r]} stack was trained")
                 c = no_premise(c, why, cap)
             pair.append(c)
-        return cl.with_control(pair[0], pair[1], f"the plain-target {NAMES[other]} seeds "
-                               f"({shapes}) that reached the stop rule")
+        where = (f"the same seeds' softmax stacks ({shapes}) before any update, at their "
+                 "initial weights" if untrained else
+                 f"the plain-target {NAMES[control]} seeds ({shapes}) that reached the stop rule")
+        return cl.with_control(pair[0], pair[1], where)
 
     setting = (f"Plain-target softmax stacks ({shapes}: no residual stream, the theorem's own "
                "multi-layer setting) that reached the stop rule")
@@ -478,12 +564,12 @@ def plain_claims(records: list[dict[str, Any]]) -> list[Claim]:
     return [
         build("plain.softmax.some_head_sinks",
               f"{setting} have some head that sinks (the theorem's existential claim), at a rate "
-              f"above {cl.R0:g}; pooled over the shapes", "softmax", "relu", True, has_sink,
-              sink),
+              f"above {cl.R0:g}; pooled over the shapes", "softmax", "untrained", True,
+              has_sink, sink),
         build("plain.softmax.every_position_covered",
               f"{setting} have, at every non-trigger query position, a head somewhere in the "
               f"stack with BOS mass >= {thr:g} there, at a rate above {cl.R0:g}; pooled over the "
-              "shapes", "softmax", "relu", True, all_covered,
+              "shapes", "softmax", "untrained", True, all_covered,
               "have such a head at every non-trigger position"),
         build("plain.relu.no_sink_head",
               f"Plain-target ReLU stacks ({shapes}) that reached the stop rule have a sink head "
