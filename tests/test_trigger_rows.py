@@ -72,6 +72,7 @@ def _objectives(errs: torch.Tensor, d: int, gen: torch.Generator):
     return o, torch.cat([errs, -errs], -1)[torch.arange(len(errs)), o]
 
 
+@pytest.mark.slow  # 5 s for softmax: the fast tier keeps under two minutes without it
 @pytest.mark.parametrize("rule", ["softmax", "relu"])
 def test_trigger_bounds_hold_at_every_sampled_input_in_its_box(rule):
     """At every trigger row of random models, the bound of a box (query content and, last, the
@@ -107,6 +108,7 @@ def test_trigger_bounds_hold_at_every_sampled_input_in_its_box(rule):
     assert tightest > -1e-6  # at its own input a bound is the error, plus its widening
 
 
+@pytest.mark.slow  # 5 s for softmax: the fast tier keeps under two minutes without it
 @pytest.mark.parametrize("rule", ["softmax", "relu"])
 def test_trigger_rows_certificate_and_witness(rule):
     """The certificate's trigger rows: lower <= every sampled error's maximum at that row <=
