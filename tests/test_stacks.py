@@ -242,8 +242,9 @@ def trained(tmp_path_factory):
                                                        GRID_LR[0], 0)], progress=False)
     ctx = SimpleNamespace(out=out, summary=lambda name: read_json(out / name / "summary.json"))
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(stacks, "PLAIN_GRID_STD", GRID_STD)
-        mp.setattr(stacks, "PLAIN_GRID_LR", GRID_LR)
+        for module in (stacks, verdicts):
+            mp.setattr(module, "PLAIN_GRID_STD", GRID_STD)
+            mp.setattr(module, "PLAIN_GRID_LR", GRID_LR)
         return out, stacks.plain_collect(ctx, SEEDS, STEPS, n_sequences=SEQUENCES,
                                          grid_seeds=1, attack_steps=3)
 

@@ -38,7 +38,14 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from sinklab import __version__, kernels, metrics
-from sinklab.config import RunConfig, build_run_config, check_device, derive_seed, setting
+from sinklab.config import (
+    DEFAULT_DROP_FACTOR,
+    RunConfig,
+    build_run_config,
+    check_device,
+    derive_seed,
+    setting,
+)
 from sinklab.errors import ConfigError, ResultsError
 from sinklab.evaluate import eval_batch, evaluate
 from sinklab.model import AttentionStack
@@ -54,7 +61,8 @@ CHECKPOINTS = "checkpoints"  # the folder of a run's saved weights (train.save_e
 CHECKPOINT = re.compile(r"step([0-9]+)\.pt")
 
 
-def plateau_rule_text(patience: int, lr_drops: int = 0, lr_drop_factor: float = 0.1) -> str:
+def plateau_rule_text(patience: int, lr_drops: int = 0,
+                      lr_drop_factor: float = DEFAULT_DROP_FACTOR) -> str:
     """The plateau rule (``train.patience``) in words, for reports to quote.
 
     A member's best is the lowest training-batch L-infinity error it has had so far; a step sets
@@ -93,6 +101,10 @@ class Plateau:
         self.patience = patience
         self.best = torch.full((n_members,), math.inf, device=device, dtype=dtype)
         self.best_step = torch.zeros(n_members, dtype=torch.long, device=device)
+
+    def restart(self, members: Tensor, step: int) -> None:
+        """Start the count of ``members`` (a boolean mask) again at ``step``, their best kept."""
+        self.best_step = torch.where(members, step, self.best_step)
 
     def update(self, step: int, linf: Tensor) -> Tensor:
         """Record step ``step``'s errors ``linf`` (members,); True where a member has now gone
@@ -532,12 +544,13 @@ def train_ensemble(
             loss=loss.detach()[index], linf=linf[index],
             time_s=torch.full((len(members),), train_time, dtype=torch.float64))
         evals, maps = evaluate(finished, test, training)  # every metric (sinklab.metrics)
+        rates = opt.lrs()
         for i, e in enumerate(members):
             summaries[e] = _summary(cfg, cfgs[e], STATUS[status[e]], evals[i],
                                     time.perf_counter() - start, device, engine)
             if drops is not None:  # absent without drops: such a summary is what it always was
                 summaries[e]["lr_drop_steps"] = dropped[e]
-                summaries[e]["lr_final"] = opt.lrs()[e]
+                summaries[e]["lr_final"] = rates[e]
             if writers:
                 writers[e].finish(finished, i, step, summaries[e], mean=maps["mean"][i],
                                   std=maps["std"][i])
@@ -567,7 +580,7 @@ def train_ensemble(
                 if dropping.any():
                     stalled = stalled & ~dropping
                     drops = drops - dropping.long()
-                    plateau.best_step = torch.where(dropping, step, plateau.best_step)
+                    plateau.restart(dropping, step)
                     opt.scale_lr(dropping, cfg.train.lr_drop_factor)
                     for e in dropping.nonzero().flatten().tolist():
                         dropped[e].append(step)

@@ -194,8 +194,7 @@ class TheoryOptions:
             + len(verdicts.PLAIN_EXPERIMENTS) * len(verdicts.PLAIN_RULES)
         trained = len(reproduction.EXPERIMENTS) * len(reproduction.RULES) \
             if self.reproduce is None else 0
-        grid = len(verdicts.PLAIN_EXPERIMENTS) * len(verdicts.PLAIN_RULES) \
-            * len(verdicts.PLAIN_GRID_STD) * len(verdicts.PLAIN_GRID_LR) * self.plain_grid_seeds
+        grid = len(verdicts.grid_runs(self.plain_grid_seeds))
         limits.check_cells(self.seeds * (own + trained) + grid,
                            f"{named(self, 'seeds')} {self.seeds}")
 
@@ -266,9 +265,7 @@ def grid_cells(seeds: int, max_steps: int, exe: Execution) -> list[Cell]:
     return [Cell(stacks.grid_name(e, rule, std, lr, seed),
                  stacks.plain_config(e, rule, seed, steps, exe.device, (std, lr), lr_drops=0),
                  group=("plain-grid", e, rule, std), label=f"plain search {e} {rule} std {std:g}")
-            for e in verdicts.PLAIN_EXPERIMENTS for rule in verdicts.PLAIN_RULES
-            for std in verdicts.PLAIN_GRID_STD for lr in verdicts.PLAIN_GRID_LR
-            for seed in range(seeds)]
+            for e, rule, std, lr, seed in verdicts.grid_runs(seeds)]
 
 
 def construction_bytes(opts: TheoryOptions) -> int:

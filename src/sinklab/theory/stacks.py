@@ -46,6 +46,7 @@ from sinklab.theory.verdicts import (
     PLAIN_RULES,
     PLAIN_SEQUENCES,
     grid_points,
+    grid_runs,
     plain_choice,
     plain_groups,
 )
@@ -187,9 +188,10 @@ def plain_measure(model: AttentionStack, batch: Batch,
     }
 
 
-def _untrained(cfg: RunConfig) -> AttentionStack:
-    """The run's stack as its training started: the same config and seed, no update."""
-    return build_ensemble([cfg], torch.device("cpu"))
+def _untrained(cfg: RunConfig, device: torch.device) -> AttentionStack:
+    """The run's stack as its training started: the same config and seed, no update, on
+    ``device``."""
+    return build_ensemble([cfg], device)
 
 
 def plain_records(ctx: Context, seeds: int, n_sequences: int = PLAIN_SEQUENCES,
@@ -213,7 +215,7 @@ def plain_records(ctx: Context, seeds: int, n_sequences: int = PLAIN_SEQUENCES,
                 batch = theory.all_triggers_batch(cfg, n_sequences, seed=0, dtype=torch.float32)
                 found = attack(model, cfg, steps=attack_steps, restarts=PLAIN_ATTACK_RESTARTS,
                                per_coordinate=False)
-                before = plain_measure(_untrained(cfg), batch)
+                before = plain_measure(_untrained(cfg, batch.x.device), batch)
                 rows.append({
                     "experiment": e, "rule": rule, "seed": seed, "status": summary["status"],
                     "converged": summary["converged"], "steps": summary["steps"],
@@ -234,20 +236,15 @@ def grid_records(ctx: Context, seeds: int) -> list[dict[str, Any]]:
     """One row per run of the protocol search (seeds 0..seeds-1): its grid point, how it
     stopped and its best training-batch L∞."""
     rows = []
-    for e in PLAIN_EXPERIMENTS:
-        for rule in PLAIN_RULES:
-            for std in PLAIN_GRID_STD:
-                for lr in PLAIN_GRID_LR:
-                    for seed in range(seeds):
-                        name = grid_name(e, rule, std, lr, seed)
-                        summary = ctx.summary(name)
-                        log = read_log(ctx.out / name / "metrics.jsonl")
-                        rows.append({
-                            "experiment": e, "rule": rule, "init_std": std, "lr": lr,
-                            "seed": seed, "status": summary["status"],
-                            "converged": summary["converged"], "steps": summary["steps"],
-                            "best_train_linf": theory.floor(log)["best_linf"],
-                        })
+    for e, rule, std, lr, seed in grid_runs(seeds):
+        name = grid_name(e, rule, std, lr, seed)
+        summary = ctx.summary(name)
+        log = read_log(ctx.out / name / "metrics.jsonl")
+        rows.append({
+            "experiment": e, "rule": rule, "init_std": std, "lr": lr, "seed": seed,
+            "status": summary["status"], "converged": summary["converged"],
+            "steps": summary["steps"], "best_train_linf": theory.floor(log)["best_linf"],
+        })
     return rows
 
 

@@ -7,6 +7,7 @@ those measurements name. ``sinklab.studies.theorem`` declares the study with the
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -55,6 +56,15 @@ PLAIN_PROTOCOL = {  # (shape, rule): (init_std, lr), plain_choice's pick on seed
     ("4x4", "softmax"): (0.2, 1e-3), ("4x4", "relu"): (0.02, 3e-4),
 }
 PLAIN_ATTACK_RESTARTS = 4  # random starts per (trigger, row) of the attack on plain stacks
+
+
+def grid_runs(seeds: int) -> list[tuple[str, str, float, float, int]]:
+    """Every run of the protocol search, as (shape, rule, init_std, lr, seed), seeds 0..seeds-1,
+    in the grid's order."""
+    return list(itertools.product(PLAIN_EXPERIMENTS, PLAIN_RULES, PLAIN_GRID_STD, PLAIN_GRID_LR,
+                                  range(seeds)))
+
+
 PLAIN_SEQUENCES, QUICK_PLAIN_SEQUENCES = 1000, 200  # test sequences of the BOS measurements
 # How a run can end (``sinklab.train``): the stop rule, the plateau rule, the step cap, NaN.
 STOPS = ("converged", "plateau", "max_steps", "diverged")
