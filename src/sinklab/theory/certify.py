@@ -502,6 +502,8 @@ class _Bounds:
       MARGIN times the sum of the terms' magnitudes (products round relatively).
     """
 
+    points: int | None = None  # centres evaluated per round (the largest bounds'): None, all
+
     def __init__(self, f: Folded, row: Row) -> None:
         self.f, self.row = f, row
         d, cs = f.d, f.content
@@ -585,6 +587,7 @@ class _Bounds:
              "v0": self.v0[obj], "b_ord": self.b_ord[obj], "b_trig": self.b_trig[obj],
              "vmax": self.vmax[obj]}
         grad = (self.ac @ x.T).T + g - self.ac @ self.ref  # d/dq of the self score
+        k["self_grad"] = grad
         k["self_move"] = (grad.abs() * rad).sum(-1) + ((rad @ self.acc_abs) * rad).sum(-1)
         k["self_value"] = (x @ self.mv)[torch.arange(len(obj), device=obj.device), obj]
         k["self_value_move"] = (rad * self.h_abs[obj]).sum(-1)
@@ -748,6 +751,107 @@ def _polish(bounds: _Bounds, q: Tensor, obj: int, value: float,
     return q, value
 
 
+class _RowSearch:
+    """``certify_row``'s branch and bound for one row, run a round at a time, so that rows can
+    share one time cap (``_certify_rows`` gives each round to the row whose bound is largest).
+    ``top`` is the reported upper bound so far; ``done`` once it is within tolerance of the
+    best value (``closed``) or the node cap is reached."""
+
+    def __init__(self, f: Folded, row: Row, bounds: _Bounds, *, rtol: float, atol: float,
+                 batch: int, max_nodes: int, start: Tensor | None, deadline: float) -> None:
+        self.f, self.row, self.bounds = f, row, bounds
+        self.rtol, self.atol, self.batch, self.max_nodes = rtol, atol, batch, max_nodes
+        n, k = bounds.dims, bounds.n_objectives
+        dev, dt = f.a.device, f.a.dtype
+        self.weight = bounds.split_weights()
+        self.obj = torch.arange(k, device=dev)
+        self.centre = torch.zeros(k, n, dtype=dt, device=dev)
+        self.radius = torch.ones(k, n, dtype=dt, device=dev)
+        self.upper = _unknown_above(bounds.bound(self.centre, self.radius, self.obj))
+        point = _unknown_below(bounds.point(self.centre, self.obj))
+        best = int(point.argmax())
+        self.best_val, self.best_obj = point[best].item(), best
+        self.best_q = self.centre[best].clone()
+        if start is not None:
+            start = start.to(device=dev, dtype=dt)
+            if start.shape[0] < n:  # a query content without the trigger row's mean coordinate
+                start = torch.cat([start, torch.zeros(n - start.shape[0], dtype=dt,
+                                                      device=dev)])
+            vals = _unknown_below(bounds.point(start.expand(k, n), self.obj))
+            if vals.max().item() > self.best_val:
+                self.best_val, self.best_obj = vals.max().item(), int(vals.argmax())
+                self.best_q = start.clone()
+        self.best_q, self.best_val = _polish(bounds, self.best_q, self.best_obj, self.best_val,
+                                             deadline)
+        self.examined = k
+        self.closed = False
+        self.round_seconds = 0.0  # how long the last round took
+        self._prune()
+
+    def _prune(self) -> None:
+        # a node whose bound is at most best_val holds nothing above the reported bound
+        keep = self.upper > self.best_val
+        self.centre, self.radius = self.centre[keep], self.radius[keep]
+        self.upper, self.obj = self.upper[keep], self.obj[keep]
+        best = self.best_val
+        self.closed = self.top <= (best * (1 + self.rtol) if best > 0 else 0.0) + self.atol
+
+    @property
+    def top(self) -> float:
+        return max(self.upper.max().item() if len(self.upper) else -math.inf, self.best_val)
+
+    @property
+    def done(self) -> bool:
+        return self.closed or self.examined >= self.max_nodes
+
+    def step(self, deadline: float) -> None:
+        """One round: split the ``batch`` open nodes with the largest bounds, bound the halves,
+        evaluate their centres (the ``bounds.points`` halves with the largest bounds, or
+        every half) and polish the best one found above the best value."""
+        began = time.perf_counter()
+        bounds, dev = self.bounds, self.f.a.device
+        pick = torch.argsort(self.upper, descending=True)[:self.batch]
+        rest = torch.ones(len(self.upper), dtype=torch.bool, device=dev)
+        rest[pick] = False
+        c, r, o, up = self.centre[pick], self.radius[pick], self.obj[pick], self.upper[pick]
+        axis = (r * self.weight).argmax(-1)[:, None]
+        half = r.gather(1, axis) / 2
+        r2 = r.clone().scatter_(1, axis, half)
+        kids_c = torch.cat([c.clone().scatter_add_(1, axis, -half),
+                            c.clone().scatter_add_(1, axis, half)])
+        kids_r, kids_o = torch.cat([r2, r2]), torch.cat([o, o])
+        # a kid's box lies inside its parent's, so the parent's bound holds for it too
+        kid_upper = torch.minimum(_unknown_above(bounds.bound(kids_c, kids_r, kids_o)),
+                                  torch.cat([up, up]))
+        look = torch.argsort(kid_upper, descending=True)[:bounds.points or len(kid_upper)]
+        kid_point = _unknown_below(bounds.point(kids_c[look], kids_o[look]))
+        self.examined += len(kids_c)
+        val, at = kid_point.max(0)
+        if val.item() > self.best_val:
+            at = look[at]
+            q, value = _polish(bounds, kids_c[at].clone(), int(kids_o[at]), val.item(),
+                               deadline)
+            self.best_val, self.best_obj, self.best_q = value, int(kids_o[at]), q
+        self.centre = torch.cat([self.centre[rest], kids_c])
+        self.radius = torch.cat([self.radius[rest], kids_r])
+        self.upper = torch.cat([self.upper[rest], kid_upper])
+        self.obj = torch.cat([self.obj[rest], kids_o])
+        self._prune()
+        self.round_seconds = time.perf_counter() - began
+
+    def result(self) -> RowCertificate:
+        bounds, f = self.bounds, self.f
+        best_val = self.best_val
+        lower = max(best_val - bounds.lower_slack(self.best_obj), 0.0) \
+            if math.isfinite(best_val) else 0.0
+        d = f.d
+        return RowCertificate(kind=self.row.kind, i=self.row.i, upper=self.top, lower=lower,
+                              converged=self.closed, boxes=self.examined,
+                              coordinate=self.best_obj % d,
+                              sign=1 if self.best_obj < d else -1,
+                              witness_query=self.best_q.tolist())
+
+
 def certify_row(f: Folded, row: Row, *, rtol: float = RTOL, atol: float = 0.0,
                 time_limit: float = 10.0, batch: int = 256, max_nodes: int = 500_000,
                 start: Tensor | None = None, bounds: _Bounds | None = None) -> RowCertificate:
@@ -766,72 +870,18 @@ def certify_row(f: Folded, row: Row, *, rtol: float = RTOL, atol: float = 0.0,
     It stops when that bound is within ``rtol`` (relative) of the best value, or is <= 0 where
     the best value is <= 0 (a zero row, whose boxes' bounds are exactly 0), plus ``atol``
     (absolute, default 0; it only stops the search sooner, it never lowers what is reported),
-    at ``time_limit`` seconds, or after ``max_nodes`` nodes. The reported ``lower`` is the best
-    point value less its rounding (``_Bounds.lower_slack``), and at least 0. ``bounds``: the
-    row's bounds, ``_Bounds(f, row)`` when None (a trigger row's are
-    ``trigger.TriggerBounds``)."""
-    bounds = _Bounds(f, row) if bounds is None else bounds
-    n, k = bounds.dims, bounds.n_objectives
-    dev, dt = f.a.device, f.a.dtype
-    weight = bounds.split_weights()
-    obj = torch.arange(k, device=dev)
-    centre = torch.zeros(k, n, dtype=dt, device=dev)
-    radius = torch.ones(k, n, dtype=dt, device=dev)
-    upper = _unknown_above(bounds.bound(centre, radius, obj))
-    point = _unknown_below(bounds.point(centre, obj))
-    best = int(point.argmax())
-    best_val, best_obj, best_q = point[best].item(), best, centre[best].clone()
-    if start is not None:
-        start = start.to(device=dev, dtype=dt)
-        if start.shape[0] < n:  # a query content without the trigger row's mean coordinate
-            start = torch.cat([start, torch.zeros(n - start.shape[0], dtype=dt, device=dev)])
-        vals = _unknown_below(bounds.point(start.expand(k, n), obj))
-        if vals.max().item() > best_val:
-            best_val, best_obj, best_q = vals.max().item(), int(vals.argmax()), start.clone()
+    before a round that would end past ``time_limit`` seconds (judged by the last round's
+    length), or after ``max_nodes`` nodes. The reported ``lower`` is the best point value less
+    its rounding (``_Bounds.lower_slack``), and at least 0. ``bounds``: the row's bounds,
+    ``_Bounds(f, row)`` when None (a trigger row's are ``trigger.TriggerBounds``)."""
     began = time.perf_counter()
     deadline = began + time_limit
-    best_q, best_val = _polish(bounds, best_q, best_obj, best_val, deadline)
-    examined = k
-    while True:
-        # a node whose bound is at most best_val holds nothing above the reported bound
-        keep = upper > best_val
-        centre, radius, upper, obj = centre[keep], radius[keep], upper[keep], obj[keep]
-        top = max(upper.max().item() if len(upper) else -math.inf, best_val)
-        if top <= (best_val * (1 + rtol) if best_val > 0 else 0.0) + atol:
-            converged = True
-            break
-        if time.perf_counter() - began > time_limit or examined >= max_nodes:
-            converged = False
-            break
-        pick = torch.argsort(upper, descending=True)[:batch]
-        rest = torch.ones(len(upper), dtype=torch.bool, device=dev)
-        rest[pick] = False
-        c, r, o, up = centre[pick], radius[pick], obj[pick], upper[pick]
-        axis = (r * weight).argmax(-1)[:, None]
-        half = r.gather(1, axis) / 2
-        r2 = r.clone().scatter_(1, axis, half)
-        kids_c = torch.cat([c.clone().scatter_add_(1, axis, -half),
-                            c.clone().scatter_add_(1, axis, half)])
-        kids_r, kids_o = torch.cat([r2, r2]), torch.cat([o, o])
-        # a kid's box lies inside its parent's, so the parent's bound holds for it too
-        kid_upper = torch.minimum(_unknown_above(bounds.bound(kids_c, kids_r, kids_o)),
-                                  torch.cat([up, up]))
-        kid_point = _unknown_below(bounds.point(kids_c, kids_o))
-        examined += len(kids_c)
-        val, at = kid_point.max(0)
-        if val.item() > best_val:
-            q, value = _polish(bounds, kids_c[at].clone(), int(kids_o[at]), val.item(),
-                               deadline)
-            best_val, best_obj, best_q = value, int(kids_o[at]), q
-        centre, radius = torch.cat([centre[rest], kids_c]), torch.cat([radius[rest], kids_r])
-        upper, obj = torch.cat([upper[rest], kid_upper]), torch.cat([obj[rest], kids_o])
-    top = max(upper.max().item() if len(upper) else -math.inf, best_val)
-    lower = max(best_val - bounds.lower_slack(best_obj), 0.0) if math.isfinite(best_val) \
-        else 0.0
-    d = f.d
-    return RowCertificate(kind=row.kind, i=row.i, upper=top, lower=lower, converged=converged,
-                          boxes=examined, coordinate=best_obj % d,
-                          sign=1 if best_obj < d else -1, witness_query=best_q.tolist())
+    search = _RowSearch(f, row, _Bounds(f, row) if bounds is None else bounds, rtol=rtol,
+                        atol=atol, batch=batch, max_nodes=max_nodes, start=start,
+                        deadline=deadline)
+    while not search.done and time.perf_counter() + search.round_seconds <= deadline:
+        search.step(deadline)
+    return search.result()
 
 
 @dataclass
@@ -912,15 +962,24 @@ def certify(model: AttentionStack, cfg: RunConfig, *, rtol: float = RTOL,
 
 def _certify_rows(f: Folded, todo: list[Row], rtol: float, time_limit: float,
                   make: Callable[[Folded, Row], _Bounds] = _Bounds) -> list[RowCertificate]:
-    """``certify_row`` for each row with the bounds ``make`` gives, sharing ``time_limit``: a
-    row that closes early leaves its time to the rows after it."""
-    start = time.perf_counter()
-    out = []
-    for k, row in enumerate(todo):
-        left = time_limit - (time.perf_counter() - start)
-        share = max(left / (len(todo) - k), 1e-3)
-        out.append(certify_row(f, row, rtol=rtol, time_limit=share, bounds=make(f, row)))
-    return out
+    """The branch and bound of ``certify_row`` for every row of ``todo`` with the bounds
+    ``make`` gives, sharing ``time_limit``: each row's root is bounded first, then each round
+    goes to the open row whose reported bound is largest (the one that sets the rows' largest
+    figure), until every row is closed or the next round would end past the cap (judged by
+    that row's last round). A row that closes leaves its time to the others."""
+    began = time.perf_counter()
+    deadline = began + time_limit
+    searches = [_RowSearch(f, row, make(f, row), rtol=rtol, atol=0.0, batch=256,
+                           max_nodes=500_000, start=None, deadline=deadline) for row in todo]
+    while True:
+        open_ = [s for s in searches if not s.done]
+        if not open_:
+            break
+        search = max(open_, key=lambda s: s.top)
+        if time.perf_counter() + search.round_seconds > deadline:
+            break
+        search.step(deadline)
+    return [s.result() for s in searches]
 
 
 # ------------------------------------------------------------------ ReLU's zero rows

@@ -21,10 +21,11 @@ the other coordinates, whose maximum ``certify._chain_max`` finds exactly with t
 c_m = +-1. If it is m, the other coordinates sit at a vertex of that chain (the slice's linear
 objective orders them by the same slopes h_r / g_r as the chain does, whatever the weight on
 c_m), and c_m = w is one free number: a one-dimensional problem per chain vertex, whose
-stationary points are closed-form for ReLU (a quadratic on each piece) and bracketed by
-bisection for softmax (f'(w) = e^{A + g w} (g (B + h w) + h) - kappa changes monotonicity at
-most once, so it has at most two roots, each bracketed by bisection and covered by the bracket's
-width times the largest |f'| at its ends, which is quadratic in the width).
+stationary points are closed-form for ReLU (a quadratic on each piece) and found by Newton's
+steps for softmax: f'(w) = e^{A + g w} (g (B + h w) + h) - kappa changes monotonicity at most
+once, so each of its two pieces holds at most one maximum of f, where f' falls through 0; the
+steps stay inside a bracket of that root, and at any x in the bracket [a, b] the maximum is at
+most f(x) + (b - a) |f'(x)| (``_exp_line``).
 
 **ReLU** (divisor j): the error is a sum of terms, one per key, and the ordinary keys' terms are
 identical and independent, so the supremum over the keys at a fixed query content is exact (BOS
@@ -32,27 +33,35 @@ and the trigger's own term as in ``certify``).
 
 **Softmax**: s y_m = N / D is a ratio, and the target couples the keys through the sum
 mu = (1/j) sum_k s x_km of the ordinary keys' target shares. The error is at most lambda exactly
-when N - (lambda + tau_0 + mu) D <= 0 for every input, tau_0 = s x_jm / j the trigger's own
-share. The outer branch and bound splits the interval of mu (a coordinate z of the node, mu =
-(j - 1) z / j for a content coordinate, a constant for a flag) as well as the query box. Inside a
-node with mu in [mu_1, mu_2], D >= D_1 (the smallest denominator any key contents give) and
-tau_0 >= its smallest value: -mu D <= -mu_1 D - D_1 (mu - mu_1) (McCormick's inequality), so
+when G(lambda) = max over inputs of N - (lambda + tau_q + mu) D is <= 0, tau_q = s x_jm / j the
+trigger's own share. G falls with slope at most -D_1 (D_1 the smallest denominator any input
+gives), so any upper bound psi of G(lambda) makes lambda + max(psi, 0) / D_1 a bound of the
+error; two Newton steps on lambda (slope: the denominator of the maximising keys) bring it near
+the root, and the smaller of the two is kept. The outer branch and bound splits the interval of
+mu (a coordinate z of the node, mu = (j - 1) z / j for a content coordinate, a constant for a
+flag) as well as the query box. Inside a node with mu in [mu_1, mu_2], -mu D <= -mu_1 D - D_1
+(mu - mu_1) (McCormick's inequality), and the multipliers of mu >= mu_1 and mu <= mu_2 give, for
+every rho >= 0,
 
-    N - (lambda + tau_0 + mu) D <= sum_keys Q_k (v_k - theta) - rho sum_k tau_k + C(rho),
-    theta = lambda + tau_0,min + mu_1,
+    N - (lambda + tau_q + mu) D <= sum_keys W_k (v_k - theta - kappa dq_m / j)
+                                    - rho sum_k tau_k + C(rho),   theta = lambda + tau_c + mu_1,
 
-for every rho, with the multipliers of mu >= mu_1 and mu <= mu_2 giving C(rho) = rho mu_1 for
-rho <= D_1 and D_1 mu_1 + (rho - D_1) mu_2 above it. The right side separates into one-token
-problems (``key_max`` with kappa = rho s / j). Call it psi(lambda, rho): it is convex in both
-(a maximum of affine functions), so phi(lambda) = min over rho of psi is convex, and it falls
-with slope at most -D_1 (less what the query box's score spread can add): psi(lambda, rho) <= 0
-makes lambda a bound, and psi > 0 makes lambda + psi / D_1 one. A few Newton steps on phi
-(slope: the denominator of the maximising keys) bring lambda to the root, and at each lambda rho
-is searched on [0, 4 D_1] by where the tangents at its bracket's ends cross (exact where psi is
-two lines, as it is where the keys' best c_m jumps from +1 to -1). The gap the bound leaves
-shrinks with the node's mu interval and query box (on trained softmax models most of it is the
-box's spread of every key's score, which the bound takes key by key; the attack's and the
-bound's ratio is what `sinklab worst` reports). The attained value (``point``) fixes mu at the
+C(rho) = rho mu_1 for rho <= D_1 and D_1 mu_1 + (rho - D_1) mu_2 above it, with dq the query's
+offset from the box's centre and tau_c its share at the centre. The query's content is shared by
+every term, so it is not bounded term by term: BOS's and the trigger's own terms are bounded by
+one affine function of dq each (``_affine_product``: McCormick's inequalities with e^x's chord
+and tangent), whose slopes are summed before the box's ends are taken, so that they cancel as
+they do in the model. Every score is taken relative to a reference ordinary key of content c*
+(none in the first Newton step, then the vertex nearest the keys' best content; ``_Keys``), and
+an ordinary key's score moves with dq by delta relative to it, bounded by the largest
+|dq . A_cc c| over the box (enumerated over the content box's vertices) without a reference and
+by a function linear in its content with one. Each key's term is then largest at an end of
+delta's interval, a one-token problem (``key_max`` with kappa = rho s / j), and for a content
+objective psi is convex in dq_m for fixed key contents, so the keys are solved at dq_m = +-r_m
+too. psi is convex in rho, searched on [0, 4 D_1] by where the tangents at its bracket's ends
+cross (exact where psi is two lines, as it is where the keys' best c_m jumps from +1 to -1).
+What the bound leaves shrinks with the node's mu interval and query box; the attack's and the
+bound's ratio is what `sinklab worst` reports. The attained value (``point``) fixes mu at the
 node's z and takes the two key contents that maximise the one-token problem on either side of
 the last multiplier (the mean constraint mixes them): every split of the j - 1 keys between
 them is evaluated exactly and the best kept.
@@ -72,10 +81,12 @@ from sinklab.task import BOS, CONTENT_START, TRIGGER
 from sinklab.theory import certify
 from sinklab.theory.certify import MARGIN, Folded, Row, _chain, _edge_candidates, _normalised, _term
 
-ROOT_BISECTIONS = 14  # bisection steps of each stationary point of softmax's f_p(w)
-NEWTON_STEPS = 4  # Newton steps of the softmax bound's lambda
-RHO_STEPS = 6  # steps of the multiplier rho's search at each lambda, after its bracket's ends
+ROOT_STEPS = 5  # bracketed Newton steps to each stationary point of softmax's f_p(w)
+NEWTON_STEPS = 2  # Newton steps of the softmax bound's lambda
+RHO_STEPS = 2  # steps of the multiplier rho's search at each lambda, after its bracket's ends
 RHO_TOP = 4.0  # the multiplier's bracket: [0, RHO_TOP D_1]
+KEY_MOVE_VERTICES = 2 ** 14  # content vertices enumerated for a key's score move, at most
+SOFTMAX_POINTS = 64  # centres a branch-and-bound round evaluates (each costs about a bound)
 
 
 # ------------------------------------------------------------------ one-token problems
@@ -146,16 +157,14 @@ def _exp_line(A: Tensor, B: Tensor, gm: Tensor, hm: Tensor, kappa: Tensor, widen
               ) -> tuple[Tensor, Tensor]:
     """max over w in [-1, 1] of f(w) = e^{A + gm w} (B + hm w) - kappa w for A, B (N, V) and
     the rest (N,): the ends, and each root of f' on the (at most two) pieces where f' is
-    monotone, bisected; ``widen`` adds to a root's value its bracket's width times the largest
-    |f'| at the bracket's ends (f' is monotone between them), so that it bounds the maximum.
-    Returned: the value and its w (N, V)."""
+    monotone, found by Newton's steps kept inside a bracket that halves where a step would
+    leave it. At a root w* in the bracket [a, b] and any x in it, f(w*) <= f(x) + (b - a)
+    |f'(x)| (f' is monotone and 0 at w*, so |f'| <= |f'(x)| between them): ``widen`` adds
+    that, so that the value bounds the maximum. Returned: the value and its w (N, V)."""
     gm, hm, kappa = (x[:, None].expand_as(A) for x in (gm, hm, kappa))
 
     def f(w: Tensor) -> Tensor:
         return torch.exp(A + gm * w) * (B + hm * w) - kappa * w
-
-    def df(w: Tensor) -> Tensor:
-        return torch.exp(A + gm * w) * (gm * (B + hm * w) + hm) - kappa
 
     gh = gm * hm
     w0 = torch.where(gh != 0, -(gm * B + 2 * hm) / torch.where(gh != 0, gh, 1.0), -1.0)
@@ -163,24 +172,41 @@ def _exp_line(A: Tensor, B: Tensor, gm: Tensor, hm: Tensor, kappa: Tensor, widen
     one = torch.ones_like(A)
     best_w = torch.where(f(one) >= f(-one), one, -one)
     best = f(best_w)
-    for lo, hi in ((-one, w0), (w0, one)):
-        d_lo, d_hi = df(lo), df(hi)
-        root = (d_lo >= 0) != (d_hi >= 0)  # f' changes sign: a stationary point inside
-        up = d_lo < 0  # f' rises through 0 here (a minimum) or falls (a maximum)
-        a, b = lo.clone(), hi.clone()
-        for _ in range(ROOT_BISECTIONS):
-            mid = (a + b) / 2
-            left = (df(mid) >= 0) == up  # the root lies to the left of mid
-            b = torch.where(left, mid, b)
-            a = torch.where(left, a, mid)
-        mid = (a + b) / 2
-        val = f(mid)
-        if widen:
-            val = torch.maximum(val, torch.maximum(f(a), f(b))) \
-                + (b - a) * torch.maximum(df(a).abs(), df(b).abs())
-        val = torch.where(root, val, -math.inf)
-        take = val > best
-        best, best_w = torch.where(take, val, best), torch.where(take, mid, best_w)
+    # both pieces at once, [-1, w0] and [w0, 1] stacked on a leading dimension; a maximum
+    # inside a piece is where f' falls through 0, and only those entries (a few percent on
+    # trained models) are followed by Newton's steps, gathered into one flat batch
+    lo, hi = torch.stack([-one, w0]), torch.stack([w0, one])
+    A2, B2, g2, h2, k2 = (x.expand_as(lo) for x in (A, B, gm, hm, kappa))
+
+    def slope(w: Tensor, at: tuple[Tensor, ...]) -> Tensor:
+        return torch.exp(A2[at] + g2[at] * w) * (g2[at] * (B2[at] + h2[at] * w) + h2[at]) \
+            - k2[at]
+
+    every = (slice(None),)
+    peak = (slope(lo, every) >= 0) & (slope(hi, every) < 0)
+    at = peak.nonzero(as_tuple=True)
+    a, b = lo[at], hi[at]
+    Af, Bf, gf, hf, kf = A2[at], B2[at], g2[at], h2[at], k2[at]
+    x = (a + b) / 2
+    for _ in range(ROOT_STEPS):
+        e = torch.exp(Af + gf * x)
+        v = Bf + hf * x
+        d, dd = e * (gf * v + hf) - kf, e * gf * (gf * v + 2 * hf)  # f' and f''
+        left = d < 0  # f' falls: the root lies left of x
+        b, a = torch.where(left, x, b), torch.where(left, a, x)
+        step = x - d / torch.where(dd != 0, dd, 1.0)
+        inside = (dd != 0) & (step > a) & (step < b)
+        x = torch.where(inside, step, (a + b) / 2)
+    e = torch.exp(Af + gf * x)
+    val = e * (Bf + hf * x) - kf * x
+    if widen:
+        val = val + (b - a) * (e * (gf * (Bf + hf * x) + hf) - kf).abs()
+    vals = torch.full_like(lo, -math.inf).index_put_(at, val)
+    xs = torch.zeros_like(lo).index_put_(at, x)
+    for piece in range(2):
+        take = vals[piece] > best
+        best = torch.where(take, vals[piece], best)
+        best_w = torch.where(take, xs[piece], best_w)
     return best, best_w
 
 
@@ -235,6 +261,112 @@ def key_max(g: Tensor, h: Tensor, mi: Tensor, a: Tensor, b: Tensor, kappa: Tenso
     return KeyProblem(g, h, mi).solve(a, b, kappa, spread, widen)
 
 
+def _affine_product(c0: Tensor, e: Tensor, quad: tuple[Tensor, Tensor] | None, P: Tensor,
+                    p: Tensor, rad: Tensor) -> tuple[Tensor, Tensor]:
+    """An affine upper bound, constant (N,) and slopes (N, n), of e^{c0 + e.dq + xi} (P + p.dq)
+    over the box |dq_i| <= rad_i and every xi in quad = (lowest, highest) (0 when None), for
+    c0, P (N,) and e, p, rad (N, n).
+
+    With E = e^{c0 + e.dq + xi} in [E_lo, E_hi] and w = P + p.dq in [w_lo, w_hi], McCormick's
+    (E_hi - E)(w - w_lo) >= 0 gives E w <= E_hi w + w_lo E - E_hi w_lo, and (E - E_lo)(w_hi - w)
+    >= 0 gives E w <= E_lo w + w_hi E - E_lo w_hi; in each, w_lo E (or w_hi E) is bounded by E's
+    chord over t = e.dq in [-R, R] (e^t is convex) where the factor is >= 0, and by its tangent
+    at t = 0 (e^t >= 1 + t) where it is < 0. Of the two, the one whose maximum over the box is
+    smaller is returned. Where p = 0 the bound is E's chord or tangent times P: exact to first
+    order in dq, which is what lets the terms' slopes cancel when they are summed."""
+    R = (rad * e.abs()).sum(-1)
+    spread = (rad * p.abs()).sum(-1)
+    q_lo, q_hi = (0.0, 0.0) if quad is None else quad
+    e_lo, e_hi = torch.exp(c0 - R + q_lo), torch.exp(c0 + R + q_hi)
+    top = torch.exp(c0 + q_hi)
+    chord0 = top * torch.cosh(R)
+    chord1 = top * torch.where(R > 0, torch.sinh(R) / torch.where(R > 0, R, 1.0), 1.0)
+    tangent = torch.exp(c0 + q_lo)
+    best_c, best_a, best_max = None, None, None
+    for e_end, w_end in ((e_hi, P - spread), (e_lo, P + spread)):
+        up = w_end >= 0
+        const = e_end * (P - w_end) + w_end * torch.where(up, chord0, tangent)
+        a = e_end[:, None] * p + (w_end * torch.where(up, chord1, tangent))[:, None] * e
+        top_value = const + (rad * a.abs()).sum(-1)
+        if best_max is None:
+            best_c, best_a, best_max = const, a, top_value
+        else:
+            take = top_value < best_max
+            best_c = torch.where(take, const, best_c)
+            best_a = torch.where(take[:, None], a, best_a)
+            best_max = torch.where(take, top_value, best_max)
+    return best_c, best_a
+
+
+class _Keys:
+    """The ordinary keys' side of the softmax trigger bound at one node batch, with every
+    score taken relative to an ordinary key of content c* (a vertex of the box, or 0 in some
+    coordinates; ``ref`` (N, n) in {-1, 0, 1}): the query's offset dq moves every score by
+    dq . A_cc c* less than its own move, which leaves the ratio N / D as it was, and moves an
+    ordinary key of content c by delta = dq . A_cc (c - c*) relative to it, with
+
+        |delta| <= sum_r w_r |c_r - c*_r| <= W - (w o c*) . c,   w = rad |A_cc|, W = sum_r w_r,
+
+    linear in c. A key's term e^{S + delta} (v - theta) is largest at an end of delta's
+    interval for each content, and at either end it is again e^{affine} times affine in c: a
+    one-token problem (``KeyProblem``) with g - w o c* (upper end, score W higher) or g + w o
+    c* (lower end, W lower). With c* = 0 this is the box's plain score move W either way; with
+    c* at the keys' best content delta vanishes there, and the move common to every key goes to
+    BOS's and the trigger's scores, whose slopes in dq are exact (``TriggerBounds._fixed``).
+
+    For a content objective the target's share moves theta by kappa dq_m / j too, and for a
+    fixed key content psi is convex in dq_m, so the keys are solved at both ends dq_m = +r_m
+    and -r_m: four problems (end of dq_m, end of delta) in one batch (one at radius 0, where
+    they coincide)."""
+
+    def __init__(self, bounds: TriggerBounds, k: dict[str, Tensor], obj: Tensor,
+                 ref: Tensor | None) -> None:
+        self.n = len(obj)
+        rows = torch.arange(self.n, device=obj.device)
+        mi = bounds.mi[obj]
+        rad = k["rad"]
+        r_m = rad[rows, mi]
+        if ref is None:  # no reference: |delta| <= max over c of sum_i r_i |(A_cc c)_i|
+            ref = torch.zeros_like(rad)
+            w = torch.zeros_like(rad)
+            big_w = bounds.key_move(rad)
+        else:
+            w = rad @ bounds.acc_abs  # (N, n): the box's move of a score per |c_r - c*_r|
+            big_w = w.sum(-1)
+        self.shift = ref @ bounds.acc.T  # (N, n): A_cc c*, the common move's slope in dq
+        self.ends = 4 if bool((rad > 0).any()) else 1
+        if self.ends == 4:  # (end of dq_m, end of delta): (+, +), (+, -), (-, +), (-, -)
+            side = torch.tensor([1.0, 1.0, -1.0, -1.0], dtype=r_m.dtype, device=r_m.device)
+            move = torch.tensor([1.0, -1.0, 1.0, -1.0], dtype=r_m.dtype, device=r_m.device)
+        else:
+            side = move = torch.zeros(1, dtype=r_m.dtype, device=r_m.device)
+        self.theta_move = (side[:, None] * (bounds.kappa[obj] * r_m / bounds.j)).flatten()
+        self.score = (k["a_ord"] + move[:, None] * big_w).flatten()
+        self.g = (k["g"] - move[:, None, None] * (w * ref)).flatten(0, 1)
+        self.b = k["b_ord"].repeat(self.ends)
+        self.problem = KeyProblem(self.g, k["h"].repeat(self.ends, 1), mi.repeat(self.ends))
+        # the smallest weight of a key: its score's lower end at the content that lowers it most
+        self.weight_min = torch.exp(k["a_ord"] - big_w - (k["g"] + w * ref).abs().sum(-1))
+
+    def solve(self, theta: Tensor, kappa: Tensor, widen: bool
+              ) -> tuple[Tensor, Tensor, Tensor]:
+        """At theta (N,) and the keys' linear term kappa (N,): per end dq_m = +r_m, -r_m the
+        larger maximum over delta's two ends (2, N), its content (2, N, n) and that key's
+        weight (2, N)."""
+        n, e = self.n, self.ends
+        top, c = self.problem.solve(self.score, self.b - theta.repeat(e) - self.theta_move,
+                                    kappa.repeat(e), None, widen)
+        weight = torch.exp(self.score + (self.g * c).sum(-1))
+        top, c, weight = top.view(e, n), c.view(e, n, -1), weight.view(e, n)
+        if e == 1:
+            return top.expand(2, n), c.expand(2, n, c.shape[-1]), weight.expand(2, n)
+        top, c, weight = top.view(2, 2, n), c.view(2, 2, n, -1), weight.view(2, 2, n)
+        hi = (top[:, 0] >= top[:, 1])
+        return (torch.where(hi, top[:, 0], top[:, 1]),
+                torch.where(hi[..., None], c[:, 0], c[:, 1]),
+                torch.where(hi, weight[:, 0], weight[:, 1]))
+
+
 # ------------------------------------------------------------------ the trigger row's bounds
 
 
@@ -261,6 +393,7 @@ class TriggerBounds(certify._Bounds):
         self.self_flag = torch.where(m == TRIGGER, s, 0.0)  # the trigger's flag's share, x j
         self.dims = d - 3 + 1
         if f.rule == "softmax":
+            self.points = SOFTMAX_POINTS
             # scores relative to an ordinary key's flag score, not BOS's: the query's content
             # moves every ordinary key's score alike, and that common move cancels in the ratio
             self.ref = self.flag_ord.clone()
@@ -268,7 +401,17 @@ class TriggerBounds(certify._Bounds):
             self.move_trig = (self.ac @ (self.flag_trig - self.ref)).abs() + self.move_ord
             bos = torch.zeros_like(self.ref)
             bos[BOS] = 1.0
-            self.move_bos = (self.ac @ (bos - self.ref)).abs()
+            self.bos_grad = self.ac @ (bos - self.ref)  # how the query's content moves it
+            self.acc = f.a[f.content][:, f.content]  # A_cc: how it moves a key's content score
+            n = self.acc.shape[0]
+            self.key_vertices = None  # |A_cc c| at every vertex c of the box, (2^n, n)
+            if 2 ** n <= KEY_MOVE_VERTICES:
+                self.key_vertices = (certify.vertices(n, self.acc) @ self.acc.T).abs()
+            eig = torch.linalg.eigvalsh((self.acc + self.acc.T) / 2)
+            slack = MARGIN * self.acc.norm()
+            self.quad_eig = (min(eig[0].item() - slack.item(), 0.0),
+                             max(eig[-1].item() + slack.item(), 0.0))
+            self.move_bos = self.bos_grad.abs()
 
     def query_flag(self) -> int:
         return TRIGGER
@@ -363,26 +506,33 @@ class TriggerBounds(certify._Bounds):
 
     # -- softmax
 
-    def _denominator_min(self, k: dict[str, Tensor]) -> Tensor:
-        """The smallest denominator (BOS's weight 1) any key contents give over the box."""
-        t_min = -k["g"].abs().sum(-1)
-        return (torch.exp(k["bos_rel"] - k["r_bos"]) + torch.exp(k["self_score"] - k["self_move"])
-                + self.n_ord * torch.exp(k["a_ord"] + t_min - k["r_ord"]))
+    def _denominator_min(self, k: dict[str, Tensor], keys: _Keys) -> Tensor:
+        """The smallest denominator any input in the box gives, every score relative to the
+        reference key of ``keys`` (BOS's, the trigger's own and the ordinary keys' lower ends)."""
+        rad, shift = k["rad"], keys.shift
+        bos = torch.exp(k["bos_rel"] - (rad * (self.bos_grad - shift).abs()).sum(-1))
+        own = torch.exp(k["self_score"] - (rad * (k["self_grad"] - shift).abs()).sum(-1)
+                        + self._quad(rad)[0])
+        return bos + own + self.n_ord * keys.weight_min
 
-    def _rest_move(self, k: dict[str, Tensor], obj: Tensor) -> Tensor:
-        """rad_m / j times the largest |D - j Q_self| over the box (0 for a flag objective):
-        the part of the trigger's target share that its own weight does not carry."""
-        rows = torch.arange(len(obj), device=obj.device)
-        r_m = torch.where(self.is_content[obj], k["rad"][rows, self.mi[obj]], 0.0)
-        wide = k["g"].abs().sum(-1) + k["r_ord"]
-        q_lo, q_hi = torch.exp(k["a_ord"] - wide), torch.exp(k["a_ord"] + wide)
-        s_lo = torch.exp(k["self_score"] - k["self_move"])
-        s_hi = torch.exp(k["self_score"] + k["self_move"])
-        b_lo = torch.exp(k["bos_rel"] - k["r_bos"])
-        b_hi = torch.exp(k["bos_rel"] + k["r_bos"])
-        lo = b_lo + self.n_ord * (q_lo - s_hi)
-        hi = b_hi + self.n_ord * (q_hi - s_lo)
-        return r_m / self.j * torch.maximum(lo.abs(), hi.abs())
+    def key_move(self, rad: Tensor) -> Tensor:
+        """The largest |dq . A_cc c| over the query box (radii rad (N, n)) and every key content
+        c (N,): max over c of sum_i r_i |(A_cc c)_i|, a convex function of c, so a maximum
+        over the box's vertices, enumerated where there are at most ``KEY_MOVE_VERTICES`` of
+        them (else its bound sum_ir r_i |A_ir|), widened by MARGIN for rounding."""
+        if self.key_vertices is None:
+            return (rad @ self.acc_abs).sum(-1)
+        return (rad @ self.key_vertices.T).amax(-1) * (1 + MARGIN)
+
+    def _quad(self, rad: Tensor) -> tuple[Tensor, Tensor]:
+        """The lowest and highest dq . A_cc dq over the box, the self score's part that is not
+        linear: within +-sum |A_ir| r_i r_r, and within the extreme eigenvalues of A_cc's
+        symmetric part times |dq|^2 <= sum r_i^2 (each widened by MARGIN times the matrix's
+        size, more than eigvalsh's rounding)."""
+        plain = ((rad @ self.acc_abs) * rad).sum(-1)
+        size = (rad * rad).sum(-1)
+        return (torch.maximum(-plain, self.quad_eig[0] * size),
+                torch.minimum(plain, self.quad_eig[1] * size))
 
     def _mu_range(self, obj: Tensor, z_c: Tensor, z_r: Tensor) -> tuple[Tensor, Tensor]:
         share = self.n_ord / self.j
@@ -396,27 +546,25 @@ class TriggerBounds(certify._Bounds):
         """The bound (module docstring) and, in ``found``, the ordinary keys' contents on both
         sides of the last multiplier (``_softmax_input``).
 
-        phi(lambda) = min over rho of psi(lambda, rho) is convex and falls with slope at most
-        -D_1' (D_1 less what the score spread adds), so psi(lambda, rho) <= 0 makes lambda a
-        bound and psi > 0 makes lambda + psi / D_1' one. Newton's steps on phi (slope: the
-        denominator of the maximising keys) bring lambda to the root, and each step's rho
-        minimises psi at its lambda (``_rho_search``)."""
+        Any upper bound psi of max over the node's inputs of N - (lambda + tau) D bounds the
+        error: that maximum falls with slope at most -D_1 in lambda (every input's denominator
+        is at least D_1), so psi <= 0 makes lambda a bound and psi > 0 makes lambda + psi / D_1
+        one. Newton's steps (slope: the denominator of the maximising keys) bring lambda to
+        the root, and each step's rho minimises psi at its lambda (``_rho_search``)."""
         mu1, mu2 = self._mu_range(obj, z_c, z_r)
-        d1 = self._denominator_min(k)
-        spread_slope = self.n_ord * torch.expm1(k["r_ord"]) \
-            * torch.exp(k["a_ord"] + k["g"].abs().sum(-1))
-        d1p = d1 - spread_slope
-        tau0 = k["target_centre"] / self.j
         reach = k["vmax"] + 1.0 + self.n_ord / self.j
         upper = reach + 1.0  # |y| <= vmax and |tau| <= 1 + n_ord / j: no input is above it
-        problem = KeyProblem(k["g"], k["h"], self.mi[obj])
-        lam = torch.zeros_like(d1)
+        ref = None  # the first step's: no reference key
+        lam = torch.zeros_like(upper)
         found: dict[str, Tensor] = {}
         for _ in range(NEWTON_STEPS):
-            theta = lam + tau0 + mu1
-            psi, den, found = self._rho_search(k, problem, theta, d1, mu1, mu2, obj, widen)
-            ok = torch.isfinite(psi) & (d1p > 0)
-            step = torch.where(psi <= 0, lam, lam + psi / torch.where(d1p > 0, d1p, 1.0))
+            keys = _Keys(self, k, obj, ref)
+            d1 = self._denominator_min(k, keys)
+            theta = lam + k["target_centre"] / self.j + mu1
+            psi, den, found = self._rho_search(k, keys, theta, d1, mu1, mu2, obj, widen)
+            ref = torch.sign(found["c"])  # the next step's: the vertex nearest the keys' best
+            ok = torch.isfinite(psi) & (d1 > 0)
+            step = torch.where(psi <= 0, lam, lam + psi / torch.where(d1 > 0, d1, 1.0))
             upper = torch.where(ok, torch.minimum(upper, step), upper)
             lam = torch.where(torch.isfinite(psi), lam + psi / den, lam)
         if not widen:
@@ -424,40 +572,53 @@ class TriggerBounds(certify._Bounds):
         rounding = MARGIN + self.eps * (1 + self.score_scale)
         return upper + MARGIN * upper.abs() + (2 * reach + 2) * rounding, found
 
-    def _fixed(self, k: dict[str, Tensor], theta: Tensor, obj: Tensor
-               ) -> tuple[Tensor, Tensor]:
-        """BOS's and the trigger's own terms of psi at theta (their largest over the box), and
-        their weights there."""
-        # the trigger's target share s q_m / j multiplies D: its move -s dq_m D / j is
-        # -s dq_m Q_self (with the trigger's own value) plus -s dq_m (D - j Q_self) / j
-        own = self._own_coefficients(obj)
-        value = k["self_value"] + (k["rad"] * (k["h"] - own).abs()).sum(-1) - theta
-        w_self = torch.exp(k["self_score"] + torch.where(value >= 0, 1.0, -1.0) * k["self_move"])
-        v0 = k["v0"] - theta
-        w_bos = torch.exp(k["bos_rel"] + torch.where(v0 >= 0, 1.0, -1.0) * k["r_bos"])
-        return w_bos * v0 + w_self * value + self._rest_move(k, obj), w_bos + w_self
+    def _fixed(self, k: dict[str, Tensor], keys: _Keys, theta: Tensor, obj: Tensor
+               ) -> tuple[Tensor, Tensor, Tensor]:
+        """BOS's and the trigger's own terms of psi at theta, W (v - theta - kappa dq_m / j)
+        with dq the query's offset from the box's centre, bounded above over the box by one
+        affine function of dq: its constant (N,) and slopes (N, n), and the two terms'
+        weights at the centre (``_affine_product``)."""
+        rad = k["rad"]
+        shift = torch.zeros_like(rad)  # the trigger's target share moves with q_m: kappa / j
+        shift[torch.arange(len(obj), device=obj.device), self.mi[obj]] = self.kappa[obj] / self.j
+        c_bos, a_bos = _affine_product(k["bos_rel"], self.bos_grad - keys.shift, None,
+                                       k["v0"] - theta, -shift, rad)
+        c_self, a_self = _affine_product(k["self_score"], k["self_grad"] - keys.shift,
+                                         self._quad(rad), k["self_value"] - theta,
+                                         k["h"] - shift, rad)
+        weight = torch.exp(k["bos_rel"]) + torch.exp(k["self_score"])
+        return c_bos + c_self, a_bos + a_self, weight
 
-    def _psi(self, k: dict[str, Tensor], problem: KeyProblem, theta: Tensor, rho: Tensor,
-             fixed: Tensor, d1: Tensor, mu1: Tensor, mu2: Tensor, obj: Tensor, widen: bool
-             ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    def _psi(self, k: dict[str, Tensor], keys: "_Keys", theta: Tensor, rho: Tensor,
+             fixed: tuple[Tensor, Tensor], d1: Tensor, mu1: Tensor, mu2: Tensor, obj: Tensor,
+             widen: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """The separable bound psi (module docstring) at theta = lambda + tau_0 + mu_1 and
-        multiplier rho, its slope in rho, the maximising key content and that key's weight."""
-        kap = self.kappa[obj]
-        top, c = problem.solve(k["a_ord"], k["b_ord"] - theta, rho * kap / self.j, None, widen)
-        # the query box moves every ordinary key's score z = e^S (v - theta) by at most
-        # r_ord: e^{+-r} z <= z + (e^r - 1) |z|, |z| <= e^{a + sum|g|} (|b - theta| + sum|h|)
-        size = torch.exp(k["a_ord"] + k["g"].abs().sum(-1)) \
-            * ((k["b_ord"] - theta).abs() + k["h"].abs().sum(-1))
-        key = top + torch.expm1(k["r_ord"]) * size - rho * self.key_target[obj] / self.j
-        below = rho <= d1
-        psi = fixed + self.n_ord * key + torch.where(below, rho * mu1,
-                                                     d1 * mu1 + (rho - d1) * mu2)
-        mu_c = self.n_ord * (self.key_target[obj] + kap * c[problem.rows, problem.mi]) / self.j
-        slope = torch.where(below, mu1, mu2) - mu_c
-        weight = torch.exp(k["a_ord"] + (k["g"] * c).sum(-1))
-        return psi, slope, c, weight
+        multiplier rho, its slope in rho, the maximising key content and that key's weight.
 
-    def _rho_search(self, k: dict[str, Tensor], problem: KeyProblem, theta: Tensor,
+        The query's offset dq enters BOS's and the trigger's own terms through ``_fixed``'s
+        affine bound, and an ordinary key's only through its score (by at most r_ord) and,
+        for a content objective, the target's share kappa dq_m / j; for a fixed key content
+        psi is then convex in dq_m, so its maximum over the box has dq_m at an end, and every
+        other coordinate at the end its slope points to."""
+        const, slope = fixed
+        rows = torch.arange(len(obj), device=obj.device)
+        mi = self.mi[obj]
+        r_m = k["rad"][rows, mi]
+        a_m = slope[rows, mi]
+        others = (k["rad"] * slope.abs()).sum(-1) - r_m * a_m.abs()
+        key, c, weight = keys.solve(theta, rho * self.kappa[obj] / self.j, widen)  # (2, N)...
+        key = key - (rho * self.key_target[obj] / self.j)[None]
+        sides = torch.stack([r_m * a_m, -r_m * a_m]) + self.n_ord * key  # dq_m = +r_m, -r_m
+        side = sides.argmax(0)
+        best = sides.gather(0, side[None])[0]
+        c, weight = c[side, rows], weight[side, rows]
+        below = rho <= d1
+        psi = const + others + best + torch.where(below, rho * mu1, d1 * mu1 + (rho - d1) * mu2)
+        mu_c = self.n_ord * (self.key_target[obj] + self.kappa[obj] * c[rows, mi]) / self.j
+        d_rho = torch.where(below, mu1, mu2) - mu_c
+        return psi, d_rho, c, weight
+
+    def _rho_search(self, k: dict[str, Tensor], keys: "_Keys", theta: Tensor,
                     d1: Tensor, mu1: Tensor, mu2: Tensor, obj: Tensor, widen: bool
                     ) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         """The smallest psi found over rho in [0, RHO_TOP D_1] at theta (psi is convex in rho;
@@ -465,23 +626,24 @@ class TriggerBounds(certify._Bounds):
         contents at the ends of the last bracket. Each step goes to where the tangents at the
         bracket's ends cross (exact when psi is two lines, as it is where the keys' best c_m
         jumps from +1 to -1), or to the middle where they do not."""
-        fixed, w_fixed = self._fixed(k, theta, obj)
+        const, slope, w_fixed = self._fixed(k, keys, theta, obj)
+        fixed = (const, slope)
         lo, hi = torch.zeros_like(d1), RHO_TOP * d1
-        f_lo, s_lo, c_lo, q_lo = self._psi(k, problem, theta, lo, fixed, d1, mu1, mu2, obj,
-                                           widen)
-        f_hi, s_hi, c_hi, q_hi = self._psi(k, problem, theta, hi, fixed, d1, mu1, mu2, obj,
-                                           widen)
+        f_lo, s_lo, c_lo, q_lo = self._psi(k, keys, theta, lo, fixed, d1, mu1, mu2, obj, widen)
+        f_hi, s_hi, c_hi, q_hi = self._psi(k, keys, theta, hi, fixed, d1, mu1, mu2, obj, widen)
         take = f_hi < f_lo
         best, best_q = torch.where(take, f_hi, f_lo), torch.where(take, q_hi, q_lo)
+        best_c = torch.where(take[:, None], c_hi, c_lo)
         for _ in range(RHO_STEPS):
             gap = s_hi - s_lo
             cross = (f_lo - s_lo * lo - f_hi + s_hi * hi) / torch.where(gap > 0, gap, 1.0)
             inside = (s_lo < 0) & (s_hi > 0) & torch.isfinite(cross)
             rho = torch.where(inside, cross, (lo + hi) / 2).clamp(min=0.0)
             rho = torch.minimum(torch.maximum(rho, lo), hi)
-            f, s, c, q = self._psi(k, problem, theta, rho, fixed, d1, mu1, mu2, obj, widen)
+            f, s, c, q = self._psi(k, keys, theta, rho, fixed, d1, mu1, mu2, obj, widen)
             take = f < best
             best, best_q = torch.where(take, f, best), torch.where(take, q, best_q)
+            best_c = torch.where(take[:, None], c, best_c)
             left = s >= 0  # the minimum lies at or left of rho
             hi, f_hi, s_hi = (torch.where(left, rho, hi), torch.where(left, f, f_hi),
                               torch.where(left, s, s_hi))
@@ -490,7 +652,7 @@ class TriggerBounds(certify._Bounds):
                               torch.where(left, s_lo, s))
             c_lo = torch.where(left[:, None], c_lo, c)
         den = w_fixed + self.n_ord * best_q
-        return best, den, {"c_lo": c_lo, "c_hi": c_hi}
+        return best, den, {"c_lo": c_lo, "c_hi": c_hi, "c": best_c}
 
     def _softmax_input(self, q: Tensor, obj: Tensor) -> tuple[Tensor, Tensor]:
         """An attained error (N,) at query contents q (N, dims) and the ordinary keys' contents
