@@ -310,9 +310,11 @@ class _Keys:
     linear in c. A key's term e^{S + delta} (v - theta) is largest at an end of delta's
     interval for each content, and at either end it is again e^{affine} times affine in c: a
     one-token problem (``KeyProblem``) with g - w o c* (upper end, score W higher) or g + w o
-    c* (lower end, W lower). With c* = 0 this is the box's plain score move W either way; with
-    c* at the keys' best content delta vanishes there, and the move common to every key goes to
-    BOS's and the trigger's scores, whose slopes in dq are exact (``TriggerBounds._fixed``).
+    c* (lower end, W lower). With c* at the keys' best content delta vanishes there, and the
+    move common to every key goes to BOS's and the trigger's scores, whose slopes in dq are
+    exact (``TriggerBounds._fixed``). With no reference (``ref`` None, the ordinary flag's
+    score as before) the move is at most the largest |dq . A_cc c| over the box and every
+    content (``TriggerBounds.key_move``), W for every content, and nothing is shifted.
 
     For a content objective the target's share moves theta by kappa dq_m / j too, and for a
     fixed key content psi is convex in dq_m, so the keys are solved at both ends dq_m = +r_m
@@ -326,15 +328,16 @@ class _Keys:
         mi = bounds.mi[obj]
         rad = k["rad"]
         r_m = rad[rows, mi]
+        moves = bool((rad > 0).any())
         if ref is None:  # no reference: |delta| <= max over c of sum_i r_i |(A_cc c)_i|
             ref = torch.zeros_like(rad)
             w = torch.zeros_like(rad)
-            big_w = bounds.key_move(rad)
+            big_w = bounds.key_move(rad) if moves else torch.zeros_like(r_m)
         else:
             w = rad @ bounds.acc_abs  # (N, n): the box's move of a score per |c_r - c*_r|
             big_w = w.sum(-1)
         self.shift = ref @ bounds.acc.T  # (N, n): A_cc c*, the common move's slope in dq
-        self.ends = 4 if bool((rad > 0).any()) else 1
+        self.ends = 4 if moves else 1
         if self.ends == 4:  # (end of dq_m, end of delta): (+, +), (+, -), (-, +), (-, -)
             side = torch.tensor([1.0, 1.0, -1.0, -1.0], dtype=r_m.dtype, device=r_m.device)
             move = torch.tensor([1.0, -1.0, 1.0, -1.0], dtype=r_m.dtype, device=r_m.device)
@@ -589,7 +592,7 @@ class TriggerBounds(certify._Bounds):
         weight = torch.exp(k["bos_rel"]) + torch.exp(k["self_score"])
         return c_bos + c_self, a_bos + a_self, weight
 
-    def _psi(self, k: dict[str, Tensor], keys: "_Keys", theta: Tensor, rho: Tensor,
+    def _psi(self, k: dict[str, Tensor], keys: _Keys, theta: Tensor, rho: Tensor,
              fixed: tuple[Tensor, Tensor], d1: Tensor, mu1: Tensor, mu2: Tensor, obj: Tensor,
              widen: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """The separable bound psi (module docstring) at theta = lambda + tau_0 + mu_1 and
@@ -618,7 +621,7 @@ class TriggerBounds(certify._Bounds):
         d_rho = torch.where(below, mu1, mu2) - mu_c
         return psi, d_rho, c, weight
 
-    def _rho_search(self, k: dict[str, Tensor], keys: "_Keys", theta: Tensor,
+    def _rho_search(self, k: dict[str, Tensor], keys: _Keys, theta: Tensor,
                     d1: Tensor, mu1: Tensor, mu2: Tensor, obj: Tensor, widen: bool
                     ) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         """The smallest psi found over rho in [0, RHO_TOP D_1] at theta (psi is convex in rho;
