@@ -554,6 +554,21 @@ def test_zero_rows_are_certified_exactly_zero_and_close_at_once():
     assert all(score[k] == pytest.approx(-1.0) for k in ("bos", "ordinary", "trigger", "self"))
 
 
+def test_a_zero_row_reports_zero_not_minus_zero():
+    """A row whose every value is -0.0 (a zero ReLU term times a negative value) is reported
+    as 0, which tables print as 0.00e+00, not -0.00e+00."""
+    cfg, model = random_model("relu", scale=0.7, seed=0)
+    f = certify.folded(model, cfg)
+
+    class Zero(certify._Bounds):
+        def _evaluate(self, q, rad, obj, widen):
+            return torch.full((len(q),), -0.0, dtype=F64)
+
+    rc = certify.certify_row(f, certify.Row("pre", 2), time_limit=1,
+                             bounds=Zero(f, certify.Row("pre", 2)))
+    assert rc.converged and rc.upper == 0.0 and math.copysign(1.0, rc.upper) == 1.0
+
+
 @pytest.mark.parametrize("rule", ["softmax", "relu"])
 def test_a_bound_near_zero_still_covers_its_terms_rounding(rule):
     """Row 1 (keys BOS and the query) of weights whose values cancel: BOS's value 1 and the

@@ -245,8 +245,10 @@ def test_trigger_bounds_hold_at_the_attained_inputs_in_their_box(rule):
     """Sampled inputs rarely come near a row's supremum, so the bound of a query box (every
     keys' mean) is checked against ``point`` too, the error of the input the certificate
     builds at one query content (the keys' contents that maximise it there), at query
-    contents inside the box: the whole box, and boxes of radius 0.3 and 0.05."""
-    for seed in range(2):
+    contents inside the box: the whole box, and boxes of radius 0.3 and 0.05; with the
+    softmax bound's Newton steps starting at 0 and at a value above some of the errors (the
+    branch and bound's best value, ``_Bounds.floor``)."""
+    for seed, floor in ((0, 0.0), (1, 0.0), (0, 0.05)):
         cfg, model = sink_like_model(seed) if rule == "softmax-sink-like" else \
             random_model("softmax", scale=0.7, seed=seed)
         f = certify.folded(model, cfg)
@@ -254,6 +256,7 @@ def test_trigger_bounds_hold_at_the_attained_inputs_in_their_box(rule):
         gen = torch.Generator().manual_seed(seed)
         for j in (2, f.seq_len - 1):
             bounds = trigger.TriggerBounds(f, certify.Row("trigger", j))
+            bounds.floor = floor
             o = torch.arange(2 * d).repeat(8)
             for radius in (1.0, 0.3, 0.05):
                 centre = (torch.rand(len(o), n + 1, generator=gen, dtype=F64) * 2 - 1) \

@@ -503,6 +503,10 @@ class _Bounds:
     """
 
     points: int | None = None  # centres evaluated per round (the largest bounds'): None, all
+    # the best value its search has found so far (``_RowSearch`` sets it before each round):
+    # where an iterative bound may start (the softmax trigger rows' Newton steps on lambda),
+    # never what a bound reports
+    floor: float = 0.0
 
     def __init__(self, f: Folded, row: Row) -> None:
         self.f, self.row = f, row
@@ -810,6 +814,7 @@ class _RowSearch:
         every half) and polish the best one found above the best value."""
         began = time.perf_counter()
         bounds, dev = self.bounds, self.f.a.device
+        bounds.floor = max(self.best_val, 0.0) if math.isfinite(self.best_val) else 0.0
         pick = torch.argsort(self.upper, descending=True)[:self.batch]
         rest = torch.ones(len(self.upper), dtype=torch.bool, device=dev)
         rest[pick] = False
@@ -845,7 +850,8 @@ class _RowSearch:
         lower = max(best_val - bounds.lower_slack(self.best_obj), 0.0) \
             if math.isfinite(best_val) else 0.0
         d = f.d
-        return RowCertificate(kind=self.row.kind, i=self.row.i, upper=self.top, lower=lower,
+        # + 0.0: a zero ReLU row's -0.0 (0 times a negative value) reads as 0
+        return RowCertificate(kind=self.row.kind, i=self.row.i, upper=self.top + 0.0, lower=lower,
                               converged=self.closed, boxes=self.examined,
                               coordinate=self.best_obj % d,
                               sign=1 if self.best_obj < d else -1,

@@ -36,12 +36,12 @@ mu = (1/j) sum_k s x_km of the ordinary keys' target shares. The error is at mos
 when G(lambda) = max over inputs of N - (lambda + tau_q + mu) D is <= 0, tau_q = s x_jm / j the
 trigger's own share. G falls with slope at most -D_1 (D_1 the smallest denominator any input
 gives), so any upper bound psi of G(lambda) makes lambda + max(psi, 0) / D_1 a bound of the
-error; two Newton steps on lambda (slope: the denominator of the maximising keys) bring it near
-the root, and the smaller of the two is kept. The outer branch and bound splits the interval of
-mu (a coordinate z of the node, mu = (j - 1) z / j for a content coordinate, a constant for a
-flag) as well as the query box. Inside a node with mu in [mu_1, mu_2], -mu D <= -mu_1 D - D_1
-(mu - mu_1) (McCormick's inequality), and the multipliers of mu >= mu_1 and mu <= mu_2 give, for
-every rho >= 0,
+error; two Newton steps on lambda from the best value the branch and bound has found (slope:
+the denominator of the maximising keys) bring it near the root, and the smaller of the two is
+kept. The outer branch and bound splits the interval of mu (a coordinate z of the node, mu =
+(j - 1) z / j for a content coordinate, a constant for a flag) as well as the query box. Inside
+a node with mu in [mu_1, mu_2], -mu D <= -mu_1 D - D_1 (mu - mu_1) (McCormick's inequality), and
+the multipliers of mu >= mu_1 and mu <= mu_2 give, for every rho >= 0,
 
     N - (lambda + tau_q + mu) D <= sum_keys W_k (v_k - theta - kappa dq_m / j)
                                     - rho sum_k tau_k + C(rho),   theta = lambda + tau_c + mu_1,
@@ -81,7 +81,7 @@ from sinklab.task import BOS, CONTENT_START, TRIGGER
 from sinklab.theory import certify
 from sinklab.theory.certify import MARGIN, Folded, Row, _chain, _edge_candidates, _normalised, _term
 
-ROOT_STEPS = 5  # bracketed Newton steps to each stationary point of softmax's f_p(w)
+ROOT_STEPS = 20  # bracketed Newton steps to each stationary point of softmax's f_p(w)
 NEWTON_STEPS = 2  # Newton steps of the softmax bound's lambda
 RHO_STEPS = 2  # steps of the multiplier rho's search at each lambda, after its bracket's ends
 RHO_TOP = 4.0  # the multiplier's bracket: [0, RHO_TOP D_1]
@@ -558,7 +558,9 @@ class TriggerBounds(certify._Bounds):
         reach = k["vmax"] + 1.0 + self.n_ord / self.j
         upper = reach + 1.0  # |y| <= vmax and |tau| <= 1 + n_ord / j: no input is above it
         ref = None  # the first step's: no reference key
-        lam = torch.zeros_like(upper)
+        # from the search's best value: left of the root of every node that can stay open (a
+        # node whose psi is <= 0 there gets that value, at most the best, and is dropped)
+        lam = torch.full_like(upper, self.floor)
         found: dict[str, Tensor] = {}
         for _ in range(NEWTON_STEPS):
             keys = _Keys(self, k, obj, ref)
