@@ -744,6 +744,14 @@ def test_an_unknown_bound_read_back_from_json_bounds_nothing_in_the_reports():
     table = {(r["rule"], r["kind"]): r for r in verdicts.worst_table([final])}
     assert table["softmax", "pre"]["certified"]["max"] == math.inf
     assert table["softmax", "post"]["certified"]["max"] == pytest.approx(1.1e-3)
+    assert table["softmax", "trigger"]["certified"] is None  # a record without trigger rows
+    final["certified"]["trigger_rows"] = [{"kind": "trigger", "i": 2, "upper": 6e-2},
+                                          {"kind": "trigger", "i": 3, "upper": None}]
+    table = {(r["rule"], r["kind"]): r for r in verdicts.worst_table([final])}
+    assert table["softmax", "trigger"]["certified"]["max"] == math.inf
+    final["certified"]["trigger_rows"][1]["upper"] = 7e-2
+    table = {(r["rule"], r["kind"]): r for r in verdicts.worst_table([final])}
+    assert table["softmax", "trigger"]["certified"]["max"] == pytest.approx(7e-2)
 
 
 @settings(max_examples=25, deadline=None)
