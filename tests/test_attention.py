@@ -59,6 +59,51 @@ def test_future_keys_get_exactly_zero_weight(name):
     assert torch.all(w[:, ~mask] == 0)
 
 
+def hidden_rows(mask):
+    """The per-row mask (E*B, T*H, T) of ``model.bos="removed"``: key 0 taken out of the rows of
+    every other batch element, query 0's rows (the first H) excepted."""
+    rows = mask.expand(E * B, *mask.shape).clone()
+    rows[::2, H:, 0] = False
+    return rows
+
+
+@pytest.mark.parametrize("name", ALL_RULES)
+def test_a_key_taken_out_of_the_mask_gets_zero_weight_and_its_score_is_ignored(name):
+    """With key 0 taken out of some rows' mask (``model.bos="removed"``) every rule puts
+    exactly 0 there, whatever its score, and leaves the rows that still see it as they were."""
+    rule, s, mask, x = rule_and_inputs(name)
+    rows = hidden_rows(mask)
+    w = rule(s, rows, x)
+    assert torch.all(w[~rows] == 0) and torch.isfinite(w).all()
+    s2 = s.clone()
+    s2[~rows] = torch.randn(int((~rows).sum())) * 100
+    torch.testing.assert_close(rule(s2, rows, x), w, rtol=0, atol=0)
+    torch.testing.assert_close(w[1::2], rule(s, mask, x)[1::2], rtol=0, atol=0)
+    check_contract(name, per_row=True)
+
+
+def test_a_hidden_key_is_outside_the_rule_not_a_score():
+    """Key 0 hidden from a row is not one of its keys: softmax and ReLU compute what a -inf
+    score there computes (the theorem's denied models, unchanged), while the rules that do not
+    read a score as a weight no longer count it: uniform spreads 1 / i over keys 1..i, softpick's
+    denominator loses key 0's |e^s - 1|, sigmoid's -log n has n = i."""
+    _, s, mask, _ = rule_and_inputs("softmax")
+    rows = hidden_rows(mask)
+    minus = s.masked_fill(~rows & mask, float("-inf"))  # key 0's score -inf instead
+    torch.testing.assert_close(softmax(s, rows), softmax(minus, mask), rtol=0, atol=0)
+    torch.testing.assert_close(relu(s, rows), relu(minus, mask), rtol=0, atol=0)
+    i = torch.arange(T).repeat_interleave(H).to(s.dtype)[None, :, None]  # query position
+    uniform = get_rule("uniform")(s, rows)
+    torch.testing.assert_close(uniform[::2, H:, 1:], (mask[H:, 1:] / i[:, H:]).expand(3, -1, -1))
+    pick = get_rule("softpick")(s, rows)
+    e = (s.exp() - 1) * rows
+    torch.testing.assert_close(pick, torch.relu(e) / e.abs().sum(-1, keepdim=True), rtol=1e-5,
+                               atol=1e-7)
+    sig = get_rule("sigmoid")(s, rows)
+    n = rows.sum(-1, keepdim=True).to(s.dtype)
+    torch.testing.assert_close(sig, torch.sigmoid(s - n.log()) * rows)
+
+
 @pytest.mark.parametrize("name", ALL_RULES)
 def test_weights_ignore_future_scores(name):
     rule, s, mask, x = rule_and_inputs(name)
@@ -346,7 +391,7 @@ def log_weights(scores, mask):
     (lambda s, m: [s], "returned a list on finite scores"),
     (log_weights, "non-finite weights (nan) on finite scores of shape (4, 10, 5) and a causal "
                   "mask of shape (10, 5): every weight must be finite."),
-    (future_softmax, "put weight on masked (future) keys on finite scores of shape (4, 10, 5) "
+    (future_softmax, "put weight on masked keys on finite scores of shape (4, 10, 5) "
                      "and a causal mask of shape (10, 5): the largest |weight| at a masked key "
                      "is 0.998, where it must be exactly 0."),
     (lambda s, m: (s.relu() * m).double(), "returned float64 weights on finite scores of shape "
@@ -407,6 +452,33 @@ def test_a_param_rule_is_built_and_called_with_x_as_the_model_does():
         "attention rule 'test_gate' (from plugin test_attention) with start=100.0 has a "
         "parameter 'gate_w' that is not finite (inf) when built with n_members=2, n_heads=2, "
         "d_model=4: every parameter must be finite.")
+
+
+class SplitMaskless(ParamRule):
+    """A rule with a parameter that splits the scores but not the mask: right for a model whose
+    every row sees BOS, wrong where key 0 is taken out of some rows (model.bos="removed")."""
+
+    def __init__(self, n_members: int, n_heads: int, d_model: int):
+        super().__init__(n_members, n_heads, d_model)
+        self.scale = torch.nn.Parameter(torch.ones(n_members, n_heads))
+
+    def forward(self, scores, mask, x=None):
+        scale = self.per_row(self.scale, scores.shape[-2])[..., None]
+        return softmax(self.split(scores) * scale, mask).view_as(scores)
+
+
+def test_a_rule_that_cannot_take_a_per_row_mask_is_refused_only_where_one_is_given():
+    try:
+        register("test_maskless", row_kind="simplex")(SplitMaskless)
+        check_contract("test_maskless")  # every row sees BOS: nothing wrong
+        with pytest.raises(ContractError) as info:
+            check_contract("test_maskless", per_row=True)
+    finally:
+        RULES.pop("test_maskless", None)
+    text = str(info.value)
+    assert text.startswith("attention rule 'test_maskless' (from plugin test_attention) raised")
+    assert "a causal mask of shape (4, 10, 5) that hides key 0 from some rows " \
+           "(model.bos='removed')" in text and "\n" not in text, text
 
 
 def test_the_contract_is_checked_once_and_leaves_the_global_random_state_alone():

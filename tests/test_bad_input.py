@@ -437,7 +437,7 @@ CASES: dict[str, Case] = {
         "train", "--plugin", str(rule_file(tmp, "p23_future", "simplex",
                                            "return scores.softmax(-1)")),
         "model.attention=p23_future", "--out", str(tmp / "o")],
-        "attention rule 'p23_future' (from plugin {tmp}/rules.py) put weight on masked (future) "
+        "attention rule 'p23_future' (from plugin {tmp}/rules.py) put weight on masked "
         "keys on finite scores of shape (4, 10, 5) and a causal mask of shape (10, 5): the "
         "largest |weight| at a masked key is "),
     "plugin rule's parameter not finite": Case("plugin rule that breaks the contract", lambda tmp: [
@@ -463,7 +463,7 @@ CASES: dict[str, Case] = {
         "--out", str(tmp / "o"), "--plugin",
         str(rule_file(tmp, "p23_sweep", "free", "return scores.relu()"))],
         "{tmp}/s.toml: cell model.attention=p23_sweep,seed=0: attention rule 'p23_sweep' (from "
-        "plugin {tmp}/rules.py) put weight on masked (future) keys"),
+        "plugin {tmp}/rules.py) put weight on masked keys"),
     "plugin rule in a study": Case("plugin rule that breaks the contract", lambda tmp: [
         "zoo", "--quick", "--rules", "p23_zoo", "--out", str(tmp / "o"), "--plugin",
         str(rule_file(tmp, "p23_zoo", "free", "return (scores.relu() * mask).double()"))],

@@ -395,11 +395,15 @@ def test_a_hidden_bos_equals_masking_key_0_by_hand(bos, heads):
     torch.testing.assert_close(out.patterns[0][0], weights, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(out.out[0], (weights @ values).sum(1), rtol=1e-5, atol=1e-6)
     assert torch.all(out.patterns[0][0, ..., 0].transpose(1, 2)[denied] == 0)
-    # the user's hooks run after the stack's: a kept score is the hidden one
+    # BOS is taken out of the rule's mask, not written into the scores: a kept score is the
+    # layer's own, and a hook that edits key 0's score changes nothing at the denied rows
     hooks = Hooks(keep=["blocks.0.attn.scores"])
     model(b.x, hooks=hooks)
-    kept = hooks.cache["blocks.0.attn.scores"][0, ..., 0].transpose(1, 2)  # (B, T, H)
-    assert torch.all(kept[denied] == float("-inf"))
+    torch.testing.assert_close(hooks.cache["blocks.0.attn.scores"][0], scores)
+    edit = Hooks({"blocks.0.attn.scores": lambda s, name: s.index_fill(-1, torch.tensor([0]),
+                                                                        50.0)})
+    edited = model(b.x, hooks=edit, return_weights=True).patterns[0][0]
+    assert torch.all(edited[..., 0].transpose(1, 2)[denied] == 0)
 
 
 @pytest.mark.parametrize("heads", [1, 2])

@@ -239,7 +239,7 @@ def test_a_plugin_rule_that_breaks_the_contract_is_refused_before_its_folder(tmp
                              "--out", str(tmp_path / "o"))
     assert code == 2 and out == "" and err.count("\n") == 1
     assert err.startswith(f"sinklab: error: attention rule 'blind_gate' (from plugin {path}) put "
-                          "weight on masked (future) keys on finite scores of shape (4, 10, 5)")
+                          "weight on masked keys on finite scores of shape (4, 10, 5)")
     assert not (tmp_path / "o").exists()
 
 

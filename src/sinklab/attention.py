@@ -2,9 +2,12 @@
 
 A rule takes ``scores`` of shape (..., q, k) and a boolean ``mask`` that broadcasts against them,
 True where query q may see key k, and returns weights of the same shape as ``scores`` with exactly
-0 on every masked (future) key. The key axis is always last. The model passes scores laid out
+0 on every masked key. The key axis is always last. The model passes scores laid out
 (members * batch, query * head, key), rows ordered (query, head), with the matching
-(query * head, key) mask: a rule must not assume that a row's index is its query position.
+(query * head, key) causal mask, or, where some rows may not see key 0 (``model.bos``
+"removed" or "ablated": BOS taken out of those rows' keys, whatever the rule does with its
+keys), a (members * batch, query * head, key) mask: a rule must not assume that a row's index is
+its query position, nor that every row sees key 0.
 
 A rule is registered once, with its metadata: ``@register("name", row_kind=..., kwargs=...)``
 records a ``RuleInfo`` (``rule_info(name)``): the function or class, what a row of its weights
@@ -86,6 +89,11 @@ class ParamRule(nn.Module):
     def split(self, scores: Tensor) -> Tensor:
         """(members * batch, query * head, key) -> (members, batch, query * head, key)."""
         return scores.view(self.n_members, -1, *scores.shape[-2:])
+
+    def split_mask(self, mask: Tensor) -> Tensor:
+        """The mask laid out like ``split``'s scores: a (query * head, key) mask as it is, a
+        per-row (members * batch, query * head, key) one split like the scores."""
+        return mask if mask.dim() == 2 else self.split(mask)
 
     def head(self, member: int, head: int) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
         raise NotImplementedError
@@ -377,12 +385,15 @@ def first_line(exc: BaseException, most: int = 200) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def check_contract(name: str, kwargs: Mapping[str, Any] | None = None) -> None:
+def check_contract(name: str, kwargs: Mapping[str, Any] | None = None,
+                   per_row: bool = False) -> None:
     """Build the rule ``name`` with its keyword arguments ``kwargs`` and call it once, as a
-    layer does, on small random finite scores with a causal mask (``CONTRACT_LAYERS``): a
-    ContractError of one sentence unless its parameters are finite and it returns finite
-    weights of the scores' shape and dtype, exactly 0 on every masked key, that the model can
-    lay out and differentiate. Rows may sum to anything (a ReLU row may be all zero).
+    layer does, on small random finite scores with a causal mask (``CONTRACT_LAYERS``), and
+    with ``per_row`` (a model whose ``bos`` takes key 0 out of some rows) once more with a
+    per-row mask that hides key 0 from some rows: a ContractError of one sentence unless its
+    parameters are finite and it returns finite weights of the scores' shape and dtype,
+    exactly 0 on every masked key, that the model can lay out and differentiate. Rows may sum
+    to anything (a ReLU row may be all zero).
 
     Checked once per process for each rule and arguments (the config checks every run's rule
     with it, ``sinklab.config.ModelConfig``). It draws from a generator of its own and leaves
@@ -390,9 +401,9 @@ def check_contract(name: str, kwargs: Mapping[str, Any] | None = None) -> None:
     """
     info = rule_info(name)
     kwargs = info.check_kwargs(kwargs or {})
-    key = (info.rule, tuple(sorted(kwargs.items())))
+    key = (info.rule, tuple(sorted(kwargs.items())), per_row)
     if key not in _CONTRACT:
-        _CONTRACT[key] = _contract_problem(info, kwargs)
+        _CONTRACT[key] = _contract_problem(info, kwargs, per_row)
     if _CONTRACT[key] is not None:
         args = ", ".join(f"{k}={v!r}" for k, v in info.non_default(kwargs).items())
         where = "sinklab" if info.module == "sinklab" else f"plugin {info.module}"
@@ -404,7 +415,8 @@ def _shape(t: Tensor) -> str:
     return str(tuple(t.shape))
 
 
-def _contract_problem(info: RuleInfo, kwargs: Mapping[str, Any]) -> str | None:
+def _contract_problem(info: RuleInfo, kwargs: Mapping[str, Any], per_row: bool
+                      ) -> str | None:
     """What the rule does wrong on the contract's layers (the end of a sentence), or None."""
     generator = torch.Generator().manual_seed(0)
     with torch.random.fork_rng(devices=[]), torch.enable_grad():
@@ -431,20 +443,34 @@ def _contract_problem(info: RuleInfo, kwargs: Mapping[str, Any]) -> str | None:
                             dtype=torch.float32)
             given = f"on finite scores of shape {_shape(scores)} and a causal mask of shape " \
                     f"{_shape(mask)}"
-            try:
-                weights = rule(scores, mask, x)
-            except Exception as exc:
-                return f"raised {first_line(exc)} when called {given}."
-            problem = _weights_problem(weights, scores, mask, given)
-            if problem is None and weights.requires_grad:
-                try:
-                    weights.sum().backward()
-                except Exception as exc:
-                    problem = (f"raised {first_line(exc)} in the backward pass of a call "
-                               f"{given}.")
-            if problem is not None:
-                return problem
+            # and a per-row mask, key 0 hidden from every other row but query 0's (model.bos)
+            rows = mask.expand(n_members * batch, *mask.shape).clone()
+            rows[1::2, n_heads:, 0] = False
+            hidden = f"on finite scores of shape {_shape(scores)} and a causal mask of shape " \
+                     f"{_shape(rows)} that hides key 0 from some rows (model.bos='removed')"
+            for m, text in ((mask, given), (rows, hidden))[:2 if per_row else 1]:
+                problem = _call_problem(rule, scores, m, x, text)
+                if problem is not None:
+                    return problem
     return None
+
+
+def _call_problem(rule: nn.Module, scores: Tensor, mask: Tensor, x: Tensor, given: str
+                  ) -> str | None:
+    """What is wrong with one call of the rule and its backward pass, or None."""
+    if scores.grad is not None:
+        scores.grad = None
+    try:
+        weights = rule(scores, mask, x)
+    except Exception as exc:
+        return f"raised {first_line(exc)} when called {given}."
+    problem = _weights_problem(weights, scores, mask, given)
+    if problem is None and weights.requires_grad:
+        try:
+            weights.sum().backward()
+        except Exception as exc:
+            problem = f"raised {first_line(exc)} in the backward pass of a call {given}."
+    return problem
 
 
 def _weights_problem(weights: Any, scores: Tensor, mask: Tensor, given: str) -> str | None:
@@ -463,10 +489,10 @@ def _weights_problem(weights: Any, scores: Tensor, mask: Tensor, given: str) -> 
         count = int((~torch.isfinite(weights)).sum())
         return (f"returned {count} non-finite weights ({_non_finite(weights)}) {given}: every "
                 "weight must be finite.")
-    leak = weights.masked_select(~mask).abs()
+    leak = weights.masked_select(~mask.expand_as(weights)).abs()
     if leak.numel() and leak.max() != 0:
-        return (f"put weight on masked (future) keys {given}: the largest |weight| at a masked "
-                f"key is {leak.max().item():.3g}, where it must be exactly 0.")
+        return (f"put weight on masked keys {given}: the largest |weight| at a masked key is "
+                f"{leak.max().item():.3g}, where it must be exactly 0.")
     n_rows, seq = scores.shape[0], scores.shape[-1]
     try:  # the model's two views of the weights (sinklab.model.Attention.forward)
         weights.view(n_rows, seq, -1)
@@ -519,11 +545,14 @@ def relu(scores: Tensor, mask: Tensor) -> Tensor:
     """The paper's non-normalised ReLU attention: A_ik = ReLU(S_ik) / max(i, 1) for k <= i.
 
     The divisor is the number of non-BOS keys the query can see (i for the 0-indexed query i under
-    a causal mask), floored at 1 (Ran-Milo, 2026, Section 3 and its reference code). Rows need not
-    sum to 1 and may be all zero, which is how ReLU outputs "zero" without a sink.
+    a causal mask, whether or not key 0 is hidden from it), floored at 1 (Ran-Milo, 2026,
+    Section 3 and its reference code). Rows need not sum to 1 and may be all zero, which is how
+    ReLU outputs "zero" without a sink.
     """
-    scale = mask.to(scores.dtype) / (_visible(mask, scores.dtype) - 1).clamp(min=1)
-    return torch.relu(scores) * scale  # scale is 0 on future keys
+    # the keys it sees other than key 0: i under the causal mask, BOS hidden or not
+    others = mask[..., 1:].sum(dim=-1, keepdim=True).to(scores.dtype)
+    scale = mask.to(scores.dtype) / others.clamp(min=1)
+    return torch.relu(scores) * scale  # scale is 0 on masked keys
 
 
 @register("relu_len", row_kind="free")
@@ -591,7 +620,7 @@ class SinkLogit(ParamRule):
     def forward(self, scores: Tensor, mask: Tensor, x: Tensor | None = None) -> Tensor:
         split = self.split(scores)  # (E, B, T*H, K)
         sink = self.per_row(self.logit, scores.shape[-2])[..., None]  # (E, 1, T*H, 1)
-        return _sink_softmax(split, mask, sink).view_as(scores)
+        return _sink_softmax(split, self.split_mask(mask), sink).view_as(scores)
 
     def head(self, member: int, head: int) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
         return lambda scores, mask, x=None: _sink_softmax(scores, mask, self.logit[member, head])
@@ -658,7 +687,7 @@ class Gated(ParamRule):
         if x is None:
             raise ValueError("the gated rule needs the layer's input x for its gate")
         split = self.split(scores)
-        return (softmax(split, mask) * self.gates(x)).view_as(scores)
+        return (softmax(split, self.split_mask(mask)) * self.gates(x)).view_as(scores)
 
     def head(self, member: int, head: int) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
         def rule(scores: Tensor, mask: Tensor, x: Tensor) -> Tensor:

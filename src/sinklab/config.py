@@ -194,7 +194,8 @@ class ModelConfig:
         # and arguments), so that a plugin's rule that breaks the contract is refused here,
         # before a run, sweep or study folder is written, not half-way through its training.
         try:
-            check_contract(self.attention, self.attention_args)
+            check_contract(self.attention, self.attention_args,
+                           per_row=self.bos in ("removed", "ablated"))
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
 

@@ -1,6 +1,8 @@
 """Denying queries their first key (key 0: BOS, where the sink forms), in toy and real models.
 
-One implementation serves both users: ``model.bos`` of the toy models (``sinklab.model``) and
+One implementation serves both users: ``model.bos="capped"`` of the toy models
+(``sinklab.model``; "removed" and "ablated" take key 0 out of the rule's mask instead, so that
+every rule, not only those that read a -inf score as weight 0, computes the row without it) and
 the first-key interventions on real ones (``sinklab.lm.interventions``). The row operations
 work on the last two axes (..., Q, K) of scores or weights, whatever the leading axes are (a
 toy model's (E, B, H), a Hugging Face model's (B, H)). ``rows``, a boolean tensor that

@@ -38,12 +38,14 @@ or per-head results are wanted computes each head's products and sums them. To z
     model(x, hooks=hooks).out
     hooks.cache["blocks.0.resid_post"]
 
-``model.bos`` is a hook too, built by ``sinklab.first_key`` (the implementation the real-model
-interventions use). The stack reads the denied queries off its input and adds, before the
-user's hooks, a scores hook on every layer that masks key 0 from them (``removed``,
-``ablated``: ``first_key.mask_first_key``, -inf at key 0, so a ReLU row is not renormalised),
-or a pattern hook that caps its share at 1 - ``model.bos_cap_eps`` of the row's sum
-(``capped``: ``first_key.cap_first_mass`` with the causal mask, ``cap_bos``).
+``model.bos`` reads the denied queries off the input (every one but BOS itself and, unless
+``ablated``, the trigger's). ``removed`` and ``ablated`` take key 0 out of their rows' mask in
+every layer (``key_mask``), so every rule computes those rows over the other keys, as if BOS
+were not there (softmax and ReLU exactly as a -inf score at key 0 would; a rule that does not
+read the scores, or reads the masked ones, as its definition says it should). ``capped`` is a
+pattern hook, built by ``sinklab.first_key`` (the implementation the real-model interventions
+use), that caps key 0's share at 1 - ``model.bos_cap_eps`` of the row's sum
+(``first_key.cap_first_mass`` with the causal mask, ``cap_bos``), added before the user's hooks.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ from torch import Tensor, nn
 from sinklab import kernels
 from sinklab.attention import build_rule, causal_mask
 from sinklab.config import ModelConfig
-from sinklab.first_key import cap_first, cap_first_mass, mask_first_key
+from sinklab.first_key import cap_first, cap_first_mass
 from sinklab.hooks import PER_HEAD, Hooks
 from sinklab.hooks import names as activation_names
 from sinklab.task import TRIGGER
@@ -110,7 +112,9 @@ class Attention(nn.Module):
 
     def forward(self, x: Tensor, mask: Tensor,
                 hooks: Hooks | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        """x (E, B, T, d) -> output (E, B, T, d), scores and weights (E, B, H, T, T).
+        """x (E, B, T, d) and the keys each query sees, the causal ``mask`` (T, T) or a mask per
+        row (E, B, T, T) (``AttentionStack.key_mask``) -> output (E, B, T, d), scores and
+        weights (E, B, H, T, T).
 
         The products are regrouped, not changed: head h's scores (x W_Q^h)(x W_K^h)^T equal
         (x A_h) x^T with A_h = W_Q^h W_K^h^T, and its output weights @ (x W_V^h) @ W_O^h equals
@@ -131,7 +135,8 @@ class Attention(nn.Module):
         n_heads = self.w_q.shape[1]
         hooked = hooks is not None and any(map(hooks.wants, self.names.values()))
         a = self.w_q @ self.w_k.transpose(-1, -2)  # (E, H, d, d)
-        if not hooked and self.engine(seq, d, x.device, x.dtype) == "kernel":
+        per_row = mask.dim() > 2  # key 0 hidden from some rows: the kernel takes no mask
+        if not hooked and not per_row and self.engine(seq, d, x.device, x.dtype) == "kernel":
             return kernels.FusedAttention.apply(x, a, self.w_v @ self.w_o, self.rule_name)
         # (E, d, H*d): column block h is A_h (M_h), so one product serves every head.
         a_cat = a.transpose(1, 2).reshape(n_members, d, n_heads * d)
@@ -143,7 +148,10 @@ class Attention(nn.Module):
         scores = q @ keys.transpose(1, 2)
         if hooked:
             scores = _hook_rows(hooks, self.names["attn.scores"], scores, n_members, n_heads)
-        row_mask = mask.repeat_interleave(n_heads, dim=0)  # (T*H, T)
+        # (T*H, T), or per row where key 0 is hidden from some queries: (E*B, T*H, T)
+        row_mask = mask.repeat_interleave(n_heads, dim=-2)
+        if row_mask.dim() > 2:
+            row_mask = row_mask.reshape(-1, *row_mask.shape[-2:])
         weights = self.rule(scores, row_mask, x)
         if hooked:
             weights = _hook_rows(hooks, self.names["attn.pattern"], weights, n_members, n_heads)
@@ -315,24 +323,33 @@ class AttentionStack(nn.Module):
                    for b in self.blocks}
         return "kernel" if engines == {"kernel"} else "pytorch"
 
-    def bos_hooks(self, x: Tensor, mask: Tensor) -> Hooks | None:
-        """The hooks that carry out ``model.bos`` on the input x (E, B, T, d), or None where the
-        BOS key is visible.
-
-        The denied queries are every one but BOS itself and, unless ``ablated``, the trigger's,
-        flagged in the input. ``removed`` and ``ablated`` mask BOS from them in every layer's
-        scores (``first_key.mask_first_key``); ``capped`` caps its share of every layer's
-        pattern (``first_key.cap_first_mass``, as ``cap_bos``).
-        """
-        if self.cfg.bos == "visible":
-            return None
-        denied = (x[..., TRIGGER] == 0) | (self.cfg.bos == "ablated")  # (E, B, T)
+    def denied(self, x: Tensor) -> Tensor:
+        """The queries ``model.bos`` denies BOS to, flagged in the input x (E, B, T, d): every
+        one but BOS itself and, unless ``ablated``, the trigger's. (E, B, T) booleans."""
+        denied = (x[..., TRIGGER] == 0) | (self.cfg.bos == "ablated")
         denied[..., 0] = False
-        rows = denied[:, :, None]  # (E, B, 1, Q): every head alike
-        if self.cfg.bos == "capped":
-            return cap_first_mass(self.cfg.bos_cap_eps, len(self.blocks), rows=rows,
-                                  visible=mask, excess="product")
-        return mask_first_key(len(self.blocks), rows=rows, dtype=x.dtype)
+        return denied
+
+    def key_mask(self, x: Tensor, mask: Tensor) -> Tensor:
+        """The keys every layer's rule is given: the causal ``mask`` (T, T) where BOS is visible
+        or capped, and for ``removed`` and ``ablated`` that mask with key 0 taken out of the
+        denied queries' rows, (E, B, T, T)."""
+        if self.cfg.bos not in ("removed", "ablated"):
+            return mask
+        keys = mask.expand(*x.shape[:2], *mask.shape).clone()
+        keys[..., 0] &= ~self.denied(x)
+        return keys
+
+    def bos_hooks(self, x: Tensor, mask: Tensor) -> Hooks | None:
+        """The hooks that carry out ``model.bos="capped"`` on the input x (E, B, T, d): a cap
+        on key 0's share of every layer's pattern at the denied queries
+        (``first_key.cap_first_mass``, as ``cap_bos``); None for the other modes (``removed``
+        and ``ablated`` are the rules' mask, ``key_mask``)."""
+        if self.cfg.bos != "capped":
+            return None
+        rows = self.denied(x)[:, :, None]  # (E, B, 1, Q): every head alike
+        return cap_first_mass(self.cfg.bos_cap_eps, len(self.blocks), rows=rows,
+                              visible=mask, excess="product")
 
     def forward(self, x: Tensor, *, return_weights: bool = False,
                 hooks: Hooks | None = None) -> ModelOutput:
@@ -340,7 +357,7 @@ class AttentionStack(nn.Module):
 
         ``hooks`` edit and keep activations by name (the module docstring); their names must be
         this model's (a ValueError of one sentence if not), and what they keep is in
-        ``hooks.cache`` afterwards. ``model.bos``'s hooks (``bos_hooks``) run before them.
+        ``hooks.cache`` afterwards. ``model.bos``'s cap (``bos_hooks``) runs before them.
         """
         if x.dim() == 3:
             x = x.expand(self.n_members, *x.shape)
@@ -352,10 +369,11 @@ class AttentionStack(nn.Module):
         run = self.bos_hooks(x, mask)
         if hooks is not None:
             run = hooks if run is None else run.merged(hooks)
+        keys = self.key_mask(x, mask)
         result = ModelOutput(out=x)
         h = x
         for block in self.blocks:
-            h, scores, weights = block(h, mask, run)
+            h, scores, weights = block(h, keys, run)
             if return_weights:
                 result.scores.append(scores)
                 result.patterns.append(weights)

@@ -31,7 +31,7 @@ class LearnedTemperature(ParamRule):
     def forward(self, scores: Tensor, mask: Tensor, x: Tensor | None = None) -> Tensor:
         split = self.split(scores)  # (E, B, T*H, K)
         scale = self.per_row(self.log_scale.exp(), scores.shape[-2])[..., None]  # (E, 1, T*H, 1)
-        return softmax(split * scale, mask).view_as(scores)
+        return softmax(split * scale, self.split_mask(mask)).view_as(scores)
 
     def head(self, member: int, head: int) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
         return lambda scores, mask, x=None: softmax(scores * self.log_scale[member, head].exp(),
