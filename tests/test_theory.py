@@ -60,6 +60,38 @@ def test_relu_construction_is_exact_with_no_sink(seq_len, d_model):
         assert nontrigger.any() and torch.all(out.out[0][off] == 0)
 
 
+@pytest.mark.parametrize(("layers", "heads"), [(1, 1), (2, 2)])
+def test_the_zero_row_construction_is_exact_for_softpick_and_not_for_its_controls(layers,
+                                                                                  heads):
+    """ReLU's construction solves the task exactly with softpick too (1x1, and 2x2 residual):
+    every non-trigger row all zero, no BOS weight, the trigger row the mean. Its controls: the
+    same weights under unscaled ReLU (the trigger row sums the tokens instead of averaging
+    them) and under sigmoid (no row is zero) err by at least 0.25 somewhere."""
+    def error(rule):
+        cfg, model = theory.relu_construction(16, 16, layers, heads, dtype=torch.float64)
+        if rule != "relu":
+            cfg = build_run_config({**cfg.to_dict(), "model": {**cfg.to_dict()["model"],
+                                                              "attention": rule}})
+            plain = AttentionStack(cfg.model, 16, residual=cfg.residual).to(torch.float64)
+            plain.load_state_dict(model.state_dict())
+            model = plain
+        batch = theory.all_triggers_batch(cfg, 128, seed=2, dtype=torch.float64)
+        out = model(batch.x, return_weights=True)
+        return (out.out[0] - batch.y).abs().max().item(), out.patterns
+    cfg, model = theory.zero_row_construction("softpick", 16, 16, layers, heads,
+                                              dtype=torch.float64)
+    assert cfg.model.attention == "softpick" and cfg.residual == (layers > 1)
+    batch = theory.all_triggers_batch(cfg, 128, seed=2, dtype=torch.float64)
+    out = model(batch.x, return_weights=True)
+    assert (out.out[0] - batch.y).abs().max().item() <= 1e-12
+    assert all(torch.all(p[..., 0] == 0) for p in out.patterns)  # BOS weight 0 everywhere
+    assert error("relu")[0] <= 1e-12
+    assert error("relu_raw")[0] >= 0.25 and error("sigmoid")[0] >= 0.25
+    with pytest.raises(ConfigError, match="exact for the rules relu, softpick only, not "
+                                          "'softmax'"):
+        theory.zero_row_construction("softmax")
+
+
 def test_relu_construction_2x2_residual_uses_one_head():
     cfg, model = theory.relu_construction(16, 16, n_layers=2, n_heads=2, dtype=torch.float64)
     assert cfg.residual

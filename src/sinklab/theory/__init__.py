@@ -16,7 +16,8 @@ imported on first use, so that ``sinklab.theory.verdicts`` stays free of torch.
 import importlib
 from typing import Any
 
-EXPORTS = ("family_sweep", "head_split", "relu_construction", "relu_exactness", "softmax_sink")
+EXPORTS = ("family_sweep", "head_split", "relu_construction", "relu_exactness", "softmax_sink",
+           "zero_row_construction")
 __all__ = list(EXPORTS)
 
 

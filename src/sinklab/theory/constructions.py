@@ -4,7 +4,8 @@ Five pieces, each a function of explicit inputs, gathered by the ``sinklab theor
 (``sinklab.studies.theorem``):
 
 - ``relu_construction``: weights for the paper's model class that solve the task *exactly* with
-  ReLU attention and no sink, for any sequence length and width (>= 4);
+  ReLU attention and no sink, for any sequence length and width (>= 4); the same weights solve
+  it exactly with softpick (``zero_row_construction``);
 - ``softmax_sink``: a family of softmax weights indexed by a logit gap c that solves the task
   approximately by parking non-trigger rows on BOS; its error falls only as BOS mass rises;
 - ``denied_configs``: training runs whose BOS key is removed, or whose BOS share is capped at
@@ -60,10 +61,24 @@ def _empty_model(cfg: RunConfig, dtype: torch.dtype) -> AttentionStack:
     return model.to(dtype)
 
 
-@torch.no_grad()
+# The rules for which ``zero_row_construction``'s weights solve the task exactly: each turns a
+# row of scores that are all 0 into an all-zero row, and j equal positive scores beside a 0 on
+# BOS into 1/j on each of the j keys.
+ZERO_ROW_RULES = ("relu", "softpick")
+
+
 def relu_construction(seq_len: int = 16, d_model: int = 16, n_layers: int = 1, n_heads: int = 1,
                       dtype: torch.dtype = torch.float32) -> tuple[RunConfig, AttentionStack]:
-    """ReLU weights that solve the task exactly, with no BOS weight anywhere.
+    """``zero_row_construction`` for the paper's ReLU rule."""
+    return zero_row_construction("relu", seq_len, d_model, n_layers, n_heads, dtype)
+
+
+@torch.no_grad()
+def zero_row_construction(rule: str = "relu", seq_len: int = 16, d_model: int = 16,
+                          n_layers: int = 1, n_heads: int = 1,
+                          dtype: torch.dtype = torch.float32) -> tuple[RunConfig, AttentionStack]:
+    """Weights that solve the task exactly with ``rule`` (one of ``ZERO_ROW_RULES``), with no
+    BOS weight anywhere: every non-trigger row is all zero.
 
     Layer 1, head 1 does the work; every other head of every layer is zero (silent), so with
     several layers the residual stream carries x through and the target is x plus the mean at
@@ -74,10 +89,18 @@ def relu_construction(seq_len: int = 16, d_model: int = 16, n_layers: int = 1, n
     - W_K maps the trigger flag and the bias flag to e_1: every token but BOS has exactly one
       of them, so its key is e_1 and BOS's key is 0;
     - hence at the trigger row j, S_jk = 1 for k = 1..j and 0 for BOS, and ReLU(S) / j puts
-      1/j on each of x_1..x_j; at every other row S = 0 and the row is all zero;
+      1/j on each of x_1..x_j; at every other row S = 0 and the row is all zero. Softpick,
+      ReLU(e^S - 1) / sum |e^S - 1|, does the same: e - 1 on each of the j keys over j (e - 1),
+      and BOS's e^0 - 1 = 0 adds nothing to the denominator; a row of zero scores is all zero;
     - W_V = W_O = I, so the trigger row outputs mean(x_1..x_j) and every other row 0.
+
+    Another rule is a ConfigError naming these; with these weights sigmoid's and unscaled
+    ReLU's trigger rows are not a mean (the tests show them far from exact).
     """
-    cfg = construction_config("relu", seq_len, d_model, n_layers, n_heads)
+    if rule not in ZERO_ROW_RULES:
+        raise ConfigError(f"the zero-row construction is exact for the rules "
+                          f"{', '.join(ZERO_ROW_RULES)} only, not {rule!r}: choose one of them.")
+    cfg = construction_config(rule, seq_len, d_model, n_layers, n_heads)
     model = _empty_model(cfg, dtype)
     last = d_model - 1
     attn = model.blocks[0].attn
