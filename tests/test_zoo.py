@@ -70,12 +70,22 @@ def test_outcome_and_share_labels_say_mixed_when_seeds_disagree():
 
 
 def test_capacity_table_and_when_its_arguments_apply():
-    assert set(zoo.CAPACITY) == {("1x1", "relu_len"), ("1x1", "relu_raw"), ("1x1", "uniform")}
-    # not sigmoid (it sees the row's length) and nothing at 2x2 (a layer can write position)
-    assert not any(rule == "sigmoid" or config == "2x2" for config, rule in zoo.CAPACITY)
+    assert set(zoo.CAPACITY) == {("1x1", "relu_len"), ("1x1", "relu_raw"), ("1x1", "uniform"),
+                                 ("2x2", "uniform")}
+    # not sigmoid (it sees the row's length); at 2x2 only uniform, whose stack stays linear (a
+    # layer of any other rule can write the position)
+    assert not any(rule == "sigmoid" for _config, rule in zoo.CAPACITY)
+    assert [rule for config, rule in zoo.CAPACITY if config == "2x2"] == ["uniform"]
     one = zoo.run_config("1x1", "relu_len", 1e-3, 0, False, "auto")
     assert zoo.capacity_applies(one)
     assert not zoo.capacity_applies(zoo.run_config("2x2", "relu_len", 1e-3, 0, False, "auto"))
+    two = zoo.run_config("2x2", "uniform", 1e-3, 0, False, "auto")
+    assert zoo.capacity_applies(two, zoo.LINEAR_STACK)
+    assert not zoo.capacity_applies(two, zoo.FIXED_WEIGHTS)
+    assert not zoo.capacity_applies(zoo.run_config("2x2", "uniform", 1e-3, 0, False, "auto",
+                                                   model={"block": "standard"}),
+                                    zoo.LINEAR_STACK)  # an MLP is not linear
+    assert zoo.fixed_weight_rules() == {"uniform"}
     assert not zoo.capacity_applies(zoo.run_config("1x1", "relu_len", 1e-3, 0, False, "auto",
                                                    model={"block": "standard"}))
     assert not zoo.capacity_applies(zoo.run_config("1x1", "relu_len", 1e-3, 0, False, "auto",
@@ -92,8 +102,50 @@ def test_capacity_bounds_are_the_stated_formulas():
     assert pf["mse_floor"] / pf["tol"] ** 2 == pytest.approx(pf["mse_floor_over_tol2"])
     assert pf["mse_floor"] > pf["tol"] ** 2 * 100  # far above what the stop rule allows
     assert fw["sup_floor"] == pytest.approx(3 / 10)  # (j + 1) / (j (j + 3)) at j = 2
+    assert bounds["linear_stack"]["sup_floor"] == pytest.approx(1 / 4)  # 1 / (2 j) at j = 2
     w, j = fw["w_best"], 2  # the two errors the argument balances are equal there
     assert w / 2 == pytest.approx(1 / j - w / (j + 1))
+
+
+@pytest.mark.parametrize("residual", [True, False])
+def test_a_stack_of_uniform_layers_errs_by_a_quarter_at_row_2_whatever_its_weights(residual):
+    """The linear-stack argument's four sequences (x_1's content coordinate at -1 and 1, the
+    trigger at 2 or at 3), all else fixed: for random 2x2 uniform stacks (residual and plain)
+    one of them errs by at least 1/4 at row 2. Its control, the same four sequences through the
+    exact 2x2 ReLU construction (whose weights read the scores), err by nothing, so the
+    measurement can fail."""
+    from sinklab.task import encode, targets
+    from sinklab.theory import constructions
+
+    gen = torch.Generator().manual_seed(0)
+    content = torch.rand(1, 16, 13, generator=gen) * 2 - 1
+    xs, trig = [], []
+    for j in (2, 3):
+        for u in (-1.0, 1.0):
+            c = content.clone()
+            c[0, 1, 4] = u  # x_1's content coordinate 4
+            xs.append(encode(c, torch.tensor([j])))
+            trig.append(j)
+    x, trig = torch.cat(xs).double(), torch.tensor(trig)
+
+    def worst(model, cfg):
+        with torch.no_grad():
+            err = (model(x).out[0] - targets(x, trig, cfg.residual))[:, 2, 2 + 4]
+        return err.abs().max().item()
+
+    target = "residual" if residual else "plain"
+    for seed in range(5):
+        cfg = build_run_config({"task": {"target": target},
+                                "model": {"attention": "uniform", "n_layers": 2, "n_heads": 2}})
+        model = AttentionStack(cfg.model, 16, residual=cfg.residual).double()
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.5)
+        assert worst(model, cfg) >= 0.25 - 1e-12
+    if residual:
+        cfg, relu = constructions.relu_construction(16, 16, 2, 2, dtype=torch.float64)
+        assert worst(relu, cfg) <= 1e-12
 
 
 def _position_free_model(rule, generator, scale):
@@ -236,7 +288,7 @@ def test_zoo_end_to_end_chooses_lr_on_validation_and_resumes(tmp_path, capsys, t
     text = (out / "ZOO.md").read_text()
     assert text.startswith("# Zoo: which attention rules need a sink\n")
     for section in ("## Verdicts", "**Primary claims**", "## 1x1", "## 2x2",
-                    "## Rules that cannot express the task in one layer",
+                    "## Rules that cannot express the task",
                     "## BOS ablation at evaluation", "## Which rules need a BOS sink"):
         assert section in text
     assert "cannot express (argument in the report)" in text and "Var(1/j) / 3" in text

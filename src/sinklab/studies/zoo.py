@@ -162,6 +162,9 @@ class Capacity:
     key: str
     why: str  # the argument in one clause, for tables
     measured: bool = False
+    # the argument holds for a stack of attention-only layers of any depth, residual or not
+    # (not only for the 1x1 setting)
+    any_depth: bool = False
 
 
 POSITION_FREE = Capacity(
@@ -173,24 +176,36 @@ FIXED_WEIGHTS = Capacity(
     "its weights ignore the scores, so the model is linear and cannot both null every "
     "non-trigger row and average at the trigger row")
 
-# (configuration, rule) -> the argument that the rule cannot express the task there. Only
-# 1x1: from two layers on, a first layer can write the query's position (or its prefix's mean)
-# into the residual stream, and the arguments no longer hold (relu_len and relu_raw get 5-10x
-# closer at 2x2). Sigmoid with bias -log n sees the row's length through n, so it is not here.
+LINEAR_STACK = Capacity(
+    "linear_stack",
+    "its weights ignore the scores, so a stack of its layers is linear in the input: the row at "
+    "the first trigger position gives x_1 one weight, which must be 1/j when that row is the "
+    "trigger's and 0 when it is not", any_depth=True)
+
+# (configuration, rule) -> the argument that the rule cannot express the task there. The
+# position-dependent arguments are 1x1 only: from two layers on, a first layer can write the
+# query's position (or its prefix's mean) into the residual stream, and they no longer hold
+# (relu_len and relu_raw get 5-10x closer at 2x2). Uniform's weights are fixed at any depth, so
+# its stack stays linear. Sigmoid with bias -log n sees the row's length through n, so it is
+# not here.
 CAPACITY: dict[tuple[str, str], Capacity] = {
     ("1x1", "relu_len"): POSITION_FREE,  # ReLU(S_ik) / L: L is the same for every query
     ("1x1", "relu_raw"): POSITION_FREE,  # ReLU(S_ik): no division at all
     ("1x1", "uniform"): FIXED_WEIGHTS,  # 1 / (i + 1) whatever the scores
+    ("2x2", "uniform"): LINEAR_STACK,  # the same weights in every layer: a linear stack
 }
 
 
-def capacity_applies(cfg: RunConfig) -> bool:
-    """Whether a run's settings are those the arguments need: one attention-only layer with the
-    plain target and BOS visible, one trigger per sequence at positions from 2 (so that key 1
-    is a content token, and row 1 a non-trigger row, at every trigger position) over at least
-    two positions."""
+def capacity_applies(cfg: RunConfig, argument: Capacity | None = None) -> bool:
+    """Whether a run's settings are those the arguments need: attention-only layers with BOS
+    visible, one trigger per sequence at positions from 2 (so that key 1 is a content token,
+    and row 1 a non-trigger row, at every trigger position) over at least two positions; and,
+    unless the ``argument`` holds at any depth (``Capacity.any_depth``), one layer with the
+    plain target."""
     task = cfg.task
-    return (cfg.model.n_layers == 1 and cfg.model.block == "attention" and not cfg.residual
+    shape = (argument is not None and argument.any_depth) or \
+        (cfg.model.n_layers == 1 and not cfg.residual)
+    return (shape and cfg.model.block == "attention"
             and cfg.model.bos == "visible" and task.single_trigger
             and task.train_trigger_min >= 2 and task.train_trigger_max > task.train_trigger_min)
 
@@ -202,7 +217,9 @@ def capacity_bounds(cfg: RunConfig) -> dict[str, Any]:
     weights' expected squared error in each content coordinate at the trigger row is at least
     Var(1/j) / 3 (``mse_floor``), and some sequences of the training distribution err by at
     least (1/j_min - 1/j_max) / 2 there (``sup_floor``). ``fixed_weights``: some sequences with
-    the trigger at j_min err by at least (j + 1) / (j (j + 3)), j = j_min (``sup_floor``)."""
+    the trigger at j_min err by at least (j + 1) / (j (j + 3)), j = j_min (``sup_floor``).
+    ``linear_stack``: some sequences err by at least 1 / (2 j_min) at row j_min, at any depth
+    (``sup_floor``)."""
     task = cfg.task
     j = np.arange(task.train_trigger_min, task.train_trigger_max + 1, dtype=float)
     var = float(np.var(1 / j))  # over the uniform trigger position (population variance)
@@ -218,6 +235,7 @@ def capacity_bounds(cfg: RunConfig) -> dict[str, Any]:
                           "sequences": CAPACITY_SEQUENCES},
         "fixed_weights": {**common, "w_best": 2 * (lo + 1) / (lo * (lo + 3)),
                           "sup_floor": (lo + 1) / (lo * (lo + 3))},
+        "linear_stack": {**common, "sup_floor": 1 / (2 * lo)},
     }
 
 
@@ -311,7 +329,7 @@ def run_record(ctx: Context, config: str, rule: str, lr: float, seed: int) -> di
     s = ctx.summary(name)
     argument = CAPACITY.get((config, rule))
     cfg = build_run_config(read_json(ctx.out / name / "config.json"))
-    applies = argument is not None and capacity_applies(cfg)
+    applies = argument is not None and capacity_applies(cfg, argument)
     checks = model_checks(ctx, name, applies and argument.measured)
     sources = head_sources(s, rule)
     shares = bos_shares(s)
@@ -438,10 +456,12 @@ SINK_WORDS = (f"sink on BOS (a head whose non-trigger rows are on and hold at le
 
 
 def fixed_weight_rules() -> set[str]:
-    """Rules whose weights ignore the scores (``FIXED_WEIGHTS`` in ``CAPACITY``): uniform puts
-    1/(i + 1) on BOS at row i, at most 1/2 on a non-trigger row, so it cannot sink by
-    construction and its "no sink" is a check of the sink measure, not evidence."""
-    return {rule for (_config, rule), argument in CAPACITY.items() if argument is FIXED_WEIGHTS}
+    """Rules whose weights ignore the scores (``FIXED_WEIGHTS`` or ``LINEAR_STACK`` in
+    ``CAPACITY``): uniform puts 1/(i + 1) on BOS at row i, at most 1/2 on a non-trigger row, so
+    it cannot sink by construction and its "no sink" is a check of the sink measure, not
+    evidence."""
+    return {rule for (_config, rule), argument in CAPACITY.items()
+            if argument in (FIXED_WEIGHTS, LINEAR_STACK)}
 
 
 def sink_parts(entries: list[dict[str, Any]], rule: str) -> list[tuple[str, int, int]]:
