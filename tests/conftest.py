@@ -60,6 +60,15 @@ def small_config(**sections) -> RunConfig:
     return build_run_config(sections)
 
 
+def _value_side(name, rule, e, hd, mixed, w, h):
+    """A value-side rule's act on one head's mixed values, as its paper writes it."""
+    if name == "gated_dim":  # a sigmoid gate per dimension from the query token
+        return mixed * torch.sigmoid(h @ rule.gate_w[e, hd] + rule.gate_b[e, hd])
+    if name == "kv_bias":  # the learned key's weight (the softmax's remainder) times its value
+        return mixed + (1 - w.sum(-1, keepdim=True)) * rule.value[e, hd]
+    raise AssertionError(f"no reference equations for the value-side rule {name!r}")
+
+
 def reference_forward(model, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """The paper's equations written out per member, layer and head, with no batching tricks.
 
@@ -83,9 +92,14 @@ def reference_forward(model, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.
             for hd in range(a.w_q.shape[1]):
                 rule = a.rule.head(e, hd)  # the rule for this member and head alone
                 q, k, v = h @ a.w_q[e, hd], h @ a.w_k[e, hd], h @ a.w_v[e, hd]
-                w = rule(q @ k.transpose(-1, -2), mask, h)  # (B, T, T)
+                if a.rule.value_side:
+                    w = rule(q @ k.transpose(-1, -2), mask, h, q)  # (B, T, T)
+                    mixed = _value_side(a.rule_name, a.rule, e, hd, w @ v, w, h)
+                else:
+                    w = rule(q @ k.transpose(-1, -2), mask, h)  # (B, T, T)
+                    mixed = w @ v
                 head_w.append(w)
-                total = total + (w @ v) @ a.w_o[e, hd]
+                total = total + mixed @ a.w_o[e, hd]
             layer_weights[li].append(torch.stack(head_w, dim=1))
             h = stream + total if model.residual else total
             if block.standard:

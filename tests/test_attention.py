@@ -38,11 +38,37 @@ def scores(seed=0, shape=(4, 3, 16, 16), scale=3.0):
     return torch.randn(shape, generator=torch.Generator().manual_seed(seed)) * scale
 
 
+def queries(x, n_heads):
+    """Head-space queries (E, B, T, H, D) for a value-side rule: a fixed function of x."""
+    return torch.stack([x.roll(h, -1) * (1 + h) for h in range(n_heads)], dim=3)
+
+
+class AsLayerCalls:
+    """A built rule called as the layer calls it: a value-side rule also gets the queries."""
+
+    def __init__(self, rule):
+        self.rule = rule
+
+    def __getattr__(self, name):
+        return getattr(self.rule, name)
+
+    def __call__(self, s, mask, x):
+        if self.rule.value_side:
+            return self.rule(s, mask, x, queries(x, self.rule.n_heads))
+        return self.rule(s, mask, x)
+
+    def head(self, e, h):
+        one = self.rule.head(e, h)
+        if not self.rule.value_side:
+            return one
+        return lambda s, mask, x: one(s, mask, x, queries(x[None], self.rule.n_heads)[0, ..., h, :])
+
+
 def rule_and_inputs(name, seed=0, scale=3.0):
-    """A built rule with random parameters, model-layout scores (E*B, T*H, T), the row mask and
-    a layer input x (E, B, T, D)."""
+    """A built rule with random parameters (called as the layer calls it), model-layout scores
+    (E*B, T*H, T), the row mask and a layer input x (E, B, T, D)."""
     gen = torch.Generator().manual_seed(seed)
-    rule = build_rule(name, E, H, D)
+    rule = AsLayerCalls(build_rule(name, E, H, D))
     with torch.no_grad():
         for p in rule.parameters():
             p.copy_(torch.randn(p.shape, generator=gen))
@@ -206,7 +232,12 @@ def test_sigmoid_softpick_gated_uniform_definitions():
 
 
 def test_parameters_live_with_their_rule():
-    assert [n for n in BUILT_IN if has_parameters(n)] == ["gated", "sink_logit"]
+    assert [n for n in BUILT_IN if has_parameters(n)] == ["gated", "gated_dim", "kv_bias",
+                                                          "sink_logit"]
+    assert [tuple(p.shape) for p in build_rule("kv_bias", 3, 4, 8).parameters()] == [(3, 4, 8),
+                                                                                     (3, 4, 8)]
+    assert [tuple(p.shape) for p in build_rule("gated_dim", 3, 4, 8).parameters()] == [
+        (3, 4, 8, 8), (3, 4, 8)]
     assert [tuple(p.shape) for p in build_rule("sink_logit", 3, 4, 8).parameters()] == [(3, 4)]
     assert [tuple(p.shape) for p in build_rule("gated", 3, 4, 8).parameters()] == [(3, 4, 8),
                                                                                    (3, 4)]
@@ -214,7 +245,7 @@ def test_parameters_live_with_their_rule():
 
 
 def test_unknown_rule_names_the_known_ones():
-    with pytest.raises(ValueError, match="unknown attention rule 'bogus': choose one of gated, "):
+    with pytest.raises(ValueError, match="unknown attention rule 'bogus': choose one of clipped_softmax, gated, "):
         get_rule("bogus")
 
 
@@ -246,6 +277,7 @@ def test_rules_with_keyword_arguments_declare_them_from_their_signatures():
     declared = {n: {a: (s.type, s.default) for a, s in rule_info(n).kwargs.items()}
                 for n in BUILT_IN if rule_info(n).kwargs}
     assert declared == {"softmax": {"temperature": (float, 1.0)},
+                        "clipped_softmax": {"zeta": (float, 1.0), "gamma": (float, -0.03)},
                         "sigmoid": {"bias": (float | None, None)},
                         "sink_logit": {"init": (float, 0.0)}}
 
@@ -254,7 +286,7 @@ def test_rules_with_keyword_arguments_declare_them_from_their_signatures():
 def test_explicit_defaults_compute_the_same_bits_as_none_given(name):
     rule, s, mask, x = rule_and_inputs(name)
     defaults = {arg: spec.default for arg, spec in rule_info(name).kwargs.items()}
-    explicit = build_rule(name, E, H, D, **defaults)
+    explicit = AsLayerCalls(build_rule(name, E, H, D, **defaults))
     explicit.load_state_dict(rule.state_dict())
     assert torch.equal(explicit(s, mask, x), rule(s, mask, x))
 
@@ -505,3 +537,73 @@ def test_sinklab_names_itself_and_the_arguments_of_a_rule_it_refuses():
     with pytest.raises(ContractError, match=r"^attention rule 'softmax' \(from sinklab\) with "
                                             r"temperature=1e-40 returned \d+ non-finite"):
         check_contract("softmax", {"temperature": 1e-40})  # every score / 0 in float32
+
+
+# ----------------------------------------------------------------- the rules proposed since 2023
+
+
+def test_clipped_softmax_clips_the_stretched_softmax_and_is_softmax_at_zeta_1_gamma_0():
+    s, mask = scores(), causal_mask(16)
+    p = softmax(s, mask)
+    got = get_rule("clipped_softmax")(s, mask, zeta=1.2, gamma=-0.1)
+    torch.testing.assert_close(got, ((1.3 * p - 0.1).clamp(0, 1)) * mask)
+    small = (p <= 0.1 / 1.3) & mask
+    assert small.any() and torch.all(got[small] == 0)  # small weights exactly 0, scores finite
+    assert torch.equal(get_rule("clipped_softmax")(s, mask, zeta=1.0, gamma=0.0), p)
+    # an all-zero row needs every softmax weight <= -gamma / (zeta - gamma), n >= 34.3 keys at
+    # the defaults (35 keys), so a row of 16 equal scores keeps 1/16 - (1 - 1/16) 0.03 on every key
+    flat = get_rule("clipped_softmax")(torch.zeros(1, 16, 16), mask)
+    torch.testing.assert_close(flat[0, 15], torch.full((16,), 1.03 / 16 - 0.03))
+    wide = get_rule("clipped_softmax")(torch.zeros(1, 40, 40), causal_mask(40))
+    assert torch.all(wide[0, 34:] == 0) and torch.all(wide[0, 33, :34] > 0)
+
+
+def test_clipped_softmax_refuses_a_stretch_that_would_not_clip():
+    with pytest.raises(ValueError, match="gamma must be a number <= 0"):
+        build_rule("clipped_softmax", 1, 1, 4, gamma=0.1)
+    with pytest.raises(ValueError, match="zeta must be a number >= 1"):
+        build_rule("clipped_softmax", 1, 1, 4, zeta=0.5)
+
+
+def test_kv_bias_is_softmax_over_the_keys_and_a_learned_key_with_its_value():
+    """Concatenate the learned key and value to each head's keys and values, softmax, mix: the
+    rule's weights are the sequence's columns and mix adds the learned key's weight times v_h."""
+    rule, s, mask, x = rule_and_inputs("kv_bias")
+    q = queries(x, H)
+    w = rule(s, mask, x).view(E, B, T, H, T)
+    values = torch.randn(E, B, T, H, D)  # each head's values x W_V^h
+    mixed = torch.einsum("ebqhk,ebkhd->ebqhd", w, values)
+    got = rule.mix(mixed, w.reshape(E * B, T * H, T), x, q)
+    for e in range(E):
+        for h in range(H):
+            extra = q[e, :, :, h] @ rule.key[e, h]  # (B, T)
+            rows = s.view(E, B, T, H, T)[e, :, :, h].masked_fill(~causal_mask(T), float("-inf"))
+            full = torch.cat([rows, extra[..., None]], -1).softmax(-1)  # (B, T, T + 1)
+            torch.testing.assert_close(w[e, :, :, h], full[..., :-1])
+            want = full[..., :-1] @ values[e, :, :, h] + full[..., -1:] * rule.value[e, h]
+            torch.testing.assert_close(got[e, :, :, h], want, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(got, mixed)  # the learned value is there: the control
+
+
+def test_gated_dim_gates_each_dimension_and_with_equal_gates_is_the_headwise_gate():
+    rule, s, mask, x = rule_and_inputs("gated_dim")
+    q = queries(x, H)
+    torch.testing.assert_close(rule(s, mask, x), softmax(s, mask))
+    mixed = torch.randn(E, B, T, H, D)
+    gates = torch.sigmoid(torch.einsum("ebtd,ehdf->ebthf", x, rule.gate_w)
+                          + rule.gate_b[:, None, None])
+    torch.testing.assert_close(rule.mix(mixed, s, x, q), mixed * gates)
+    share = rule.passed(mixed, x, q)
+    assert share.shape == (E, B, T, H) and torch.all((share > 0) & (share < 1))
+    with torch.no_grad():  # the same gate on every dimension: the share is that gate
+        rule.gate_w.zero_()
+        rule.gate_b.copy_(torch.linspace(-3, 3, E * H).view(E, H, 1).expand(E, H, D))
+    torch.testing.assert_close(rule.passed(mixed, x, q),
+                               torch.sigmoid(rule.gate_b[..., 0])[:, None, None].expand(E, B, T, H))
+
+
+def test_a_value_side_rule_must_be_given_the_queries():
+    rule = build_rule("kv_bias", E, H, D)
+    _, s, mask, x = rule_and_inputs("softmax")
+    with pytest.raises(ValueError, match="needs the head's queries q"):
+        rule(s, mask, x)

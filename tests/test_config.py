@@ -40,7 +40,8 @@ def test_precedence_defaults_file_overrides(tmp_path):
 @pytest.mark.parametrize("override, message", [
     # every registered rule, the test plugins' too (tests/conftest.py)
     ("model.attention=bogus", "model.attention='bogus' is not a known attention rule: choose "
-                              "one of gated, learned_temperature, relu, relu_len, relu_power, "
+                              "one of clipped_softmax, gated, gated_dim, kv_bias, "
+                              "learned_temperature, relu, relu_len, relu_power, "
                               "relu_raw, sigmoid, sink_logit, softmax, softmax1, softmax_t, "
                               "softpick, uniform (a rule of your own needs its plugin loaded: "
                               "--plugin MODULE)."),

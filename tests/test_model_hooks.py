@@ -322,7 +322,7 @@ def test_an_edit_to_the_stream_reaches_the_next_layer_and_the_gate():
     hooks = Hooks({"blocks.0.resid_post": lambda t, n: t * 0.5}, keep=["blocks.1.attn.pattern"])
     out = model(x, hooks=hooks).out
     with torch.no_grad():
-        y, _, weights = model.blocks[1].attn(edited, causal_mask(SEQ))  # gated: no kernel
+        y, _, weights, _ = model.blocks[1].attn(edited, causal_mask(SEQ))  # gated: no kernel
     assert torch.equal(out, edited + y)
     assert torch.equal(hooks.cache["blocks.1.attn.pattern"], weights)
 

@@ -24,7 +24,8 @@ from test_cli import run_cli
 
 
 def test_every_rule_declares_its_row_kind():
-    assert {rule_info(r).row_kind for r in RULES} <= {"simplex", "implicit sink", "gated", "free"}
+    assert {rule_info(r).row_kind for r in RULES} <= {"simplex", "implicit sink", "gated", "free",
+                                                      "learned key", "clipped"}
 
 
 @pytest.mark.parametrize(("bos", "row_nt", "row_t", "kind", "want"), [
@@ -35,6 +36,10 @@ def test_every_rule_declares_its_row_kind():
     (0.01, 0.02, 0.99, "implicit sink", "sink logit"),  # mass went to the implicit sink
     (0.95, 0.98, 0.99, "implicit sink", "BOS"),    # softmax_1 still using BOS
     (0.01, 0.05, 0.80, "gated", "closed gate"),
+    (0.01, 0.05, 0.80, "learned key", "learned key"),  # the rest went to the learned key
+    (0.96, 0.97, 0.99, "learned key", "BOS"),
+    (0.00, 0.00, 0.60, "clipped", "clipped to zero"),  # every weight clipped to 0
+    (0.90, 0.95, 0.95, "clipped", "BOS"),          # a sink on BOS, the rest clipped
     (0.49, 0.50, 0.70, "gated", "BOS"),            # gate open, softmax on BOS
     (0.0, 0.0, 0.0, "simplex", "content"),         # degenerate input stays defined
 ])
@@ -307,7 +312,7 @@ def test_zoo_end_to_end_chooses_lr_on_validation_and_resumes(tmp_path, capsys, t
     (["--rules", ","], "--rules needs at least one rule name"),
     (["--rules", "relu,relu"], "--rules lists 'relu' twice"),
     (["--seeds", "0"], "--seeds=0 is not allowed"),
-    (["--seeds", "1000000000"], "--seeds 1000000000 declares 60,000,000,000 runs"),
+    (["--seeds", "1000000000"], "--seeds 1000000000 declares 78,000,000,000 runs"),
     (["--no-extensions"], "unrecognized arguments: --no-extensions"),  # extensions left zoo
 ])
 def test_zoo_bad_input_is_one_sentence(tmp_path, capsys, extra, message):

@@ -9,6 +9,14 @@ True where query q may see key k, and returns weights of the same shape as ``sco
 keys), a (members * batch, query * head, key) mask: a rule must not assume that a row's index is
 its query position, nor that every row sees key 0.
 
+A rule that acts past its weights, on each head's mixed values or output (an output gate per
+dimension, a learned key with its own value), is a ``ParamRule`` with ``value_side = True``. The
+layer then also hands it the head-space queries q = x W_Q^h (members, batch, query, head, d) and,
+after mixing, calls ``rule.mix(mixed, weights, x, q)`` on each head's mixed values weights @
+(x W_V^h), (members, batch, query, head, d), before W_O^h; ``rule.passed(mixed, x, q)`` says,
+per row, how much of the head's mixed values ``mix`` lets through (the share a gate passes), so
+that measurements read the weights as the head's output sees them (``sinklab.model``).
+
 A rule is registered once, with its metadata: ``@register("name", row_kind=..., kwargs=...)``
 records a ``RuleInfo`` (``rule_info(name)``): the function or class, what a row of its weights
 can sum to, its description (the docstring's first paragraph), whether it learns parameters,
@@ -95,8 +103,30 @@ class ParamRule(nn.Module):
         per-row (members * batch, query * head, key) one split like the scores."""
         return mask if mask.dim() == 2 else self.split(mask)
 
-    def head(self, member: int, head: int) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
+    def head(self, member: int, head: int) -> Callable[..., Tensor]:
         raise NotImplementedError
+
+    # A value-side rule (module docstring): forward also takes the head-space queries q, and
+    # ``mix`` and ``passed`` act on each head's mixed values.
+    value_side: typing.ClassVar[bool] = False
+
+    def mix(self, mixed: Tensor, weights: Tensor, x: Tensor, q: Tensor) -> Tensor:
+        """Each head's mixed values (E, B, Q, H, d) -> what W_O^h receives; ``weights`` are the
+        rule's own (E * B, Q * H, K), before any hook. The identity unless ``value_side``."""
+        return mixed
+
+    def passed(self, mixed: Tensor, x: Tensor, q: Tensor) -> Tensor | None:
+        """The share of each row's mixed values that ``mix`` lets through, (E, B, Q, H), or None
+        where ``mix`` scales nothing down."""
+        return None
+
+
+def mixed_share(before: Tensor, after: Tensor) -> Tensor:
+    """|after| / |before| over the last axis (a head's mixed values), 1 where ``before`` is 0:
+    the share of a row's output that an edit lets through."""
+    num, den = after.norm(dim=-1), before.norm(dim=-1)
+    return torch.where(den > 0, num / den.clamp(min=torch.finfo(den.dtype).tiny),
+                       torch.ones_like(den))
 
 
 RuleSpec = AttentionRule | type[ParamRule]
@@ -105,8 +135,10 @@ RuleSpec = AttentionRule | type[ParamRule]
 # ``sinklab.definitions.default_source``):
 # "simplex": exactly 1; "implicit sink": at most 1, the rest
 # going to a key with value 0; "gated": the gate's value (softmax times a gate in (0, 1));
-# "free": anything >= 0.
-ROW_KINDS = ("simplex", "implicit sink", "gated", "free")
+# "free": anything >= 0; "learned key": at most 1, the rest going to a learned key whose value is
+# learned too; "clipped": anything >= 0, entries clipped to [0, 1] (a softmax's small entries
+# become exactly 0).
+ROW_KINDS = ("simplex", "implicit sink", "gated", "free", "learned key", "clipped")
 ARG_TYPES = (int, float, bool, str)  # the types a rule's keyword argument may have (or X | None)
 # The largest float argument a rule takes: the model computes in float32, and a float argument
 # (a sink logit's start, a bias, a temperature) that float32 cannot hold would become inf.
@@ -332,6 +364,8 @@ class FunctionRule(nn.Module):
     def forward(self, scores: Tensor, mask: Tensor, x: Tensor | None = None) -> Tensor:
         return self.fn(scores, mask, **self.kwargs)
 
+    value_side = False  # as a ParamRule that acts only through its weights
+
     def init_member(self, member: int, generator: torch.Generator, init_std: float) -> None:
         """No parameters to draw."""
 
@@ -448,29 +482,58 @@ def _contract_problem(info: RuleInfo, kwargs: Mapping[str, Any], per_row: bool
             rows[1::2, n_heads:, 0] = False
             hidden = f"on finite scores of shape {_shape(scores)} and a causal mask of shape " \
                      f"{_shape(rows)} that hides key 0 from some rows (model.bos='removed')"
+            q = torch.randn(n_members, batch, seq, n_heads, d_model, generator=generator,
+                            dtype=torch.float32) if rule.value_side else None
             for m, text in ((mask, given), (rows, hidden))[:2 if per_row else 1]:
-                problem = _call_problem(rule, scores, m, x, text)
+                problem = _call_problem(rule, scores, m, x, text, q)
                 if problem is not None:
                     return problem
     return None
 
 
-def _call_problem(rule: nn.Module, scores: Tensor, mask: Tensor, x: Tensor, given: str
-                  ) -> str | None:
-    """What is wrong with one call of the rule and its backward pass, or None."""
+def _call_problem(rule: nn.Module, scores: Tensor, mask: Tensor, x: Tensor, given: str,
+                  q: Tensor | None = None) -> str | None:
+    """What is wrong with one call of the rule and its backward pass, or None; a value-side
+    rule (given the queries ``q``) also through ``mix`` and ``passed``."""
     if scores.grad is not None:
         scores.grad = None
     try:
-        weights = rule(scores, mask, x)
+        weights = rule(scores, mask, x) if q is None else rule(scores, mask, x, q)
     except Exception as exc:
         return f"raised {first_line(exc)} when called {given}."
     problem = _weights_problem(weights, scores, mask, given)
-    if problem is None and weights.requires_grad:
+    total = weights.sum() if problem is None else None
+    if problem is None and q is not None:
+        problem, total = _mix_problem(rule, weights, x, q, given)
+    if problem is None and total is not None and total.requires_grad:
         try:
-            weights.sum().backward()
+            total.backward()
         except Exception as exc:
             problem = f"raised {first_line(exc)} in the backward pass of a call {given}."
     return problem
+
+
+def _mix_problem(rule: nn.Module, weights: Tensor, x: Tensor, q: Tensor, given: str
+                 ) -> tuple[str | None, Tensor | None]:
+    """What is wrong with a value-side rule's ``mix`` and ``passed`` on mixed values of the
+    layer's shape (E, B, Q, H, d), or None, with the sum to differentiate."""
+    mixed = torch.randn(q.shape, generator=torch.Generator().manual_seed(1))
+    try:
+        out, share = rule.mix(mixed, weights, x, q), rule.passed(mixed, x, q)
+    except Exception as exc:
+        return f"raised {first_line(exc)} in mix or passed after a call {given}.", None
+    where = f"from mix after a call {given}"
+    if not isinstance(out, Tensor) or out.shape != mixed.shape:
+        got = _shape(out) if isinstance(out, Tensor) else type(out).__name__
+        return f"returned {got} {where}, not mixed values of shape {_shape(mixed)}.", None
+    if not torch.isfinite(out.detach()).all():
+        return f"returned non-finite values ({_non_finite(out.detach())}) {where}.", None
+    if share is not None and (not isinstance(share, Tensor) or share.shape != mixed.shape[:-1]
+                              or not torch.isfinite(share.detach()).all()):
+        want = str(tuple(mixed.shape[:-1]))
+        return (f"returned a share from passed after a call {given} that is not a finite "
+                f"tensor of shape {want}."), None
+    return None, weights.sum() + out.sum()
 
 
 def _weights_problem(weights: Any, scores: Tensor, mask: Tensor, given: str) -> str | None:
@@ -704,3 +767,129 @@ def uniform(scores: Tensor, mask: Tensor) -> Tensor:
     It cannot attend selectively, so it shows what the task costs without attention."""
     weights = mask.to(scores.dtype) / _visible(mask, scores.dtype)
     return torch.zeros_like(scores) + weights
+
+
+def _at_most_zero(value: float) -> bool:
+    return value <= 0
+
+
+def _at_least_one(value: float) -> bool:
+    return value >= 1
+
+
+@register("clipped_softmax", row_kind="clipped", kwargs={
+    "zeta": Arg("the stretch's top: a weight reaches 1 where the softmax reaches "
+                "(1 - gamma) / (zeta - gamma) (1: never before the softmax's own 1)",
+                "a number >= 1", _at_least_one),
+    "gamma": Arg("the stretch's bottom: a softmax weight at or below -gamma / (zeta - gamma) "
+                 "becomes exactly 0 (0 with zeta 1: plain softmax)", "a number <= 0",
+                 _at_most_zero)})
+def clipped_softmax(scores: Tensor, mask: Tensor, *, zeta: float = 1.0,
+                    gamma: float = -0.03) -> Tensor:
+    """Clipped softmax: clip((zeta - gamma) softmax(S)_k + gamma, 0, 1) on the visible keys
+    (Bondarenko et al., 2023, "Quantizable transformers: removing outliers by helping attention
+    heads do nothing").
+
+    A softmax weight at or below -gamma / (zeta - gamma) becomes exactly 0 with a finite score,
+    so a head can put exactly nothing on its other keys while it sinks. A row of n keys is all
+    zero only when every softmax weight is that small, which needs n >= (zeta - gamma) / -gamma
+    (35 keys at the defaults, more than the paper's 16-token rows have). zeta = 1, gamma = 0 is softmax.
+    """
+    p = softmax(scores, mask)
+    return ((zeta - gamma) * p + gamma).clamp(0.0, 1.0) * mask.to(scores.dtype)
+
+
+@register("kv_bias", row_kind="learned key")
+class KVBias(ParamRule):
+    """Softmax over the keys and one learned key k_h with a learned value v_h per head: the row
+    puts e^{q.k_h} / (e^{q.k_h} + sum_k e^{s_k}) on the learned key and the head outputs that
+    weight times v_h besides its other values (a learnable key/value bias, Sun et al., 2024,
+    "Massive activations in large language models"; Gu et al., 2025, "When attention sink
+    emerges in language models").
+
+    q = x_i W_Q^h is the head's query, scored against k_h like any key (no 1/sqrt(d), as every
+    score here). The weights over the sequence's keys sum to 1 minus the learned key's; with
+    v_h = 0 the learned key is a sink logit that depends on the query. k_h and v_h start from
+    N(0, init_std^2), like the layer's weights.
+    """
+
+    value_side = True
+
+    def __init__(self, n_members: int, n_heads: int, d_model: int) -> None:
+        super().__init__(n_members, n_heads, d_model)
+        self.key = nn.Parameter(torch.zeros(n_members, n_heads, d_model))
+        self.value = nn.Parameter(torch.zeros(n_members, n_heads, d_model))
+
+    @torch.no_grad()
+    def init_member(self, member: int, generator: torch.Generator, init_std: float) -> None:
+        for p in (self.key, self.value):
+            p[member].copy_(torch.randn(p.shape[1:], generator=generator) * init_std)
+
+    def forward(self, scores: Tensor, mask: Tensor, x: Tensor | None = None,
+                q: Tensor | None = None) -> Tensor:
+        if q is None:
+            raise ValueError("the kv_bias rule needs the head's queries q to score its key")
+        extra = torch.einsum("ebthd,ehd->ebth", q, self.key).flatten(2)[..., None]
+        split = self.split(scores)  # (E, B, T*H, K); extra (E, B, T*H, 1)
+        return _sink_softmax(split, self.split_mask(mask), extra).view_as(scores)
+
+    def mix(self, mixed: Tensor, weights: Tensor, x: Tensor, q: Tensor) -> Tensor:
+        """Each head's mixed values plus the learned key's weight (1 minus the row's sum, the
+        softmax's remainder) times v_h."""
+        rest = 1 - weights.view(*mixed.shape[:-1], -1).sum(-1, keepdim=True)  # (E, B, Q, H, 1)
+        return mixed + rest * self.value[:, None, None]
+
+    def head(self, member: int, head: int) -> Callable[..., Tensor]:
+        def rule(scores: Tensor, mask: Tensor, x: Tensor | None = None,
+                 q: Tensor | None = None) -> Tensor:
+            if q is None:
+                raise ValueError("the kv_bias rule needs the head's queries q to score its key")
+            return _sink_softmax(scores, mask, (q @ self.key[member, head])[..., None])
+
+        return rule
+
+
+@register("gated_dim", row_kind="gated")
+class GatedDim(ParamRule):
+    """Softmax attention whose head output is gated per dimension by the query token:
+    o_i = sigmoid(x_i W_g^h + b_g^h) * (softmax(S_i) x W_V^h), elementwise, before W_O^h (Qiu et
+    al., 2025, "Gated attention for large language models", their G1 gate; ``gated`` is its
+    headwise form, one gate per head).
+
+    The weights are plain softmax; the gate acts on the head's mixed values, so a row's share of
+    its output that the gate passes (``passed``) is what reads as its sum where sinks are
+    measured. W_g^h (d x d) starts from N(0, init_std^2) and b_g^h at 0 (gates near 1/2).
+    """
+
+    value_side = True
+
+    def __init__(self, n_members: int, n_heads: int, d_model: int) -> None:
+        super().__init__(n_members, n_heads, d_model)
+        self.gate_w = nn.Parameter(torch.zeros(n_members, n_heads, d_model, d_model))
+        self.gate_b = nn.Parameter(torch.zeros(n_members, n_heads, d_model))
+
+    @torch.no_grad()
+    def init_member(self, member: int, generator: torch.Generator, init_std: float) -> None:
+        self.gate_w[member].copy_(torch.randn(self.gate_w.shape[1:], generator=generator)
+                                  * init_std)
+        self.gate_b[member] = 0.0
+
+    def gates(self, x: Tensor) -> Tensor:
+        """x (E, B, T, d) -> each head's gate per dimension (E, B, T, H, d)."""
+        g = torch.einsum("ebtd,ehdf->ebthf", x, self.gate_w) + self.gate_b[:, None, None]
+        return torch.sigmoid(g)
+
+    def forward(self, scores: Tensor, mask: Tensor, x: Tensor | None = None,
+                q: Tensor | None = None) -> Tensor:
+        return softmax(scores, mask)
+
+    def mix(self, mixed: Tensor, weights: Tensor, x: Tensor, q: Tensor) -> Tensor:
+        return mixed * self.gates(x)
+
+    def passed(self, mixed: Tensor, x: Tensor, q: Tensor) -> Tensor:
+        """|gate * mixed| / |mixed| per row and head: the gate itself where it is the same on
+        every dimension."""
+        return mixed_share(mixed, self.mix(mixed, mixed, x, q))
+
+    def head(self, member: int, head: int) -> Callable[..., Tensor]:
+        return lambda scores, mask, x=None, q=None: softmax(scores, mask)

@@ -9,6 +9,11 @@ OFF_ROW = 0.2  # a non-trigger row is "off" when its sum is below this fraction 
 BOS_SHARE = 0.5  # ... and "on BOS" when at least this share of its weight is on BOS
 
 
+# where a row that is off sends its weight, by the rule's row kind ("zero row" for the others)
+OFF_SOURCES = {"gated": "closed gate", "implicit sink": "sink logit",
+               "learned key": "learned key", "clipped": "clipped to zero"}
+
+
 def default_source(bos: float, row_nontrigger: float, row_trigger: float, row_kind: str) -> str:
     """Where one head's "output zero" at non-trigger rows comes from, read off its weights.
 
@@ -17,14 +22,17 @@ def default_source(bos: float, row_nontrigger: float, row_trigger: float, row_ki
 
     - "BOS" when the row is on (sum at least ``OFF_ROW`` of the trigger row's, or the rule's
       rows always sum to 1) and at least ``BOS_SHARE`` of it is on BOS;
-    - when the row is off: "closed gate" for a gated rule, "sink logit" for a rule with an
-      implicit sink key, "zero row" for a rule with free row sums;
+    - when the row is off: "closed gate" for a gated rule (headwise, or per dimension with the
+      row's sum read as the share the gate passes), "sink logit" for a rule with an implicit
+      sink key, "learned key" for a rule whose rest goes to a learned key and value, "clipped
+      to zero" for a rule whose small weights are clipped to exactly 0, "zero row" for a rule
+      with free row sums;
     - "content" otherwise: the head spreads its weight over content tokens, so its output at
       non-trigger rows is not zero by itself (it must be nulled or cancelled downstream).
     """
     off = row_kind != "simplex" and row_nontrigger < OFF_ROW * max(row_trigger, 1e-12)
     if off:
-        return {"gated": "closed gate", "implicit sink": "sink logit"}.get(row_kind, "zero row")
+        return OFF_SOURCES.get(row_kind, "zero row")
     if bos >= BOS_SHARE * max(row_nontrigger, 1e-12):
         return "BOS"
     return "content"

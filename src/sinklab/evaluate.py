@@ -35,10 +35,12 @@ def evaluate(
     Returns one dict per member (per-head values as lists indexed [layer][head]); the training
     metrics (steps, converged, ...) are there only with ``training``, how each member's training
     ended. Also arrays ``mean`` and ``std`` of shape (members, layers, heads, L, L): the mean and
-    standard deviation of the weights over the test sequences, the paper's Fig. 3 maps.
+    standard deviation of the weights over the test sequences, the paper's Fig. 3 maps. The
+    weights are those the heads' outputs see (``ModelOutput.seen``: a per-dimension gate's
+    share included).
     """
     out = model(batch.x, return_weights=True)
-    weights = torch.stack(out.patterns, dim=1)  # (E, layers, B, H, L, L)
+    weights = torch.stack(out.seen(), dim=1)  # (E, layers, B, H, L, L)
     ev = metrics.Evaluation(weights, out.out, batch.y, batch.trigger, training)
     maps = {
         "mean": weights.mean(dim=2).cpu().numpy(),

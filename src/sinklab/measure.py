@@ -90,7 +90,7 @@ def zoo_checks(path: Path, *, validation_seed: int, capacity_sequences: int | No
     cfg, model = load_model(path)
     batch = eval_batch(cfg, torch.device("cpu"))
     with torch.no_grad():
-        weights = torch.stack(model(batch.x, return_weights=True).patterns, dim=1)[0]
+        weights = torch.stack(model(batch.x, return_weights=True).seen(), dim=1)[0]
     return {"validation_mse": validation_mse(cfg, model, validation_seed),
             "ablated": bos_ablation(cfg, model, ablation_keys),
             "gu": gu_relative(weights, batch.trigger, eps, floor),
@@ -135,7 +135,7 @@ def mixed_evaluation(path: Path, mixed: TaskConfig, n_sequences: int) -> dict[st
     for name, sel in (("none", count == 0), ("one", count == 1), ("several", count >= 2)):
         result[f"linf_{name}"] = err[sel].max().item() if bool(sel.any()) else None
         result[f"n_{name}"] = int(sel.sum())
-    bos = torch.stack([metrics.bos_mass_nontrigger(w[0], batch.trigger) for w in out.patterns])
+    bos = torch.stack([metrics.bos_mass_nontrigger(w[0], batch.trigger) for w in out.seen()])
     result["bos_max"] = bos.max().item()
     return result
 

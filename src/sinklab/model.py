@@ -76,6 +76,16 @@ class ModelOutput:
     out: Tensor
     patterns: list[Tensor] = field(default_factory=list)  # blocks.{l}.attn.pattern
     scores: list[Tensor] = field(default_factory=list)  # blocks.{l}.attn.scores
+    # per layer, the share of each row's mixed values that a value-side rule lets through
+    # (E, B, H, Q), or None where the rule scales nothing down (``ParamRule.passed``)
+    passed: list[Tensor | None] = field(default_factory=list)
+
+    def seen(self) -> list[Tensor]:
+        """Each layer's pattern as its heads' outputs see it: times the share its rule's gate
+        passes (``passed``), the pattern itself where nothing is scaled down. Sinks are read
+        from these, so a gate that closes per dimension reads like a headwise one."""
+        return [p if share is None else p * share[..., None]
+                for p, share in zip(self.patterns, self.passed or [None] * len(self.patterns))]
 
 
 def _hook_rows(hooks: Hooks, name: str, rows: Tensor, n_members: int, n_heads: int) -> Tensor:
@@ -110,11 +120,12 @@ class Attention(nn.Module):
         self.layer = layer
         self.names = {part: f"blocks.{layer}.{part}" for part in ATTENTION_PARTS}
 
-    def forward(self, x: Tensor, mask: Tensor,
-                hooks: Hooks | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    def forward(self, x: Tensor, mask: Tensor, hooks: Hooks | None = None
+                ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
         """x (E, B, T, d) and the keys each query sees, the causal ``mask`` (T, T) or a mask per
         row (E, B, T, T) (``AttentionStack.key_mask``) -> output (E, B, T, d), scores and
-        weights (E, B, H, T, T).
+        weights (E, B, H, T, T), and the share of each row's mixed values that a value-side
+        rule lets through (E, B, H, T), None for the others.
 
         The products are regrouped, not changed: head h's scores (x W_Q^h)(x W_K^h)^T equal
         (x A_h) x^T with A_h = W_Q^h W_K^h^T, and its output weights @ (x W_V^h) @ W_O^h equals
@@ -130,6 +141,10 @@ class Attention(nn.Module):
         equations above are written, and summed). On a CPU, softmax and ReLU layers with the
         rule's default keyword arguments and no hooks on their attention run the folded
         products on ``sinklab.kernels``' fused kernel when it is available (``engine``).
+
+        A value-side rule (``ParamRule.value_side``: an output gate per dimension, a learned
+        key and value) is given the head-space queries x W_Q^h too and always runs head by
+        head, its ``mix`` between the weights @ values and W_O^h.
         """
         n_members, batch, seq, d = x.shape
         n_heads = self.w_q.shape[1]
@@ -137,7 +152,8 @@ class Attention(nn.Module):
         a = self.w_q @ self.w_k.transpose(-1, -2)  # (E, H, d, d)
         per_row = mask.dim() > 2  # key 0 hidden from some rows: the kernel takes no mask
         if not hooked and not per_row and self.engine(seq, d, x.device, x.dtype) == "kernel":
-            return kernels.FusedAttention.apply(x, a, self.w_v @ self.w_o, self.rule_name)
+            return (*kernels.FusedAttention.apply(x, a, self.w_v @ self.w_o, self.rule_name),
+                    None)
         # (E, d, H*d): column block h is A_h (M_h), so one product serves every head.
         a_cat = a.transpose(1, 2).reshape(n_members, d, n_heads * d)
         flat = x.reshape(n_members, batch * seq, d)
@@ -152,13 +168,19 @@ class Attention(nn.Module):
         row_mask = mask.repeat_interleave(n_heads, dim=-2)
         if row_mask.dim() > 2:
             row_mask = row_mask.reshape(-1, *row_mask.shape[-2:])
-        weights = self.rule(scores, row_mask, x)
+        value_side = self.rule.value_side
+        q_head = torch.einsum("ebtd,ehdf->ebthf", x, self.w_q) if value_side else None
+        own = weights = (self.rule(scores, row_mask, x, q_head) if value_side
+                         else self.rule(scores, row_mask, x))
         if hooked:
             weights = _hook_rows(hooks, self.names["attn.pattern"], weights, n_members, n_heads)
         split = (n_members, batch, seq, n_heads, seq)  # (E, B, Q, H, K)
         pattern = weights.view(split).transpose(2, 3)  # (E, B, H, Q, K)
-        if hooked and any(hooks.wants(self.names[part]) for part in PER_HEAD):
-            out = self.per_head(x, pattern, hooks)
+        passed = None
+        if value_side:
+            out, passed = self.per_head(x, pattern, hooks, own, q_head)
+        elif hooked and any(hooks.wants(self.names[part]) for part in PER_HEAD):
+            out, _ = self.per_head(x, pattern, hooks)
         else:
             m = self.w_v @ self.w_o
             m_cat = m.transpose(1, 2).reshape(n_members, d, n_heads * d)
@@ -168,17 +190,28 @@ class Attention(nn.Module):
             v = v.reshape(n_members * batch, n_heads * seq, d)
             out = weights.view(n_members * batch, seq, n_heads * seq) @ v  # summed over heads
             out = out.view(n_members, batch, seq, d)
-        return out, scores.view(split).transpose(2, 3), pattern
+        return out, scores.view(split).transpose(2, 3), pattern, passed
 
-    def per_head(self, x: Tensor, pattern: Tensor, hooks: Hooks) -> Tensor:
+    def per_head(self, x: Tensor, pattern: Tensor, hooks: Hooks | None,
+                 own: Tensor | None = None, q: Tensor | None = None
+                 ) -> tuple[Tensor, Tensor | None]:
         """x (E, B, T, d) and weights (E, B, H, Q, K) -> output (E, B, T, d), computed head by
-        head: values x W_V^h (``attn.v``, (E, B, K, H, d)), then weights @ values @ W_O^h
-        (``attn.result``, (E, B, Q, H, d)), both through ``hooks``, summed over heads."""
-        v = hooks(self.names["attn.v"], torch.einsum("ebkd,ehdf->ebkhf", x, self.w_v))
+        head: values x W_V^h (``attn.v``, (E, B, K, H, d)), then weights @ values, through a
+        value-side rule's ``mix`` (given its own weights ``own`` and the queries ``q``), @ W_O^h
+        (``attn.result``, (E, B, Q, H, d)), both through ``hooks``, summed over heads; and the
+        share of each row that ``mix`` passes (E, B, H, Q), or None."""
+        def hook(name: str, value: Tensor) -> Tensor:
+            return value if hooks is None else hooks(self.names[name], value)
+
+        v = hook("attn.v", torch.einsum("ebkd,ehdf->ebkhf", x, self.w_v))
         mixed = torch.einsum("ebhqk,ebkhf->ebqhf", pattern, v)  # (E, B, Q, H, d)
-        result = hooks(self.names["attn.result"],
-                       torch.einsum("ebqhf,ehfg->ebqhg", mixed, self.w_o))
-        return result.sum(dim=3)
+        passed = None
+        if own is not None and q is not None:
+            share = self.rule.passed(mixed, x, q)
+            passed = None if share is None else share.transpose(2, 3)
+            mixed = self.rule.mix(mixed, own, x, q)
+        result = hook("attn.result", torch.einsum("ebqhf,ehfg->ebqhg", mixed, self.w_o))
+        return result.sum(dim=3), passed
 
     def engine(self, seq_len: int, d_model: int, device: torch.device,
                dtype: torch.dtype = torch.float32) -> str:
@@ -260,18 +293,20 @@ class Block(nn.Module):
             self.norm2 = LayerNorm(n_members, d_model)
             self.mlp = MLP(n_members, d_model)
 
-    def forward(self, h: Tensor, mask: Tensor,
-                hooks: Hooks | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        """h (E, B, T, d) -> the new stream, and the attention's scores and weights."""
+    def forward(self, h: Tensor, mask: Tensor, hooks: Hooks | None = None
+                ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+        """h (E, B, T, d) -> the new stream, and the attention's scores, weights and passed
+        shares (``Attention.forward``)."""
         if hooks is not None:
             h = hooks(self.resid_pre, h)
-        y, scores, weights = self.attn(self.norm1(h) if self.standard else h, mask, hooks)
+        y, scores, weights, passed = self.attn(self.norm1(h) if self.standard else h, mask,
+                                               hooks)
         h = h + y if self.residual else y
         if self.standard:
             h = h + self.mlp(self.norm2(h))
         if hooks is not None:
             h = hooks(self.resid_post, h)
-        return h, scores, weights
+        return h, scores, weights, passed
 
 
 class AttentionStack(nn.Module):
@@ -373,10 +408,11 @@ class AttentionStack(nn.Module):
         result = ModelOutput(out=x)
         h = x
         for block in self.blocks:
-            h, scores, weights = block(h, keys, run)
+            h, scores, weights, passed = block(h, keys, run)
             if return_weights:
                 result.scores.append(scores)
                 result.patterns.append(weights)
+                result.passed.append(passed)
         if hooks is not None and run is not hooks:
             hooks.cache.update(run.cache)
         result.out = h

@@ -568,7 +568,7 @@ def train_ensemble(
                 err = out.out - y
                 loss = err.pow(2).mean(dim=(1, 2, 3))  # (E,): each member's own MSE
                 linf = err.detach().abs().amax(dim=(1, 2, 3))  # not part of the graph
-                patterns = out.patterns
+                patterns = out.seen()  # as the heads' outputs see them (a gate's share)
             # Stop rule, on the device: converged, diverged (NaN or inf), on a plateau, or out
             # of steps, in that order of precedence.
             done = (linf < tol) | ~torch.isfinite(loss)

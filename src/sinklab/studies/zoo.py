@@ -40,7 +40,8 @@ QUICK_STEPS = {"1x1": 600, "2x2": 300}
 DEFAULT_SEEDS, QUICK_SEEDS = 3, 1
 LOG_EVERY = 10  # fine training logs: the extensions read sink-emergence curves from them
 VALIDATION_SEED = 1  # the test set is eval.seed = 0
-SOURCES = ("BOS", "sink logit", "closed gate", "zero row", "content")
+SOURCES = ("BOS", "sink logit", "learned key", "closed gate", "clipped to zero", "zero row",
+           "content")
 ON_SOURCES = ("BOS", "content")  # sources of heads whose non-trigger rows are on
 SINK_SHARE = 0.9  # a head sinks on BOS when its rows are on and this share of them is on BOS
 # The relative Gu rate ignores a row whose sum is below this fraction of its head's mean
@@ -450,6 +451,8 @@ ESCAPE = {
     "free": "its rows need not sum to 1, so a row can be all zero",
     "implicit sink": "its implicit sink key can take the weight BOS would hold",
     "gated": "its gate can close",
+    "learned key": "its learned key can take the weight BOS would hold",
+    "clipped": "its small weights are clipped to exactly 0",
 }
 SINK_WORDS = (f"sink on BOS (a head whose non-trigger rows are on and hold at least "
               f"{SINK_SHARE:g} of their weight on BOS)")

@@ -327,7 +327,7 @@ def head_contributions(model: AttentionStack, batch: Batch) -> list[dict[str, An
     layers = []
     for block in model.blocks:
         attn = block.attn
-        y, _, weights = attn(h, mask)  # weights (1, B, H, L, L)
+        y, _, weights, _ = attn(h, mask)  # weights (1, B, H, L, L)
         heads = []
         total = torch.zeros_like(h[0])
         for hd in range(attn.w_q.shape[1]):
@@ -428,7 +428,7 @@ def head_split(model: AttentionStack, batch: Batch) -> dict[str, Any]:
     layers = []
     for block in model.blocks:
         attn = block.attn
-        y, _, weights = attn(h, mask)  # y (1, B, L, d), weights (1, B, H, L, L)
+        y, _, weights, _ = attn(h, mask)  # y (1, B, L, d), weights (1, B, H, L, L)
         heads = []
         for hd in range(attn.w_q.shape[1]):
             post = weights[0, :, hd] @ (h[0] @ attn.w_v[0, hd]) @ attn.w_o[0, hd]  # (B, L, d)
