@@ -245,7 +245,8 @@ def test_parameters_live_with_their_rule():
 
 
 def test_unknown_rule_names_the_known_ones():
-    with pytest.raises(ValueError, match="unknown attention rule 'bogus': choose one of clipped_softmax, gated, "):
+    with pytest.raises(ValueError, match="unknown attention rule 'bogus': choose one of "
+                                         "clipped_softmax, gated, "):
         get_rule("bogus")
 
 

@@ -105,7 +105,7 @@ def test_value_side_rules_train_and_member_equals_solo():
     ensemble member equals its solo run (to float32 rounding: the batched products may round
     differently, as on every path but the fused kernel, tests/test_train.py)."""
     for rule in ("gated_dim", "kv_bias"):
-        def cfg(seed, steps=40):
+        def cfg(seed, steps=40, rule=rule):
             return build_run_config({
                 "task": {"seq_len": 8, "d_model": 6},
                 "model": {"attention": rule},

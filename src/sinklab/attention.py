@@ -793,7 +793,8 @@ def clipped_softmax(scores: Tensor, mask: Tensor, *, zeta: float = 1.0,
     A softmax weight at or below -gamma / (zeta - gamma) becomes exactly 0 with a finite score,
     so a head can put exactly nothing on its other keys while it sinks. A row of n keys is all
     zero only when every softmax weight is that small, which needs n >= (zeta - gamma) / -gamma
-    (35 keys at the defaults, more than the paper's 16-token rows have). zeta = 1, gamma = 0 is softmax.
+    (35 keys at the defaults, more than the paper's 16-token rows have). zeta = 1, gamma = 0 is
+    softmax.
     """
     p = softmax(scores, mask)
     return ((zeta - gamma) * p + gamma).clamp(0.0, 1.0) * mask.to(scores.dtype)
