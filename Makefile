@@ -73,9 +73,9 @@ docs: $(STAMP)
 	$(BIN)/sinklab reproduce $(DOCS_CONFIG) --out results/docs-reproduce --docs docs/reproduction.md
 	$(BIN)/sinklab theory $(DOCS_CONFIG) --reproduce results/docs-reproduce \
 		--out results/docs-theory --docs docs/theory.md
-	$(BIN)/sinklab zoo $(DOCS_CONFIG) --out results/docs-zoo --docs docs/zoo.md
-	$(BIN)/sinklab extensions $(DOCS_CONFIG) --reuse results/docs-zoo \
-		--out results/docs-extensions --docs docs/extensions.md
+	$(BIN)/sinklab zoo $(DOCS_CONFIG) --out results/docs-zoo-search --docs docs/zoo.md
+	$(BIN)/sinklab extensions $(DOCS_CONFIG) --out results/docs-extensions \
+		--docs docs/extensions.md
 	$(BIN)/sinklab lm --model smollm2 --model minilm --out results/docs-lm \
 		--docs docs/real-models.md
 

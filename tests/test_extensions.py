@@ -1,5 +1,5 @@
 """``sinklab extensions`` (``sinklab.studies.extensions``): which runs the sweeps train (with the
-zoo's names and settings, so a zoo folder's runs are adopted), the evaluations they add checked
+stable names and settings, so another folder's runs are adopted), the evaluations they add checked
 on exact constructions, the per-seed readings of sink fate and emergence, the claims, and the
 study end to end with ``--reuse``."""
 
@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from sinklab import measure
+from sinklab.config import build_run_config
 from sinklab.runs import folders
 from sinklab.runs.files import read_json, write_json
 from sinklab.studies import extensions as ext
-from sinklab.studies import zoo
 from sinklab.studies.base import Execution, adopt_runs
 from sinklab.theory import constructions as theory
 from sinklab.train import check_compatible, save_member
@@ -30,7 +30,7 @@ def test_setting_names_mark_only_what_differs_from_the_paper():
     assert ext.setting_name({}, {"block": "standard"}) == "_standard"
 
 
-def test_sweeps_train_each_run_once_with_the_zoos_names_and_settings(tmp_path):
+def test_sweeps_train_each_run_once_under_stable_names(tmp_path):
     from sinklab.studies.base import plan, unique_cells
 
     opts = ext.ExtensionsOptions(seeds=2)
@@ -40,14 +40,13 @@ def test_sweeps_train_each_run_once_with_the_zoos_names_and_settings(tmp_path):
     assert len(cells) == n_per * len(ext.RULES) * 2
     # per rule and seed, the plain run stands for L = 16, (0, 1) and the 1x1 attention block
     assert len(unique) == len(cells) - 2 * len(ext.RULES) * 2
-    zoo_cells = {c.name: c for c in zoo.cells(zoo.ZooOptions(seeds=2, rules=ext.RULES),
-                                                Execution())}
-    shared = [c for c in unique if c.name in zoo_cells]
-    assert {c.name for c in shared} == {f"runs/{cfg}_{r}_lr{zoo.middle_lr(cfg):g}_seed{s}"
-                                        for cfg in ("1x1", "2x2") for r in ext.RULES
-                                        for s in range(2)}
-    for cell in shared:  # a zoo folder's run of that name is this study's run: adoptable
-        assert zoo_cells[cell.name].config == cell.config
+    plain = {f"runs/{cfg}_{r}_lr{ext.LR[cfg]:g}_seed{s}" for cfg in ("1x1", "2x2")
+             for r in ext.RULES for s in range(2)}
+    assert plain <= {c.name for c in unique}  # the plain runs keep the older zoo's names
+    for cell in unique:
+        if cell.name in plain:
+            assert cell.config.train.max_steps == ext.STEPS[cell.name[5:8]]
+            assert cell.config.train.log_every == ext.LOG_EVERY
     jobs, done = plan(tmp_path, cells)
     assert done == 0 and sum(len(j.configs) for j in jobs) == len(unique)
     for job in jobs:
@@ -61,12 +60,12 @@ def test_trigger_frequency_sweep_trains_on_its_own_task():
                 if c.config.task.max_triggers == 4 and c.config.task.no_trigger_prob == 0.5)
     assert cell.name == "runs/1x1_softmax_lr0.001_none0.5_k4_seed0"
     assert cell.config.model.attention == "softmax" and cell.config.task.eval_trigger == 7
-    assert cell.config.train.log_every == zoo.LOG_EVERY
+    assert cell.config.train.log_every == ext.LOG_EVERY
     standard = [c for c in cells if c.config.model.block == "standard"]
     assert {c.config.model.n_layers for c in standard} == {1, 2}
     assert all(c.config.task.target == "residual" for c in standard)
     quick = ext.cells(ext.ExtensionsOptions(quick=True), Execution())
-    assert {c.config.train.max_steps for c in quick} == {zoo.QUICK_STEPS["1x1"]}
+    assert {c.config.train.max_steps for c in quick} == {ext.QUICK_STEPS["1x1"]}
     assert not any(c.config.model.n_layers == 2 for c in quick)
 
 
@@ -246,7 +245,8 @@ def test_adopt_runs_links_finished_runs_with_the_same_settings(tmp_path):
     source, out = tmp_path / "zoo", tmp_path / "ext"
     same = _finished_zoo_run(source, cells[0])
     other = cells[1]
-    changed = type(other)(other.name, zoo.run_config("1x1", "relu", 3e-3, 0, True, "auto"))
+    changed = type(other)(other.name, build_run_config({"model": {"attention": "relu"},
+                                                        "train": {"lr": 3e-3, "max_steps": 600}}))
     _finished_zoo_run(source, changed)  # same name, other settings: left alone
     (source / cells[2].name).mkdir(parents=True)  # unfinished: left alone
     lines = []
@@ -262,27 +262,27 @@ def test_adopt_runs_links_finished_runs_with_the_same_settings(tmp_path):
 
 @pytest.fixture
 def tiny(monkeypatch):
-    monkeypatch.setattr(zoo, "QUICK_STEPS", {"1x1": 30, "2x2": 10})
+    monkeypatch.setattr(ext, "QUICK_STEPS", {"1x1": 30, "2x2": 10})
     monkeypatch.setattr(ext, "QUICK_SEQ_LENS", (8, 16))
     monkeypatch.setattr(ext, "QUICK_FREQUENCIES", ((0.0, 1), (0.5, 2)))
 
 
 @pytest.mark.slow
-def test_extensions_end_to_end_reuse_a_zoo_folder(tmp_path, capsys, tiny):
-    zoo_out, out = tmp_path / "zoo", tmp_path / "ext"
-    code, _, err = run_cli(capsys, "zoo", "--quick", "--rules", "softmax,relu", "--workers", "1",
-                           "--out", str(zoo_out))
+def test_extensions_end_to_end_reuse_another_folder(tmp_path, capsys, tiny):
+    first, out = tmp_path / "first", tmp_path / "ext"
+    code, _, err = run_cli(capsys, "extensions", "--quick", "--workers", "1", "--out", str(first))
     assert code == 0, err
+    trained = sum(1 for _ in (first / "runs").iterdir())
     docs = tmp_path / "docs" / "extensions.md"
     args = ["extensions", "--quick", "--workers", "1", "--out", str(out)]
-    code, _, err = run_cli(capsys, *args, "--reuse", str(zoo_out), "--docs", str(docs))
+    code, _, err = run_cli(capsys, *args, "--reuse", str(first), "--docs", str(docs))
     assert code == 0, err
-    # the zoo's 1x1 runs at the middle rate are the L = 16 runs: adopted, not trained
-    assert "adopted 2 finished run(s)" in err
-    assert "2 already finished" in err
+    # every run of the first folder has this study's names and settings: adopted, not trained
+    assert f"adopted {trained} finished run(s)" in err
+    assert f"0 runs to train in 0 jobs on 1 worker(s); {trained} already finished" in err
     result = read_json(out / "records.json")
     records = result["records"]
-    assert result["options"]["reuse"] == str(zoo_out)
+    assert result["options"]["reuse"] == str(first)
     assert [(g["rule"], g["seq_len"]) for g in records["seq_len_groups"]] == [
         (r, n) for r in ext.RULES for n in (8, 16)]
     assert len(records["trigger_groups"]) == 4 and len(records["block_groups"]) == 4
@@ -292,7 +292,7 @@ def test_extensions_end_to_end_reuse_a_zoo_folder(tmp_path, capsys, tiny):
                                 / "summary.json")
             assert row["linf_nontrigger"] == pytest.approx(summary["linf_nontrigger"])
     for curve in records["curves"]:  # logged every LOG_EVERY steps up to the stop step
-        assert curve["step"][:3] == [0, zoo.LOG_EVERY, 2 * zoo.LOG_EVERY]
+        assert curve["step"][:3] == [0, ext.LOG_EVERY, 2 * ext.LOG_EVERY]
     keys = {c["key"] for c in result["claims"]}
     for key in ("seq_len.softmax.sink", "seq_len.relu.solves", "trigger.relu.sink",
                 "trigger.relu.several_unseen", "block.softmax.self", "length.relu.nontrigger",

@@ -521,7 +521,7 @@ def test_report_gathers_every_result_into_markdown_and_a_self_contained_page(
 
     from sinklab.studies import zoo
 
-    monkeypatch.setattr(zoo, "QUICK_STEPS", {"1x1": 20, "2x2": 10})
+    monkeypatch.setattr(zoo, "QUICK_CAP", {"1x1": 20, "2x2": 10})
     root = tmp_path / "results"
     code, _, err = run_cli(capsys, "sweep", str(write(tmp_path, TINY)), "--out",
                            str(root / "sweep"), "--workers", "1")

@@ -63,15 +63,29 @@ def test_sinking_is_judged_by_the_bos_share_of_rows_that_are_on():
                            "row_sum_nontrigger": [[0.0, 0.6]]}) == [[None, 0.5]]
 
 
-def test_outcome_and_share_labels_say_mixed_when_seeds_disagree():
-    assert zoo.outcome(5, 5, 3000, None) == "reached the stop rule (5 of 5)"
-    assert zoo.outcome(2, 5, 3000, None) == "mixed (2 of 5 reached the stop rule)"
-    assert zoo.outcome(0, 5, 3000, None) == "not reached in 3,000 steps"
-    assert zoo.outcome(0, 5, 3000, zoo.POSITION_FREE) == "cannot express (argument in the report)"
-    # a seed that reaches the stop rule anyway is reported as it is (and flagged)
-    assert zoo.outcome(1, 5, 3000, zoo.POSITION_FREE) == "mixed (1 of 5 reached the stop rule)"
+def test_outcome_and_share_labels_say_how_the_others_ended():
+    ends = {"converged": 2, "plateau": 2, "max_steps": 1, "diverged": 0}
+    assert zoo.outcome({"converged": 5}, 5, 3000, None) == "reached the stop rule (5 of 5)"
+    assert zoo.outcome(ends, 5, 3000, None) == (
+        "mixed (2 of 5 reached the stop rule; the others: 2 plateau, 1 cap; cap 3,000 steps)")
+    none = {"converged": 0, "plateau": 4, "max_steps": 0, "diverged": 1}
+    assert zoo.outcome(none, 5, 3000, None) == (
+        "not reached (4 plateau, 1 diverged; cap 3,000 steps)")
+    assert zoo.outcome(none, 5, 3000, zoo.POSITION_FREE) == (
+        "cannot express (argument in the report; 4 plateau, 1 diverged; cap 3,000 steps)")
     assert [zoo.share_label(k, 5) for k in (5, 0, 3)] == ["yes (5 of 5)", "no (0 of 5)",
                                                           "mixed (3 of 5)"]
+    assert zoo.share_label(0, 0) == "n/a (no seed to count)"
+    runs = [{"status": s} for s in ("converged", "plateau", "max_steps", "plateau")]
+    assert zoo.count_ends(runs) == {"converged": 1, "plateau": 2, "max_steps": 1, "diverged": 0}
+
+
+def test_no_other_zero_is_read_off_the_rules_themselves():
+    """A row with one visible key: softmax, clipped softmax and uniform put exactly 1 on it;
+    every rule with free rows, a sink key or a gate can put less."""
+    forced = {rule for rule in RULES if rule_info(rule).module == "sinklab"
+              and zoo.no_other_zero(rule)}
+    assert forced == {"softmax", "clipped_softmax", "uniform"}
 
 
 def test_capacity_table_and_when_its_arguments_apply():
@@ -87,14 +101,14 @@ def test_capacity_table_and_when_its_arguments_apply():
     two = zoo.run_config("2x2", "uniform", 1e-3, 0, False, "auto")
     assert zoo.capacity_applies(two, zoo.LINEAR_STACK)
     assert not zoo.capacity_applies(two, zoo.FIXED_WEIGHTS)
-    assert not zoo.capacity_applies(zoo.run_config("2x2", "uniform", 1e-3, 0, False, "auto",
-                                                   model={"block": "standard"}),
-                                    zoo.LINEAR_STACK)  # an MLP is not linear
+    assert not zoo.capacity_applies(build_run_config({"model": {
+        "attention": "uniform", "n_layers": 2, "n_heads": 2, "block": "standard"}}),
+        zoo.LINEAR_STACK)  # an MLP is not linear
     assert zoo.fixed_weight_rules() == {"uniform"}
-    assert not zoo.capacity_applies(zoo.run_config("1x1", "relu_len", 1e-3, 0, False, "auto",
-                                                   model={"block": "standard"}))
-    assert not zoo.capacity_applies(zoo.run_config("1x1", "relu_len", 1e-3, 0, False, "auto",
-                                                   task={"max_triggers": 2}))
+    assert not zoo.capacity_applies(build_run_config({"model": {"attention": "relu_len",
+                                                                "block": "standard"}}))
+    assert not zoo.capacity_applies(build_run_config({"model": {"attention": "relu_len"},
+                                                      "task": {"max_triggers": 2}}))
 
 
 def test_capacity_bounds_are_the_stated_formulas():
@@ -215,95 +229,187 @@ def test_relative_gu_rate_ignores_rows_under_the_floor():
     assert got["rate"] == 0.0 and got["rows_ignored"] == got["rows_zero"] == B * (L - 1)
 
 
-def test_cells_keep_the_run_names_and_configs_of_earlier_zoo_folders():
-    opts = zoo.ZooOptions(seeds=2, rules=("softmax", "relu"))
+def test_the_search_screens_the_starting_grid_first_with_the_zoos_budget():
     from sinklab.studies.base import Execution
 
+    opts = zoo.ZooOptions(seeds=2, rules=("softmax", "relu"))
     cells = zoo.cells(opts, Execution())
     names = [c.name for c in cells]
-    assert len(names) == len(set(names)) == 2 * 2 * 3 * 2
-    assert "runs/1x1_softmax_lr0.001_seed0" in names and "runs/2x2_relu_lr0.0003_seed1" in names
-    cell = next(c for c in cells if c.name == "runs/1x1_relu_lr0.003_seed1")
+    assert len(names) == len(set(names)) == 2 * 2 * 3 * zoo.DEFAULT_SCREEN
+    assert "screen/1x1_softmax_lr0.001_seed0" in names
+    cell = next(c for c in cells if c.name == "screen/2x2_relu_lr0.0003_seed2")
     assert cell.config == build_run_config({
-        "model": {"attention": "relu", "n_layers": 1, "n_heads": 1},
-        "train": {"seed": 1, "lr": 3e-3, "max_steps": 3000, "device": "auto", "log_every": 10}})
+        "model": {"attention": "relu", "n_layers": 2, "n_heads": 2},
+        "train": {"seed": 2, "lr": 3e-4, "max_steps": zoo.CAP["2x2"], "patience": zoo.PATIENCE,
+                  "device": "auto", "log_every": zoo.LOG_EVERY}})
+    assert list(zoo.fresh_seeds(opts)) == [3, 4]  # never a screening seed
     quick = zoo.cells(zoo.ZooOptions(quick=True, rules=("softmax",)), Execution())
-    assert [c.name for c in quick] == ["runs/1x1_softmax_lr0.001_seed0",
-                                       "runs/2x2_softmax_lr0.0003_seed0"]
+    assert [c.name for c in quick] == ["screen/1x1_softmax_lr0.001_seed0",
+                                       "screen/2x2_softmax_lr0.0003_seed0"]
+    denied = zoo.run_config("1x1", "relu", 1e-3, 3, False, "auto", zoo.Denial("capped", 0.1))
+    assert (denied.model.bos, denied.model.bos_cap_eps) == ("capped", 0.1)
+    assert zoo.run_name("denied", "1x1", "relu", 1e-3, 3, zoo.Denial("capped", 0.1)) == \
+        "denied/1x1_relu_capped0.1_lr0.001_seed3"
+
+
+def _summary(converged, steps=1000, linf=1e-3, status=None):
+    return {"converged": converged, "steps": steps, "train_linf": linf,
+            "status": status or ("converged" if converged else "plateau")}
+
+
+def test_the_best_rate_reaches_most_then_fastest_then_lowest():
+    fast = [_summary(True, 900), _summary(True, 1100), _summary(False, 5000, 0.1)]
+    slow = [_summary(True, 3000), _summary(True, 4000), _summary(False, 5000, 0.1)]
+    all_reach = [_summary(True, 9000)] * 3
+    assert zoo.best_rate({1e-3: fast, 3e-4: slow}) == 1e-3
+    assert zoo.best_rate({1e-3: fast, 3e-4: all_reach}) == 3e-4  # more seeds reach
+    low = [_summary(False, 5000, 0.01)] * 3
+    high = [_summary(False, 5000, 0.2)] * 3
+    assert zoo.best_rate({1e-3: high, 3e-3: low}) == 3e-3  # none reaches: the lowest error
+    assert zoo.best_rate({1e-3: low, 3e-3: low}) == 1e-3  # a tie: the smaller rate
+    assert zoo.rate_score([_summary(False, 10, float("nan"), "diverged")] * 3)[2] == float("inf")
+
+
+def test_the_search_steps_outward_while_the_best_rate_is_at_an_edge():
+    assert zoo.next_rate([3e-4, 1e-3, 3e-3], 3e-3) == 1e-2
+    assert zoo.next_rate([3e-4, 1e-3, 3e-3], 3e-4) == 1e-4
+    assert zoo.next_rate([3e-4, 1e-3, 3e-3], 1e-3) is None  # inside: done
+    assert zoo.next_rate([3e-2, 1e-1], 1e-1) is None  # the ladder's end
+
+
+class _Screens:
+    """A stand-in for the study's context: screening summaries by rate, from ``quality(lr)``."""
+
+    def __init__(self, tmp_path, quality, quick=False):
+        self.opts = zoo.ZooOptions(seeds=2, rules=("relu",), quick=quick)
+        self.out = tmp_path
+        self.quality, self.asked = quality, []
+
+    def summary(self, name):
+        lr = float(name.split("_lr")[1].split("_")[0])
+        self.asked.append(lr)
+        return self.quality(lr)
+
+
+def _replay(tmp_path, quality, quick=False, monkeypatch=None):
+    ctx = _Screens(tmp_path, quality, quick)
+    monkeypatch.setattr(zoo.folders, "check_complete", lambda path: True)
+    return zoo.search(ctx, "1x1", "relu"), ctx
+
+
+def test_the_search_replays_from_finished_runs_and_stops_inside_the_grid(tmp_path, monkeypatch):
+    # reaching everywhere, fastest at 1e-2: 3e-3 is best, then 1e-2, then 3e-2 is slower
+    steps = {3e-4: 4000, 1e-3: 2000, 3e-3: 1000, 1e-2: 600, 3e-2: 900}
+    found, ctx = _replay(tmp_path, lambda lr: _summary(True, steps[lr]), monkeypatch=monkeypatch)
+    assert found.best == 1e-2 and not found.at_ladder_end and not found.pending
+    assert sorted(found.tried) == [3e-4, 1e-3, 3e-3, 1e-2, 3e-2]
+    # faster and faster up to the ladder's top: the search says the ladder stopped it
+    found, _ = _replay(tmp_path, lambda lr: _summary(True, int(1 / lr)), monkeypatch=monkeypatch)
+    assert found.best == zoo.LADDER[-1] and found.at_ladder_end
+    # quick: the middle rate only, no step outward
+    found, ctx = _replay(tmp_path, lambda lr: _summary(True, int(1 / lr)), quick=True,
+                         monkeypatch=monkeypatch)
+    assert list(found.tried) == [1e-3] and found.best == 1e-3
+
+
+def test_a_search_with_unfinished_runs_asks_for_them(tmp_path, monkeypatch):
+    monkeypatch.setattr(zoo.folders, "check_complete", lambda path: "lr0.01_" not in str(path))
+    ctx = _Screens(tmp_path, lambda lr: _summary(True, int(1 / lr)))
+    found = zoo.search(ctx, "1x1", "relu")
+    assert found.best is None and found.pending == [1e-2]
+
+
+def test_cumulative_incidence_with_competing_ends_and_censoring():
+    # no censoring: the plain shares
+    got = cl.cumulative_incidence([1, 2, 2, 5], ["a", "a", "b", "a"])
+    assert got == {"a": [(1.0, 0.25), (2.0, 0.5), (5.0, 0.75)], "b": [(2.0, 0.25)]}
+    # one unit censored at 3: the unit ending at 5 counts as half the remaining survivors...
+    got = cl.cumulative_incidence([1, 3, 5, 6], ["a", None, "a", "b"])
+    assert got["a"] == [(1.0, 0.25), (5.0, pytest.approx(0.25 + 0.75 * 0.5))]
+    assert got["b"] == [(6.0, pytest.approx(0.375))]  # ...and the rest ends of b: sums to 1
+    # a unit censored at the same step as an end is at risk at that step
+    assert cl.cumulative_incidence([2, 2], ["a", None]) == {"a": [(2.0, 0.5)]}
+    with pytest.raises(ValueError, match="one cause"):
+        cl.cumulative_incidence([1], [])
 
 
 @pytest.fixture
 def tiny_zoo(monkeypatch):
-    monkeypatch.setattr(zoo, "STEPS", {"1x1": 40, "2x2": 10})
-    monkeypatch.setattr(zoo, "QUICK_STEPS", {"1x1": 30, "2x2": 10})
-    monkeypatch.setattr(zoo, "LR_GRID", {"1x1": (1e-3, 3e-3), "2x2": (1e-4, 1e-3)})
+    monkeypatch.setattr(zoo, "CAP", {"1x1": 40, "2x2": 10})
+    monkeypatch.setattr(zoo, "QUICK_CAP", {"1x1": 30, "2x2": 10})
+    monkeypatch.setattr(zoo, "PATIENCE", 20)
+    monkeypatch.setattr(zoo, "START", {"1x1": (1e-3, 3e-3), "2x2": (1e-4, 3e-4)})
+    monkeypatch.setattr(zoo, "LADDER", (1e-4, 3e-4, 1e-3, 3e-3, 1e-2))
+    monkeypatch.setattr(zoo, "CAPS", (0.1,))
     return zoo
 
 
 @pytest.mark.slow
-def test_zoo_end_to_end_chooses_lr_on_validation_and_resumes(tmp_path, capsys, tiny_zoo):
+def test_zoo_end_to_end_searches_trains_fresh_and_denied_seeds_and_resumes(
+        tmp_path, capsys, tiny_zoo):
     out, docs = tmp_path / "zoo", tmp_path / "docs" / "zoo.md"
-    args = ["zoo", "--seeds", "2", "--rules", "softmax,relu_len", "--workers", "1",
-            "--out", str(out)]
+    args = ["zoo", "--seeds", "2", "--screen-seeds", "1", "--rules", "softmax,relu_len",
+            "--workers", "1", "--out", str(out)]
     code, _, err = run_cli(capsys, *args, "--docs", str(docs))
     assert code == 0, err
+    assert "more runs to train" in err  # the rounds after the first
     result = read_json(out / "records.json")
     records = result["records"]
     entries = records["entries"]
     assert [(e["config"], e["rule"]) for e in entries] == [
         (c, r) for c in ("1x1", "2x2") for r in ("softmax", "relu_len")]
-    for e in entries:
-        scores = {s["lr"]: s["validation_mse"] for s in e["validation_mse_by_lr"]}
-        assert len(scores) == 2 and e["lr"] == min(scores, key=scores.get)
-        assert e["n"] == 2 and e["converged"] == 0  # 40 steps solve nothing
+    for e, sc in zip(entries, records["screen"]):
+        tried = [r["lr"] for r in sc["rates"]]
+        assert e["lr"] == sc["lr"] in tried and len(tried) >= 2
+        # the search went on while its best rate sat at an edge, unless the ladder ended
+        assert sc["at_ladder_end"] or min(tried) < e["lr"] < max(tried) or len(tried) == len(
+            tiny_zoo.LADDER)
+        assert e["n"] == 2 and e["seeds"] == [1, 2]
+        assert set(e["denied"]) == {"removed", "capped 0.1"}
+        assert all(d["n"] == 2 for d in e["denied"].values())
         runs = [r for r in records["runs"] if (r["config"], r["rule"]) == (e["config"], e["rule"])]
-        assert len(runs) == 4
+        assert len(runs) == 2 and all(r["lr"] == e["lr"] for r in runs)
         for run in runs:  # validation sequences are not the test sequences
             assert run["validation_mse"] != run["mse"]
             assert set(run["ablated"]) == set(zoo.ABLATION_KEYS)
+        assert e["incidence"]["n"] == 2
     by = {(e["config"], e["rule"]): e for e in entries}
     # a proof, not the budget, labels 1x1 relu_len; the same rule at 2x2 gets the budget's label
-    assert by["1x1", "relu_len"]["outcome"] == "cannot express (argument in the report)"
-    assert by["2x2", "relu_len"]["outcome"] == "not reached in 10 steps"
-    assert by["1x1", "softmax"]["outcome"] == "not reached in 40 steps"
+    assert by["1x1", "relu_len"]["outcome"].startswith("cannot express (argument in the report")
+    assert by["2x2", "relu_len"]["outcome"].startswith("not reached (")
     floor = records["capacity"]["position_free"]["mse_floor"]
     assert all(v >= floor for v in by["1x1", "relu_len"]["capacity_mse"])
     assert by["1x1", "softmax"]["capacity_mse"] == [None, None]
-    soft = next(r for r in records["runs"] if r["rule"] == "softmax")
-    assert soft["gu_rows_ignored"] == 0 and soft["gu_rows"] == 1000 * 16
+    assert by["1x1", "softmax"]["no_other_zero"] and not by["1x1", "relu_len"]["no_other_zero"]
     claims = {c["key"]: c for c in result["claims"]}
     assert claims["1x1.relu_len.reached_stop_rule"]["kind"] == "descriptive"
-    pooled = claims["relu_len.no_bos_sink"]
-    assert pooled["rule"] == "rate_at_most" and pooled["n"] == 4
-    assert [part["setting"] for part in pooled["parts"]] == ["1x1", "2x2"]
-    assert pooled["control"]["setting"].startswith("softmax")
-    # the paper's ReLU was not trained: softmax's control is the first rule whose rows need not
-    # sum to 1, and the ReLU primary claim has no seeds to decide on
-    assert claims["softmax.bos_sink"]["primary"]
-    assert claims["softmax.bos_sink"]["control"]["setting"].startswith("relu_len")
-    assert claims["relu.no_bos_sink"]["n"] == 0
-    assert claims["relu.no_bos_sink"]["outcome"] == "undetermined"
+    assert claims["1x1.softmax.removed.reached_stop_rule"]["kind"] == "descriptive"
+    assert claims["relu_len.no_bos_sink"]["kind"] == "descriptive"  # free rows: described
+    assert {c["key"] for c in result["claims"] if c["primary"]} == set(zoo.PRIMARY)
+    assert claims["relu.no_bos_sink"]["n"] == 0  # the paper's ReLU was not trained
     assert claims["1x1.relu_len.capacity_floor"]["outcome"] == "verified"
-    assert claims["1x1.relu_len.capacity_floor"]["kind"] == "check"
-    assert "2x2.relu_len.capacity_floor" not in claims
-    assert not any(key.endswith(("solves", "sinks_vs_softmax")) for key in claims)
     rows = list(csv.DictReader((out / "entries.csv").read_text().splitlines()))
     assert [r["rule"] for r in rows] == ["softmax", "relu_len", "softmax", "relu_len"]
-    assert len(list(csv.DictReader((out / "runs.csv").read_text().splitlines()))) == 16
+    assert len(list(csv.DictReader((out / "runs.csv").read_text().splitlines()))) == 8
+    assert len(list(csv.DictReader((out / "denied.csv").read_text().splitlines()))) == 16
+    screened = sum(len(sc["rates"]) for sc in records["screen"])
     text = (out / "ZOO.md").read_text()
     assert text.startswith("# Zoo: which attention rules need a sink\n")
-    for section in ("## Verdicts", "**Primary claims**", "## 1x1", "## 2x2",
-                    "## Rules that cannot express the task",
-                    "## BOS ablation at evaluation", "## Which rules need a BOS sink"):
+    for section in ("## Verdicts", "**Primary claims**", "## The learning-rate search",
+                    "## 1x1", "## 2x2", "## Steps to the stop rule",
+                    "## Which rules need a BOS sink", "## Rules that cannot express the task",
+                    "## BOS ablation at evaluation", "*Figure: steps to the stop rule.*"):
         assert section in text
-    assert "cannot express (argument in the report)" in text and "Var(1/j) / 3" in text
-    assert "(figures/fig_zoo_sources.png)" in text and "## Extensions" not in text
-    assert (out / "figures" / "fig_zoo_bos.png").is_file()
+    assert "Var(1/j) / 3" in text and "(figures/fig_zoo_incidence.png)" in text
+    for fig in ("fig_zoo_bos", "fig_zoo_sources", "fig_zoo_incidence", "fig_zoo_search"):
+        assert (out / "figures" / f"{fig}.png").is_file()
     assert (docs.parent / "zoo" / "fig_zoo_sources.png").is_file()
-    assert docs.read_text().startswith("# Zoo: which attention rules need a sink\n")
 
     code, _, err = run_cli(capsys, *args)
-    assert code == 0 and "0 runs to train in 0 jobs" in err and "16 already finished" in err
+    total = screened + 8 + 16
+    assert code == 0 and "0 runs to train in 0 jobs" in err, err
+    assert "more runs to train" not in err  # every round's runs were finished
+    assert read_json(out / "records.json")["meta"]["runs_reused"] == total
     assert "reused from" in err  # the model checks are cached, not computed again
 
 
@@ -312,7 +418,8 @@ def test_zoo_end_to_end_chooses_lr_on_validation_and_resumes(tmp_path, capsys, t
     (["--rules", ","], "--rules needs at least one rule name"),
     (["--rules", "relu,relu"], "--rules lists 'relu' twice"),
     (["--seeds", "0"], "--seeds=0 is not allowed"),
-    (["--seeds", "1000000000"], "--seeds 1000000000 declares 78,000,000,000 runs"),
+    (["--seeds", "1000000000"], "--seeds 1000000000 and --screen-seeds 3 declares"),
+    (["--screen-seeds", "0"], "--screen-seeds=0 is not allowed"),
     (["--no-extensions"], "unrecognized arguments: --no-extensions"),  # extensions left zoo
 ])
 def test_zoo_bad_input_is_one_sentence(tmp_path, capsys, extra, message):
@@ -334,7 +441,7 @@ def test_zoo_on_ray_stores_what_the_local_executor_stores(tmp_path, capsys, tiny
     assert code == 0, err
     local = {r["name"]: r["metrics"] for r in Store.read(tmp_path / "local").rows()}
     remote = {r["name"]: r["metrics"] for r in Store.read(tmp_path / "ray").rows()}
-    assert len(local) == 4 and local.keys() == remote.keys()
+    assert len(local) == 2 * 2 * 3 and local.keys() == remote.keys()  # screen, fresh, removed
     for name in local:
         assert remote[name]["linf_error"] == pytest.approx(local[name]["linf_error"], rel=1e-6)
         assert remote[name]["steps"] == local[name]["steps"]
@@ -366,61 +473,97 @@ def test_relative_gu_rate_keeps_only_rows_that_are_on():
 # ---------------------------------------------------------------- the claims on built records
 
 
-def _entry(config, rule, sinks, n=9, converged=None, capacity=None, capacity_mse=None):
-    """An entry of ``zoo.entry``'s shape with only what the claims read: ``sinks`` of ``n``
-    seeds sink on BOS."""
+def _entry(config, rule, sinks, n=9, converged=None, capacity=None, capacity_mse=None,
+           removed=None):
+    """An entry of ``zoo.entry``'s shape with only what the claims read: ``sinks`` of the ``n``
+    seeds that reach the stop rule sink on BOS, ``removed`` of ``n`` reach it with BOS removed
+    (by default, as the rule's class predicts)."""
+    converged = n if converged is None else converged
+    forced = zoo.no_other_zero(rule)
+    removed = (0 if forced else n) if removed is None else removed
     return {"config": config, "rule": rule, "row_kind": rule_info(rule).row_kind, "lr": 1e-3,
-            "n": n, "converged": n if converged is None else converged, "bos_sinks": sinks,
-            "budget": zoo.steps(config, False), "test_linf": [2e-3] * n, "steps": [500] * n,
+            "n": n, "converged": converged, "n_solved": converged, "bos_sinks": sinks,
+            "ends": {"converged": converged, "plateau": n - converged},
+            "solves": 2 * converged >= n, "no_other_zero": forced,
+            "cap": zoo.CAP[config], "test_linf": [2e-3] * n, "steps": [500] * n,
             "capacity": capacity, "capacity_mse": capacity_mse or [None] * n,
-            "bos_share_max_on": [None] * n, "outcome": "old label"}
+            "bos_share_max_on": [None] * n, "outcome": "old label",
+            "denied": {"removed": {"n": n, "converged": removed,
+                                   "ends": {"converged": removed, "plateau": n - removed}}}}
 
 
-def _records(sinks, uniform_sinks=0, capacity_mse=0.015):
-    """Records of a zoo with softmax, relu, gated, uniform and relu_len, 9 seeds each per
-    configuration; ``sinks`` maps a rule to the seeds sinking on BOS in each configuration."""
+RULE_SET = ("clipped_softmax", "gated", "relu", "relu_len", "softmax", "softpick", "uniform")
+
+
+def _records(sinks, uniform_sinks=0, capacity_mse=0.015, removed=None):
+    """Records of a zoo with the rules of ``RULE_SET``, 9 seeds each per configuration;
+    ``sinks`` maps a rule to the seeds sinking on BOS in each configuration, ``removed`` to the
+    seeds that reach the stop rule with BOS removed (default: as the rule's class predicts)."""
     bounds = zoo.capacity_bounds(zoo.run_config("1x1", "softmax", 1e-3, 0, False, "auto"))
     entries = []
     for config in zoo.CONFIGS:
-        for rule in ("gated", "relu", "relu_len", "softmax", "uniform"):
+        for rule in RULE_SET:
             capacity = "position_free" if (config, rule) == ("1x1", "relu_len") else None
+            cannot = capacity or rule == "uniform"
             entries.append(_entry(config, rule, uniform_sinks if rule == "uniform"
                                   else sinks.get(rule, 0), capacity=capacity,
-                                  capacity_mse=[capacity_mse] * 9 if capacity else None))
+                                  converged=0 if cannot else None,
+                                  capacity_mse=[capacity_mse] * 9 if capacity else None,
+                                  removed=(removed or {}).get(rule)))
     return {"entries": entries, "capacity": bounds}
 
 
 def _decide(records):
-    opts = zoo.ZooOptions(seeds=9, rules=("gated", "relu", "relu_len", "softmax", "uniform"))
+    opts = zoo.ZooOptions(seeds=9, rules=RULE_SET)
     return {c.key: c for c in zoo.STUDY.decide(zoo.STUDY.complete(records, opts), opts)}
 
 
-def test_the_zoo_claims_have_kinds_controls_and_two_pooled_primaries():
-    claims = _decide(_records({"softmax": 9, "gated": 9}))
-    assert zoo.STUDY.primary == ("softmax.bos_sink", "relu.no_bos_sink")
+def test_the_zoo_claims_have_kinds_controls_and_four_pooled_primaries():
+    claims = _decide(_records({"softmax": 9, "gated": 9, "clipped_softmax": 9}))
+    assert zoo.STUDY.primary == ("softmax.bos_sink", "relu.no_bos_sink",
+                                 "denied.no_other_zero.fails", "denied.other_zero.reaches")
     for key in zoo.STUDY.primary:
         c = claims[key]
         assert c.primary and c.correction == "holm" and c.outcome == "supported" and c.counted
-        assert c.n == 18 >= cl.seeds_all_agreeing(len(zoo.STUDY.primary))
-        assert [p["setting"] for p in c.parts] == ["1x1", "2x2"] and c.heterogeneity_p == 1.0
+        assert c.n >= cl.seeds_all_agreeing(len(zoo.STUDY.primary))
         assert c.control_claim().outcome == "contradicted"
+    for key in ("softmax.bos_sink", "relu.no_bos_sink"):
+        c = claims[key]
+        assert c.n == 18 and [p["setting"] for p in c.parts] == ["1x1", "2x2"]
     assert claims["softmax.bos_sink"].control["setting"].startswith("relu")
     assert claims["relu.no_bos_sink"].control["setting"].startswith("softmax")
+    # the denied claims pool the rules that solve the task with BOS, by class
+    forced = claims["denied.no_other_zero.fails"]
+    assert [p["setting"] for p in forced.parts] == [
+        "1x1 clipped_softmax", "1x1 softmax", "2x2 clipped_softmax", "2x2 softmax"]
+    free = claims["denied.other_zero.reaches"]
+    assert {p["setting"] for p in free.parts} == {
+        f"{c} {r}" for c in ("1x1", "2x2") for r in ("gated", "relu", "softpick")} | {
+        "2x2 relu_len"}  # 1x1 relu_len and uniform do not solve the task with BOS
     assert claims["gated.no_bos_sink"].outcome == "contradicted"  # it sinks though it has a gate
-    assert claims["relu_len.no_bos_sink"].correction == "benjamini-hochberg"
+    assert claims["gated.no_bos_sink"].correction == "benjamini-hochberg"
+    assert claims["relu_len.no_bos_sink"].kind == "descriptive"  # free rows: described only
+    assert claims["softpick.no_bos_sink"].kind == "descriptive"
     assert claims["uniform.no_bos_sink"].kind == "check"  # it cannot sink by construction
     assert claims["uniform.no_bos_sink"].outcome == "verified"
     assert claims["1x1.relu_len.capacity_floor"].outcome == "verified"
     reached = claims["2x2.softmax.reached_stop_rule"]
     assert reached.kind == "descriptive" and reached.sentence.startswith("9 of 9 2x2 softmax")
-    assert {c.kind for c in claims.values() if c.key.endswith("reached_stop_rule")} == {
-        "descriptive"}
+    assert claims["2x2.softmax.removed.reached_stop_rule"].kind == "descriptive"
     assert all(c.control is not None for c in claims.values() if c.kind == "empirical")
     for c in claims.values():  # no universal word about a rate, and no "solves"
         assert not any(word in c.sentence.lower().split()
                        for word in ("every", "never", "solves", "solved", "converged"))
     records = zoo.STUDY.complete(_records({"softmax": 9}), None)
     assert {e["outcome"] for e in records["entries"]} >= {"reached the stop rule (9 of 9)"}
+
+
+def test_denied_claims_come_out_the_other_way_when_the_classes_swap():
+    claims = _decide(_records({"softmax": 9}, removed={
+        "softmax": 9, "clipped_softmax": 9, "relu": 0, "gated": 0, "softpick": 0,
+        "relu_len": 0}))
+    assert claims["denied.no_other_zero.fails"].outcome == "contradicted"
+    assert claims["denied.other_zero.reaches"].outcome == "contradicted"
 
 
 def test_a_relu_that_sinks_contradicts_its_claim_and_makes_softmaxs_non_discriminating():
@@ -434,17 +577,28 @@ def test_a_relu_that_sinks_contradicts_its_claim_and_makes_softmaxs_non_discrimi
 def test_a_softmax_that_does_not_sink_leaves_the_no_sink_claims_non_discriminating():
     claims = _decide(_records({}))
     assert claims["softmax.bos_sink"].outcome == "contradicted"
-    for key in ("relu.no_bos_sink", "relu_len.no_bos_sink"):
+    for key in ("relu.no_bos_sink", "gated.no_bos_sink", "clipped_softmax.no_bos_sink"):
         c = claims[key]
         assert c.outcome == "supported" and c.standing == "non-discriminating" and not c.counted
-    counts = cl.summary_counts(claims.values())
-    assert counts["counted"] == 0 and counts["non-discriminating"] == 3
+
+
+def test_sink_claims_count_only_the_seeds_that_reached_the_stop_rule():
+    records = _records({"softmax": 5})
+    for e in records["entries"]:
+        if e["rule"] == "softmax":
+            e["n_solved"], e["converged"] = 5, 5
+    c = _decide(records)["softmax.bos_sink"]
+    assert c.n == 10 and [(p["k"], p["n"]) for p in c.parts] == [(5, 5), (5, 5)]
 
 
 def test_the_checks_fail_on_records_built_to_break_them():
     floor = zoo.capacity_bounds(zoo.run_config("1x1", "relu_len", 1e-3, 0, False, "auto"))[
         "position_free"]["mse_floor"]
-    claims = _decide(_records({"softmax": 9}, uniform_sinks=1, capacity_mse=floor / 2))
+    records = _records({"softmax": 9}, capacity_mse=floor / 2)
+    for e in records["entries"]:
+        if e["rule"] == "uniform":
+            e["bos_share_max_on"] = [0.95] + [None] * 8  # a uniform head "sinking"
+    claims = _decide(records)
     assert claims["uniform.no_bos_sink"].outcome == "failed"
     assert claims["1x1.relu_len.capacity_floor"].outcome == "failed"
 
@@ -452,8 +606,8 @@ def test_the_checks_fail_on_records_built_to_break_them():
 def test_a_mixed_rule_is_pooled_with_its_heterogeneity_and_left_undetermined():
     records = _records({"softmax": 9})
     for e in records["entries"]:
-        if e["rule"] == "relu_len":
+        if e["rule"] == "gated":
             e["bos_sinks"] = 4 if e["config"] == "1x1" else 0
-    c = _decide(records)["relu_len.no_bos_sink"]
+    c = _decide(records)["gated.no_bos_sink"]
     assert [(p["setting"], p["k"], p["n"]) for p in c.parts] == [("1x1", 4, 9), ("2x2", 0, 9)]
     assert c.heterogeneity_p < 0.2 and c.outcome == "undetermined" and c.counterexamples == 4

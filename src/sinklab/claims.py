@@ -362,6 +362,43 @@ def benjamini_hochberg(pvalues: Sequence[float]) -> list[float]:
     return [float(x) for x in _stats().false_discovery_control(np.asarray(pvalues, float))]
 
 
+# --------------------------------------------------------------------------- competing risks
+
+
+def cumulative_incidence(times: Sequence[float], causes: Sequence[str | None]
+                         ) -> dict[str, list[tuple[float, float]]]:
+    """Aalen-Johansen cumulative incidence of each cause: units that end at ``times[i]`` of
+    ``causes[i]``, or are censored there (cause None: still going when watching stopped).
+
+    For each cause c, the steps [(t, F_c(t))] at the times some unit ended of c, F_c(t) = sum
+    over end times s <= t of S(s-) d_c(s) / n(s): S the Kaplan-Meier probability of no end of
+    any cause before s, d_c(s) the units ending of c at s, n(s) the units still at risk at s
+    (ending or censored at s or later; a unit censored at s counts as at risk at s). Without
+    censoring F_c(t) is the share of units that ended of c by t; the F_c sum to 1 - S."""
+    if len(times) != len(causes):
+        raise ValueError("give one cause (or None) per time.")
+    t = np.asarray(times, dtype=np.float64)
+    if t.size and not np.isfinite(t).all():
+        raise ValueError("every time must be finite.")
+    kinds = sorted({c for c in causes if c is not None})
+    curves: dict[str, list[tuple[float, float]]] = {c: [] for c in kinds}
+    total = {c: 0.0 for c in kinds}
+    survival = 1.0
+    for when in np.unique(t):
+        at = t == when
+        at_risk = int((t >= when).sum())
+        ended = [c for c, here in zip(causes, at) if here and c is not None]
+        if not ended:
+            continue
+        for cause in kinds:
+            d = ended.count(cause)
+            if d:
+                total[cause] += survival * d / at_risk
+                curves[cause].append((float(when), total[cause]))
+        survival *= 1 - len(ended) / at_risk
+    return curves
+
+
 # --------------------------------------------------------------------------- heterogeneity
 
 

@@ -219,7 +219,11 @@ class Study:
     - ``check(opts, exe)``: checks needing more than the options (a model that must exist),
       before anything is written;
     - ``reuse(opts)``: other sinklab folders whose finished runs of the same names and settings
-      are adopted before planning (``adopt_runs``), so that they are not trained again.
+      are adopted before planning (``adopt_runs``), so that they are not trained again;
+    - ``more_cells(ctx)``: runs that depend on finished ones (a learning-rate search's next
+      rate, fresh seeds at the rate it found), asked for after each round of training until it
+      names none that is not planned yet (rounds; a resumed study replays them from its finished
+      runs), under the top folders of ``cells`` or those declared in ``more_folders``.
     """
 
     name: str
@@ -246,6 +250,8 @@ class Study:
     # untrained model's measurements): added to records that lack them, by a run and by
     # `sinklab render`, and returned as the records completed
     complete: Callable[[dict[str, Any], Any], dict[str, Any]] | None = None
+    more_cells: Callable[[Context], list[Cell]] | None = None
+    more_folders: tuple[str, ...] = ()  # the first folder of every cell more_cells names
 
     @property
     def heading(self) -> str:
@@ -952,7 +958,7 @@ def _sinklab_names(study: Study, cells: Sequence[Cell]) -> set[str]:
     return ({folders.MARKER, f"{folders.MARKER}.corrupt", RECORDS, CLAIMS_CSV, study.report,
              "figures", "cache", "results.csv", DB, f"{DB}.corrupt", f"{DB}-journal"}
             | {f"{t}.csv" for t in study.tables} | {c.name.split("/")[0] for c in cells}
-            | folders.LEFTOVERS)
+            | set(study.more_folders) | folders.LEFTOVERS)
 
 
 def _not_rebuildable(study: Study, out: Path, cells: Sequence[Cell]) -> str | None:
@@ -1057,6 +1063,7 @@ def _run(study: Study, out: Path, opts: Any, exe: Execution, docs: Path | None,
         log(f"{study.name}: {n_runs} runs to train in {len(jobs)} jobs on {workers} "
             f"worker(s); {done} already finished in {out}")
     run_all(jobs, workers, log, out, exe, origin=study.name)
+    n_runs, done = _more_rounds(study, out, opts, exe, log, cells, device, n_runs, done)
     train_s = time.perf_counter() - start
     records = study.completed(study.collect(Context(study, out, opts, exe, log)), opts)
     wall = time.perf_counter() - start
@@ -1086,6 +1093,36 @@ def _run(study: Study, out: Path, opts: Any, exe: Execution, docs: Path | None,
                      _without_bulk(result, study.bulk), study.name)
     log(f"{study.name}: wrote {out / study.report} ({wall:.0f} s)")
     return result
+
+
+def _more_rounds(study: Study, out: Path, opts: Any, exe: Execution, log: Log,
+                 cells: list[Cell], device: Any, n_runs: int, done: int) -> tuple[int, int]:
+    """Train the rounds of runs that ``study.more_cells`` names from the finished ones, until
+    it names no new run; the runs trained and reused, counted with the first round's."""
+    if study.more_cells is None:
+        return n_runs, done
+    planned = {c.name for c in cells}
+    tops = {c.name.split("/")[0] for c in cells} | set(study.more_folders)
+    while True:
+        extra = [c for c in study.more_cells(Context(study, out, opts, exe, log))
+                 if c.name not in planned]
+        if not extra:
+            return n_runs, done
+        outside = sorted({c.name.split("/")[0] for c in extra} - tops)
+        if outside:
+            raise AssertionError(f"{study.name}'s more_cells names runs under {outside}, "
+                                 "which neither its cells nor its more_folders use")
+        planned |= {c.name for c in extra}
+        cells.extend(extra)
+        limits.check_cells(len(cells), f"sinklab {study.name} with these options")
+        jobs, finished = plan(out, extra, log)
+        workers = worker_count(exe.workers, device, len(jobs))
+        trained = sum(len(j.configs) for j in jobs)
+        if jobs:
+            log(f"{study.name}: {trained} more runs to train in {len(jobs)} jobs on {workers} "
+                f"worker(s); {finished} already finished in {out}")
+        run_all(jobs, workers, log, out, exe, origin=study.name)
+        n_runs, done = n_runs + trained, done + finished
 
 
 def _without_bulk(result: dict[str, Any], bulk: Sequence[str]) -> dict[str, Any]:

@@ -1,9 +1,10 @@
 """``sinklab extensions``: sweeps past the paper's single setting, for softmax and ReLU.
 
-Every sweep trains 1x1 models (and 2x2 where it says so) with the zoo's budget and logging at the
-middle learning rate of the zoo's grid (``studies.zoo``), as ensembles over the seeds, into the
-zoo's folder names (``runs/1x1_relu_lr0.001_L32_seed0``), so a zoo folder's runs can be adopted
-(``--reuse DIR``) instead of trained again:
+Every sweep trains 1x1 models (and 2x2 where it says so) at one learning rate per configuration
+with a fixed budget and fine logs (``LR``, ``STEPS``: the protocol the zoo had before it searched
+its rates), as ensembles over the seeds, into folders named like
+``runs/1x1_relu_lr0.001_L32_seed0``, so another extensions folder's runs (or a zoo folder's of
+that older protocol) can be adopted (``--reuse DIR``) instead of trained again:
 
 - sequence length: train and test at ``seq_len`` in 8..128;
 - trigger frequency: train with sequences that have no trigger or several
@@ -15,7 +16,7 @@ zoo's folder names (``runs/1x1_relu_lr0.001_L32_seed0``), so a zoo folder's runs
   training logs.
 
     sinklab extensions --out results/extensions                 # 3 seeds
-    sinklab extensions --reuse results/zoo --out results/ext    # adopt the zoo's finished runs
+    sinklab extensions --reuse results/ext-old --out results/ext   # adopt finished runs
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from sinklab.claims import Claim
 from sinklab.config import (
     RunConfig,
     TaskConfig,
+    build_run_config,
     check_count,
 )
 from sinklab.definitions import SINK_HEAD_THRESHOLD
@@ -52,7 +54,19 @@ RULES = ("softmax", "relu")
 # (its all-zero rows output zero), so a softmax seed has a sink head at a rate above r0 and a
 # ReLU seed at a rate below 1 - r0, each with the other rule as its control.
 EXPECTS_SINK = {"softmax": True, "relu": False}
-LR = {c: zoo_study.middle_lr(c) for c in zoo_study.CONFIGS}  # the middle rate of each grid
+CONFIGS: dict[str, tuple[int, int]] = {"1x1": (1, 1), "2x2": (2, 2)}
+# The protocol of the extensions' runs: one rate per configuration (the middle of the grid the
+# zoo used to screen), a fixed budget and fine training logs, which the sink-emergence curves
+# are read from.
+LR = {"1x1": 1e-3, "2x2": 3e-4}
+STEPS = {"1x1": 3000, "2x2": 6000}
+QUICK_STEPS = {"1x1": 600, "2x2": 300}
+LOG_EVERY = 10
+
+
+def steps(config: str, quick: bool) -> int:
+    """The step budget of every run in ``config``."""
+    return (QUICK_STEPS if quick else STEPS)[config]
 SEQ_LENS = (8, 16, 32, 64, 128)
 QUICK_SEQ_LENS = (8, 16, 32)
 FREQUENCIES = ((0.0, 1), (0.25, 1), (0.5, 1), (0.9, 1), (0.0, 2), (0.0, 4), (0.5, 4))
@@ -82,10 +96,12 @@ class ExtensionsOptions:
                 "docs/studies.toml sets the committed report's", "metavar": "N"})
     quick: bool = field(default=False, metadata={
         "help": f"smoke test: {QUICK_SEEDS} seed, fewer lengths and frequencies, 1x1 blocks "
-                "only, the zoo's quick budgets"})
+                f"only, at most {QUICK_STEPS['1x1']} (1x1) and {QUICK_STEPS['2x2']} (2x2) "
+                "steps"})
     reuse: Path | None = field(default=None, metadata={
-        "help": "another sinklab folder (a zoo or extensions folder) whose finished runs of the "
-                "same names and settings are hard-linked (or copied) in instead of trained",
+        "help": "another sinklab folder (an extensions folder, or a zoo folder of the protocol "
+                "before the zoo searched its rates) whose finished runs of the same names and "
+                "settings are hard-linked (or copied) in instead of trained",
         "metavar": "DIR"})
 
     def __post_init__(self) -> None:
@@ -134,14 +150,20 @@ def _frequency_task(p: float, k: int) -> dict[str, Any]:
 
 def run_name(config: str, rule: str, seed: int, task: dict[str, Any] | None = None,
              model: dict[str, Any] | None = None) -> str:
-    return zoo_study.run_name(config, rule, LR[config], seed,
-                              setting_name(task or {}, model or {}))
+    return f"runs/{config}_{rule}_lr{LR[config]:g}{setting_name(task or {}, model or {})}" \
+           f"_seed{seed}"
 
 
 def run_config(config: str, rule: str, seed: int, opts: ExtensionsOptions, device: str,
                task: dict[str, Any] | None = None, model: dict[str, Any] | None = None
                ) -> RunConfig:
-    return zoo_study.run_config(config, rule, LR[config], seed, opts.quick, device, task, model)
+    layers, heads = CONFIGS[config]
+    return build_run_config({
+        "task": dict(task or {}),
+        "model": {"attention": rule, "n_layers": layers, "n_heads": heads, **(model or {})},
+        "train": {"seed": seed, "lr": LR[config], "max_steps": steps(config, opts.quick),
+                  "device": device, "log_every": LOG_EVERY},
+    })
 
 
 def _cell(opts: ExtensionsOptions, exe: Execution, sweep: str, config: str, rule: str, seed: int,
@@ -249,7 +271,7 @@ def _median(values: list[int | None]) -> dict[str, Any]:
 
 def _protocol(opts: ExtensionsOptions, exe: Execution) -> dict[str, Any]:
     cfg = run_config("1x1", "softmax", 0, opts, exe.device)
-    return {"lr": LR, "steps": {c: zoo_study.steps(c, opts.quick) for c in zoo_study.CONFIGS},
+    return {"lr": LR, "steps": {c: steps(c, opts.quick) for c in CONFIGS},
             "tol": cfg.train.tol, "eval_sequences": cfg.eval.n_sequences,
             "train_trigger_min": cfg.task.train_trigger_min,
             "eval_trigger": cfg.task.eval_trigger, "seq_len": cfg.task.seq_len,
@@ -775,11 +797,10 @@ STUDY = Study(
     description="Train softmax and ReLU 1x1 (and 2x2) models at other sequence lengths, "
                 "trigger frequencies and with the standard block (LayerNorm and an MLP), test "
                 "the L = 16 models at longer lengths, and follow the sink during training; "
-                "every verdict is a claim over seeds. The runs have the zoo's names, budget "
-                "and settings, so --reuse ZOO_FOLDER adopts a zoo folder's finished runs "
-                "instead of training them. Writes runs, figures, records.json, claims.csv, one "
-                "CSV per sweep and EXTENSIONS.md. Rerunning with the same --out resumes: "
-                "finished runs are kept.",
+                "every verdict is a claim over seeds. --reuse DIR adopts another folder's "
+                "finished runs of the same names and settings instead of training them. Writes "
+                "runs, figures, records.json, claims.csv, one CSV per sweep and "
+                "EXTENSIONS.md. Rerunning with the same --out resumes: finished runs are kept.",
     options=ExtensionsOptions, template="extensions.md.j2", collect=collect, cells=cells,
     claims=claims, figures=FIGURES, primary=PRIMARY,
     tables=("seq_len", "trigger", "block", "length", "emergence"), report="EXTENSIONS.md",
