@@ -310,6 +310,7 @@ def test_necessity_is_for_softmax():
         certify.necessity(model, cfg)
 
 
+@pytest.mark.slow  # 4-8 s each on two cores: make test runs it, make test-fast does not
 @pytest.mark.parametrize("rule", ["softmax", "relu"])
 def test_certified_bounds_are_never_below_the_attack(rule):
     """The attack's value (an input's error) never exceeds the certificate at any non-trigger

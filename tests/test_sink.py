@@ -384,6 +384,7 @@ def test_sinklab_worst_prints_the_certified_sink_of_a_softmax_run(tmp_path, caps
     assert f">= {sink.mass_text(rec['min']['pre']['scores'])} at every pre row" in lines[at]
 
 
+@pytest.mark.slow  # 5 s on two cores: make test runs it, make test-fast does not
 def test_the_norm_corollary_holds_and_grows_like_log_one_over_the_error():
     # ||W_Q W_K^T|| >= log(i (1 - eta) / eta) / sqrt((d - 2)(d - 1)) from the errors-only bound:
     # below the actual norm on the family, noisy family and random weights, rising with the

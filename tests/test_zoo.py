@@ -90,11 +90,23 @@ def test_no_other_zero_is_read_off_the_rules_themselves():
 
 def test_capacity_table_and_when_its_arguments_apply():
     assert set(zoo.CAPACITY) == {("1x1", "relu_len"), ("1x1", "relu_raw"), ("1x1", "uniform"),
-                                 ("2x2", "uniform")}
-    # not sigmoid (it sees the row's length); at 2x2 only uniform, whose stack stays linear (a
-    # layer of any other rule can write the position)
-    assert not any(rule == "sigmoid" for _config, rule in zoo.CAPACITY)
+                                 ("2x2", "uniform"), ("1x1", "sigmoid"),
+                                 ("1x1", "clipped_softmax")}
+    # at 2x2 only uniform, whose stack stays linear (a layer of any other rule can write the
+    # position); sigmoid's argument needs its default bias and three trigger positions
     assert [rule for config, rule in zoo.CAPACITY if config == "2x2"] == ["uniform"]
+    sig = zoo.run_config("1x1", "sigmoid", 1e-3, 0, False, "auto")
+    assert zoo.capacity_applies(sig, zoo.POLE_GAP)
+    assert not zoo.capacity_applies(build_run_config({"model": {
+        "attention": "sigmoid", "attention_args": {"bias": -1.0}}}), zoo.POLE_GAP)
+    assert not zoo.capacity_applies(build_run_config({"model": {"attention": "sigmoid"}, "task": {
+        "seq_len": 16, "train_trigger_min": 2, "train_trigger_max": 3}}), zoo.POLE_GAP)
+    clip = zoo.run_config("1x1", "clipped_softmax", 1e-3, 0, False, "auto")
+    assert zoo.capacity_applies(clip, zoo.CLIP_OFFSET)
+    assert not zoo.capacity_applies(build_run_config({"model": {
+        "attention": "clipped_softmax", "attention_args": {"gamma": -0.1}}}), zoo.CLIP_OFFSET)
+    assert not zoo.capacity_applies(build_run_config({"model": {"attention": "clipped_softmax"},
+                                                      "task": {"d_model": 4}}), zoo.CLIP_OFFSET)
     one = zoo.run_config("1x1", "relu_len", 1e-3, 0, False, "auto")
     assert zoo.capacity_applies(one)
     assert not zoo.capacity_applies(zoo.run_config("2x2", "relu_len", 1e-3, 0, False, "auto"))
@@ -113,6 +125,13 @@ def test_capacity_table_and_when_its_arguments_apply():
 
 def test_capacity_bounds_are_the_stated_formulas():
     bounds = zoo.capacity_bounds(zoo.run_config("1x1", "relu_len", 1e-3, 0, False, "auto"))
+    pole = bounds["pole_gap"]  # the sigmoid argument's best triple at L = 16
+    assert pole["nodes"] == [2, 5, 15] and pole["exact"] == "7/705"
+    assert pole["sup_floor"] == pytest.approx(7 / 705) and pole["weights"] == ["25/13", "-1",
+                                                                              "1/13"]
+    clip = bounds["clip_offset"]  # the clipped softmax argument at L = 16
+    assert clip["sup_floor"] == pytest.approx(0.1033, abs=1e-4)
+    assert clip["sup_floor"] <= clip["attained"] <= clip["sup_floor"] * 1.001
     pf, fw = bounds["position_free"], bounds["fixed_weights"]
     inv = [1 / j for j in range(2, 16)]  # training triggers 2..15 at L = 16
     var = sum(v * v for v in inv) / 14 - (sum(inv) / 14) ** 2

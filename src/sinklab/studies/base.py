@@ -1056,13 +1056,7 @@ def _run(study: Study, out: Path, opts: Any, exe: Execution, docs: Path | None,
     device = resolve_device(exe.device)
     for source in study.reuse(opts) if study.reuse is not None else ():
         adopt_runs(out, cells, Path(source), log)
-    jobs, done = plan(out, cells, log)
-    workers = worker_count(exe.workers, device, len(jobs))
-    n_runs = sum(len(j.configs) for j in jobs)
-    if cells:
-        log(f"{study.name}: {n_runs} runs to train in {len(jobs)} jobs on {workers} "
-            f"worker(s); {done} already finished in {out}")
-    run_all(jobs, workers, log, out, exe, origin=study.name)
+    n_runs, done, workers = _train_round(study, out, cells, exe, device, log, first=True)
     n_runs, done = _more_rounds(study, out, opts, exe, log, cells, device, n_runs, done)
     train_s = time.perf_counter() - start
     records = study.completed(study.collect(Context(study, out, opts, exe, log)), opts)
@@ -1115,14 +1109,22 @@ def _more_rounds(study: Study, out: Path, opts: Any, exe: Execution, log: Log,
         planned |= {c.name for c in extra}
         cells.extend(extra)
         limits.check_cells(len(cells), f"sinklab {study.name} with these options")
-        jobs, finished = plan(out, extra, log)
-        workers = worker_count(exe.workers, device, len(jobs))
-        trained = sum(len(j.configs) for j in jobs)
-        if jobs:
-            log(f"{study.name}: {trained} more runs to train in {len(jobs)} jobs on {workers} "
-                f"worker(s); {finished} already finished in {out}")
-        run_all(jobs, workers, log, out, exe, origin=study.name)
+        trained, finished, _ = _train_round(study, out, extra, exe, device, log, first=False)
         n_runs, done = n_runs + trained, done + finished
+
+
+def _train_round(study: Study, out: Path, cells: Sequence[Cell], exe: Execution, device: Any,
+                 log: Log, first: bool) -> tuple[int, int, int]:
+    """Train the unfinished ``cells`` (one line to ``log`` first, for a later round only when it
+    has something to train); the runs trained, those already finished, and the workers."""
+    jobs, done = plan(out, cells, log)
+    workers = worker_count(exe.workers, device, len(jobs))
+    trained = sum(len(j.configs) for j in jobs)
+    if cells and (first or jobs):
+        log(f"{study.name}: {trained} {'' if first else 'more '}runs to train in {len(jobs)} "
+            f"jobs on {workers} worker(s); {done} already finished in {out}")
+    run_all(jobs, workers, log, out, exe, origin=study.name)
+    return trained, done, workers
 
 
 def _without_bulk(result: dict[str, Any], bulk: Sequence[str]) -> dict[str, Any]:

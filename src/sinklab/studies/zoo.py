@@ -360,32 +360,51 @@ LINEAR_STACK = Capacity(
     "the first trigger position gives x_1 one weight, which must be 1/j when that row is the "
     "trigger's and 0 when it is not", any_depth=True)
 
+POLE_GAP = Capacity(
+    "pole_gap",
+    "its weights see the trigger's position j only through the bias -log(j + 1), which puts the "
+    "pole of each content weight at or left of j = -1 where the average's 1/j has it at 0; "
+    "three trigger positions turn that into an error floor")
+
+CLIP_OFFSET = Capacity(
+    "clip_offset",
+    "its trigger row's clipped content weight 1.03 / (j + r) - 0.03 keeps an offset that no one "
+    "scale turns into 1/j at every trigger position (at its default zeta and gamma)")
+
 # (configuration, rule) -> the argument that the rule cannot express the task there. The
 # position-dependent arguments are 1x1 only: from two layers on, a first layer can write the
 # query's position (or its prefix's mean) into the residual stream, and they no longer hold
 # (relu_len and relu_raw get 5-10x closer at 2x2). Uniform's weights are fixed at any depth, so
-# its stack stays linear. Sigmoid with bias -log n sees the row's length through n, so it is
-# not here.
+# its stack stays linear. Sigmoid with bias -log n sees the row's length through n, but only
+# as a pole left of -1 (``sinklab.theory.expressivity.SIGMOID_1X1_ARGUMENT``), at 1x1.
 CAPACITY: dict[tuple[str, str], Capacity] = {
     ("1x1", "relu_len"): POSITION_FREE,  # ReLU(S_ik) / L: L is the same for every query
     ("1x1", "relu_raw"): POSITION_FREE,  # ReLU(S_ik): no division at all
     ("1x1", "uniform"): FIXED_WEIGHTS,  # 1 / (i + 1) whatever the scores
     ("2x2", "uniform"): LINEAR_STACK,  # the same weights in every layer: a linear stack
+    ("1x1", "sigmoid"): POLE_GAP,  # the bias -log(j + 1) is all its weights know of j
+    ("1x1", "clipped_softmax"): CLIP_OFFSET,  # two layers can (expressivity's construction)
 }
 
 
 def capacity_applies(cfg: RunConfig, argument: Capacity | None = None) -> bool:
     """Whether a run's settings are those the arguments need: attention-only layers with BOS
-    visible, one trigger per sequence at positions from 2 (so that key 1 is a content token,
-    and row 1 a non-trigger row, at every trigger position) over at least two positions; and,
-    unless the ``argument`` holds at any depth (``Capacity.any_depth``), one layer with the
-    plain target."""
+    visible, the rule's default arguments (sigmoid's bias -log n), one trigger per sequence at
+    positions from 2 (so that key 1 is a content token, and row 1 a non-trigger row, at every
+    trigger position) over at least two positions (three for ``POLE_GAP`` and ``CLIP_OFFSET``,
+    which also needs two content coordinates); and, unless the
+    ``argument`` holds at any depth (``Capacity.any_depth``), one layer with the plain
+    target."""
     task = cfg.task
     shape = (argument is not None and argument.any_depth) or \
         (cfg.model.n_layers == 1 and not cfg.residual)
-    return (shape and cfg.model.block == "attention"
+    defaults = not _rules()[cfg.model.attention].non_default(cfg.model.attention_args)
+    return (shape and defaults and cfg.model.block == "attention"
             and cfg.model.bos == "visible" and task.single_trigger
-            and task.train_trigger_min >= 2 and task.train_trigger_max > task.train_trigger_min)
+            and task.train_trigger_min >= 2
+            and task.train_trigger_max - task.train_trigger_min >= (
+                2 if argument in (POLE_GAP, CLIP_OFFSET) else 1)
+            and (argument is not CLIP_OFFSET or task.d_model >= 5))
 
 
 def capacity_bounds(cfg: RunConfig) -> dict[str, Any]:
@@ -397,7 +416,13 @@ def capacity_bounds(cfg: RunConfig) -> dict[str, Any]:
     least (1/j_min - 1/j_max) / 2 there (``sup_floor``). ``fixed_weights``: some sequences with
     the trigger at j_min err by at least (j + 1) / (j (j + 3)), j = j_min (``sup_floor``).
     ``linear_stack``: some sequences err by at least 1 / (2 j_min) at row j_min, at any depth
-    (``sup_floor``)."""
+    (``sup_floor``). ``pole_gap``: some sequences err by at least the floor of
+    ``sinklab.theory.expressivity.sigmoid_floor`` (``sup_floor``, with its three trigger
+    positions and their Lagrange weights; None with fewer than three positions).
+    ``clip_offset``: some sequences err by at least ``expressivity.clipped_floor`` (``sup_floor``,
+    with the best fit found, its score gap r and scale mu; None where it does not apply)."""
+    from sinklab.theory.expressivity import clipped_floor, sigmoid_floor  # torch: not for --help
+
     task = cfg.task
     j = np.arange(task.train_trigger_min, task.train_trigger_max + 1, dtype=float)
     var = float(np.var(1 / j))  # over the uniform trigger position (population variance)
@@ -405,6 +430,7 @@ def capacity_bounds(cfg: RunConfig) -> dict[str, Any]:
     tol = cfg.train.tol
     lo = j[0]
     common = {"j_min": int(lo), "j_max": int(j[-1]), "tol": tol}
+    pole, clip = sigmoid_floor(task), clipped_floor(task)
     return {
         "position_free": {**common, "var_inv_j": var, "mse_floor": mse_floor,
                           "rms_floor": math.sqrt(mse_floor), "sup_floor": (1 / lo - 1 / j[-1]) / 2,
@@ -414,6 +440,12 @@ def capacity_bounds(cfg: RunConfig) -> dict[str, Any]:
         "fixed_weights": {**common, "w_best": 2 * (lo + 1) / (lo * (lo + 3)),
                           "sup_floor": (lo + 1) / (lo * (lo + 3))},
         "linear_stack": {**common, "sup_floor": 1 / (2 * lo)},
+        "pole_gap": None if pole is None else {
+            **common, "sup_floor": pole.floor, "exact": str(pole.exact),
+            "nodes": list(pole.nodes), "weights": [str(w) for w in pole.weights]},
+        "clip_offset": None if clip is None else {
+            **common, "sup_floor": clip.floor, "r": clip.r, "mu": clip.mu,
+            "attained": clip.attained, "intervals": clip.n_intervals},
     }
 
 
@@ -698,6 +730,25 @@ def protocol(opts: ZooOptions, exe: Execution) -> dict[str, Any]:
             "paper_cap": build_run_config({}).train.max_steps}
 
 
+def expressivity(ctx: Context, config: str, rule: str) -> dict[str, Any]:
+    """What the rule can express in ``config`` (``sinklab.theory.expressivity.EXPRESSIVITY``):
+    the verdict, on what grounds, and for a construction its measured worst error (cached)."""
+    from sinklab.theory import expressivity as ex  # torch: not for --help
+
+    verdict = ex.EXPRESSIVITY.get((config, rule))
+    if verdict is None:
+        return {"config": config, "rule": rule, "verdict": "unknown", "how": "open",
+                "construction": None, "why": "not in sinklab's table (a rule of a plugin)",
+                "check": None}
+    check = None
+    if verdict.construction is not None:
+        check = ctx.cached(f"expressivity_{config}_{rule}",
+                           {"version": 1, "config": config, "rule": rule, "how": verdict.how},
+                           lambda: ex.check_construction(config, rule))
+    return {"config": config, "rule": rule, "verdict": verdict.verdict, "how": verdict.how,
+            "construction": verdict.construction, "why": verdict.why, "check": check}
+
+
 def collect(ctx: Context) -> dict[str, Any]:
     opts = ctx.opts
     runs, denied, screens, entries = [], [], [], []
@@ -719,6 +770,8 @@ def collect(ctx: Context) -> dict[str, Any]:
                                               ctx.exe.device))
     return {"protocol": protocol(opts, ctx.exe), "runs": runs, "entries": entries,
             "screen": screens, "denied": denied, "capacity": capacity,
+            "expressivity": [expressivity(ctx, config, rule) for config in CONFIGS
+                             for rule in opts.rules],
             "capacity_table": [{"config": c, "rule": r, "argument": a.key, "why": a.why,
                                 "measured": a.measured} for (c, r), a in CAPACITY.items()]}
 
