@@ -19,7 +19,12 @@ from sinklab.errors import ConfigError
 from sinklab.model import AttentionStack
 from sinklab.task import CONTENT_START, Batch
 from sinklab.theory import expressivity as ex
-from sinklab.theory.constructions import all_triggers_batch, construction_config, softmax_sink
+from sinklab.theory.constructions import (
+    all_triggers_batch,
+    construction_config,
+    softmax_sink,
+    zero_row_construction,
+)
 
 EXACT = [key for key, v in ex.EXPRESSIVITY.items() if v.how == ex.EXACT]
 ANY_ERROR = [key for key, v in ex.EXPRESSIVITY.items() if v.how == ex.ANY_ERROR]
@@ -448,3 +453,22 @@ def test_no_clipped_weights_beat_the_floor_while_one_position_and_softmax_do():
         assert entry["error_all"] >= found.floor
     with pytest.raises(ConfigError, match="clip to zero only from c = 3.536"):
         ex.clipped_one_position(2, c=3.0)
+
+
+def test_trained_style_models_never_beat_the_arguments_floors_and_other_weights_can():
+    """``argument_errors``: random models of each rule err by at least its floor on the
+    argument's sequences; the controls, weights of a rule the argument does not cover (the
+    exact ReLU construction, the softmax sink), err by almost nothing on the same sequences."""
+    for rule, key, floor in (("sigmoid", "pole_gap", 7 / 705), ("clipped_softmax",
+                                                                "clip_offset", 0.1033)):
+        cfg = build_run_config({"model": {"attention": rule}})
+        model = AttentionStack(cfg.model, 16, residual=False, n_members=3)
+        for e in range(3):
+            model.init_member(e, torch.Generator().manual_seed(e))
+        assert min(ex.argument_errors(model, cfg.task, key)) >= floor
+    cfg, relu = zero_row_construction("relu", dtype=torch.float64)
+    assert ex.argument_errors(relu, cfg.task, "pole_gap") == [0.0]
+    cfg, sink = softmax_sink(30.0)
+    assert ex.argument_errors(sink, cfg.task, "clip_offset")[0] < 1e-9
+    with pytest.raises(ValueError, match="choose pole_gap or clip_offset"):
+        ex.argument_errors(sink, cfg.task, "position_free")

@@ -630,3 +630,12 @@ def test_a_mixed_rule_is_pooled_with_its_heterogeneity_and_left_undetermined():
     c = _decide(records)["gated.no_bos_sink"]
     assert [(p["setting"], p["k"], p["n"]) for p in c.parts] == [("1x1", 4, 9), ("2x2", 0, 9)]
     assert c.heterogeneity_p < 0.2 and c.outcome == "undetermined" and c.counterexamples == 4
+
+
+def test_the_argument_floor_check_verifies_trained_errors_and_fails_below_the_floor():
+    entry = {"config": "1x1", "rule": "sigmoid", "capacity": "pole_gap",
+             "argument_error": [0.05, 0.2, None]}
+    check = zoo._argument_check(entry, 7 / 705)
+    assert check.kind == "check" and check.outcome == "verified" and check.n == 2
+    assert zoo._argument_check({**entry, "argument_error": [0.05, 0.001]}, 7 / 705).outcome == \
+        "failed"

@@ -371,6 +371,10 @@ CLIP_OFFSET = Capacity(
     "its trigger row's clipped content weight 1.03 / (j + r) - 0.03 keeps an offset that no one "
     "scale turns into 1/j at every trigger position (at its default zeta and gamma)")
 
+# the arguments whose sequences are written down (``expressivity.argument_errors``): a trained
+# model's error on them is checked against the floor
+SEQUENCE_ARGUMENTS = (POLE_GAP, CLIP_OFFSET)
+
 # (configuration, rule) -> the argument that the rule cannot express the task there. The
 # position-dependent arguments are 1x1 only: from two layers on, a first layer can write the
 # query's position (or its prefix's mean) into the residual stream, and they no longer hold
@@ -550,6 +554,22 @@ def model_checks(ctx: Context, name: str, capacity: bool) -> dict[str, Any]:
     return ctx.cached(name.replace("runs/", "zoo_"), settings, compute)
 
 
+def argument_error(ctx: Context, name: str, argument: Capacity) -> float:
+    """A trained 1x1 model's largest error on the sequences of a capacity argument that has
+    them (``POLE_GAP``, ``CLIP_OFFSET``: ``expressivity.argument_errors``; cached)."""
+    path = ctx.out / name
+    settings = {"version": 1, "model": model_digest(path), "argument": argument.key}
+
+    def compute() -> dict[str, Any]:
+        from sinklab.theory.expressivity import argument_errors  # torch: not for --help
+        from sinklab.train import load_model
+
+        cfg, model = load_model(path)
+        return {"error": argument_errors(model, cfg.task, argument.key)[0]}
+
+    return ctx.cached(name.replace("runs/", "argument_"), settings, compute)["error"]
+
+
 # ------------------------------------------------------------------------------- records
 
 
@@ -615,6 +635,8 @@ def run_record(ctx: Context, config: str, rule: str, lr: float, seed: int) -> di
         "validation_mse": checks["validation_mse"],
         "ablated": checks["ablated"], "capacity_applies": applies,
         "capacity_mse": checks["capacity_mse"],
+        "argument_error": argument_error(ctx, name, argument)
+        if applies and argument in SEQUENCE_ARGUMENTS else None,
     }
 
 
@@ -706,6 +728,7 @@ def entry(config: str, rule: str, chosen: list[dict[str, Any]], found: Search,
         "sink_rate": each("sink_rate"), "sink_rate_relative": each("sink_rate_relative"),
         "gu_rows_ignored": sum(each("gu_rows_ignored")), "gu_rows_zero": sum(each("gu_rows_zero")),
         "gu_rows": sum(each("gu_rows")), "capacity_mse": each("capacity_mse"),
+        "argument_error": each("argument_error"),
         "ablation": {key: {"intact": each(key), "ablated": [r["ablated"][key] for r in chosen]}
                      for key in ABLATION_KEYS},
         "incidence": incidence(chosen), "denied": by_setting,
@@ -998,6 +1021,19 @@ def _capacity_check(e: dict[str, Any], floor: float) -> Claim:
         k, len(values), f"seeds are at or above the floor{lowest}")
 
 
+def _argument_check(e: dict[str, Any], floor: float) -> Claim:
+    """The trained models' error on the sequences of their rule's argument against the floor it
+    proves for any weights: a check of the argument and its numbers, not evidence."""
+    values = [v for v in e.get("argument_error") or [] if v is not None]
+    k = sum(v >= floor for v in values)
+    lowest = f" (lowest {min(values):.3g})" if values else ""
+    return cl.check_all(
+        f"{e['config']}.{e['rule']}.argument_floor",
+        f"The trained {e['config']} {e['rule']} models err by at least {floor:.5g}, the floor the "
+        f"argument ({e['capacity']}) proves for any weights, on its own sequences (a check of "
+        f"the argument's numbers)", k, len(values), f"seeds are at or above the floor{lowest}")
+
+
 def claims(records: dict[str, Any], opts: ZooOptions) -> list[Claim]:
     """The zoo's claims: the four primary ones (softmax sinks on BOS; the paper's ReLU does
     not; with BOS removed rules without another zero fail and rules with one reach the stop
@@ -1026,6 +1062,10 @@ def claims(records: dict[str, Any], opts: ZooOptions) -> list[Claim]:
     if bounds is not None:
         floor = bounds[POSITION_FREE.key]["mse_floor"]
         out += [_capacity_check(e, floor) for e in entries if e["capacity"] == POSITION_FREE.key]
+        for argument in SEQUENCE_ARGUMENTS:
+            if bounds.get(argument.key) is not None:
+                out += [_argument_check(e, bounds[argument.key]["sup_floor"]) for e in entries
+                        if e["capacity"] == argument.key]
     return out
 
 

@@ -1076,3 +1076,30 @@ def check_sigmoid_floor(seq_len: int = 16, d_model: int = 16, c: float = 30.0
             "weights": [str(w) for w in found.weights], "floor": found.floor,
             "floor_exact": str(found.exact), "relu_error": error(relu, every), "c": c,
             "one_position": positions}
+
+
+@torch.no_grad()
+def argument_errors(model: AttentionStack, task: TaskConfig, key: str) -> list[float]:
+    """Each member's largest error (L-infinity over every row and coordinate) on the sequences
+    of the 1x1 argument ``key`` ("pole_gap" or "clip_offset"): at least the argument's floor
+    (``sigmoid_floor``, ``clipped_floor``) for any weights, so a trained model below it would
+    show the argument or its numbers wrong. A ValueError for another key, or where the argument
+    does not apply to ``task``."""
+    model = model.to(torch.float64)
+    if key == "pole_gap":
+        found = sigmoid_floor(task)
+        if found is None:
+            raise ValueError("the sigmoid argument needs three trigger positions from 2 on.")
+        batch = floor_sequences(task, found.nodes)
+        err = (model(batch.x).out - batch.y).abs()  # (members, sequences, L, d)
+        return err.flatten(1).amax(1).tolist()
+    if key == "clip_offset":
+        clipped = clipped_floor(task)
+        if clipped is None:
+            raise ValueError("the clipped softmax argument needs three trigger positions from 2 "
+                             "on and two content coordinates.")
+        seqs = clipped_sequences(model, task, clipped.positions)
+        out = model(seqs.x.to(torch.float64)).out  # (members, sequences, L, d): its own ones
+        err = (out - seqs.y.to(torch.float64)).abs()
+        return err.flatten(1).amax(1).tolist()
+    raise ValueError(f"argument {key!r} has no sequences here: choose pole_gap or clip_offset.")
