@@ -472,3 +472,35 @@ def test_trained_style_models_never_beat_the_arguments_floors_and_other_weights_
     assert ex.argument_errors(sink, cfg.task, "clip_offset")[0] < 1e-9
     with pytest.raises(ValueError, match="choose pole_gap or clip_offset"):
         ex.argument_errors(sink, cfg.task, "position_free")
+
+
+def test_one_layer_with_bos_removed_errs_by_a_fifth_and_the_controls_do_not():
+    """``removed_errors``: random 1x1 models of each forced rule with BOS removed err by at
+    least 1/5 on the argument's sequences; the controls: the softmax sink's weights with BOS
+    visible, and the exact ReLU weights with BOS removed, err by almost nothing there, while the
+    same sink weights with BOS removed err by 1."""
+    from sinklab.model import AttentionStack
+
+    def removed(rule, state=None):
+        cfg = build_run_config({"model": {"attention": rule, "bos": "removed"}})
+        model = AttentionStack(cfg.model, 16, residual=False, n_members=1 if state else 3)
+        if state is None:
+            for e in range(3):
+                model.init_member(e, torch.Generator().manual_seed(e))
+        else:
+            model = model.double()
+            model.load_state_dict(state)
+        return cfg, model
+
+    for rule in ex.REMOVED_FORCED_RULES:
+        cfg, model = removed(rule)
+        assert min(ex.removed_errors(model, cfg.task)) >= ex.REMOVED_FLOOR
+    cfg, sink = softmax_sink(30.0)
+    assert ex.removed_errors(sink, cfg.task)[0] < 1e-9  # BOS visible: the sink solves them
+    cfg, denied = removed("softmax", sink.state_dict())
+    assert ex.removed_errors(denied, cfg.task)[0] >= ex.REMOVED_FLOOR
+    _, relu = zero_row_construction("relu", dtype=torch.float64)
+    cfg, relu_removed = removed("relu", relu.state_dict())
+    assert ex.removed_errors(relu_removed, cfg.task) == [0.0]
+    with pytest.raises(ValueError, match="four content coordinates"):
+        ex.removed_sequences(build_run_config({"task": {"d_model": 6}}).task)

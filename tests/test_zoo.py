@@ -407,6 +407,10 @@ def test_zoo_end_to_end_searches_trains_fresh_and_denied_seeds_and_resumes(
     assert {c["key"] for c in result["claims"] if c["primary"]} == set(zoo.PRIMARY)
     assert claims["relu.no_bos_sink"]["n"] == 0  # the paper's ReLU was not trained
     assert claims["1x1.relu_len.capacity_floor"]["outcome"] == "verified"
+    # one softmax layer with BOS removed is forced to err: a check, out of the primary claim
+    assert claims["1x1.softmax.removed_floor"]["outcome"] == "verified"
+    assert by["1x1", "softmax"]["denied"]["removed"]["forced"]
+    assert not by["2x2", "softmax"]["denied"]["removed"]["forced"]
     rows = list(csv.DictReader((out / "entries.csv").read_text().splitlines()))
     assert [r["rule"] for r in rows] == ["softmax", "relu_len", "softmax", "relu_len"]
     assert len(list(csv.DictReader((out / "runs.csv").read_text().splitlines()))) == 8
@@ -508,6 +512,9 @@ def _entry(config, rule, sinks, n=9, converged=None, capacity=None, capacity_mse
             "capacity": capacity, "capacity_mse": capacity_mse or [None] * n,
             "bos_share_max_on": [None] * n, "outcome": "old label",
             "denied": {"removed": {"n": n, "converged": removed,
+                                   "forced": config == "1x1" and rule in (
+                                       "softmax", "clipped_softmax", "uniform"),
+                                   "removed_error": [0.9] * n,
                                    "ends": {"converged": removed, "plateau": n - removed}}}}
 
 
@@ -552,13 +559,17 @@ def test_the_zoo_claims_have_kinds_controls_and_four_pooled_primaries():
     assert claims["softmax.bos_sink"].control["setting"].startswith("relu")
     assert claims["relu.no_bos_sink"].control["setting"].startswith("softmax")
     # the denied claims pool the rules that solve the task with BOS, by class
-    forced = claims["denied.no_other_zero.fails"]
-    assert [p["setting"] for p in forced.parts] == [
-        "1x1 clipped_softmax", "1x1 softmax", "2x2 clipped_softmax", "2x2 softmax"]
+    forced = claims["denied.no_other_zero.fails"]  # one layer with BOS removed is a check
+    assert [p["setting"] for p in forced.parts] == ["2x2 clipped_softmax removed",
+                                                    "2x2 softmax removed"]
     free = claims["denied.other_zero.reaches"]
     assert {p["setting"] for p in free.parts} == {
-        f"{c} {r}" for c in ("1x1", "2x2") for r in ("gated", "relu", "softpick")} | {
-        "2x2 relu_len"}  # 1x1 relu_len and uniform do not solve the task with BOS
+        f"{c} {r} removed" for c in ("1x1", "2x2") for r in ("gated", "relu", "softpick")} | {
+        "2x2 relu_len removed"}  # 1x1 relu_len and uniform do not solve the task with BOS
+    for rule in ("softmax", "clipped_softmax", "uniform"):
+        check = claims[f"1x1.{rule}.removed_floor"]
+        assert check.kind == "check" and check.outcome == "verified"
+    assert "2x2.softmax.removed_floor" not in claims
     assert claims["gated.no_bos_sink"].outcome == "contradicted"  # it sinks though it has a gate
     assert claims["gated.no_bos_sink"].correction == "benjamini-hochberg"
     assert claims["relu_len.no_bos_sink"].kind == "descriptive"  # free rows: described only
@@ -639,3 +650,11 @@ def test_the_argument_floor_check_verifies_trained_errors_and_fails_below_the_fl
     assert check.kind == "check" and check.outcome == "verified" and check.n == 2
     assert zoo._argument_check({**entry, "argument_error": [0.05, 0.001]}, 7 / 705).outcome == \
         "failed"
+
+
+def test_the_removed_floor_check_fails_on_a_model_below_it():
+    records = _records({"softmax": 9})
+    for e in records["entries"]:
+        if (e["config"], e["rule"]) == ("1x1", "softmax"):
+            e["denied"]["removed"]["removed_error"] = [0.9] * 8 + [0.01]
+    assert _decide(records)["1x1.softmax.removed_floor"].outcome == "failed"

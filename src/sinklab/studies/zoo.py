@@ -640,10 +640,41 @@ def run_record(ctx: Context, config: str, rule: str, lr: float, seed: int) -> di
     }
 
 
+def forced_by_removal(config: str, rule: str, setting: str) -> bool:
+    """Whether BOS removed forces the rule to err in ``config`` whatever its weights
+    (``expressivity.REMOVED_1X1_ARGUMENT``: one layer of softmax, clipped softmax or uniform):
+    its runs there are a check of the argument, not evidence."""
+    from sinklab.theory.expressivity import REMOVED_FORCED_RULES  # torch: not for --help
+
+    return config == "1x1" and setting == REMOVED.name and rule in REMOVED_FORCED_RULES
+
+
+def removed_error(ctx: Context, name: str) -> float:
+    """A 1x1 run's largest error, BOS removed, on ``REMOVED_1X1_ARGUMENT``'s sequences (cached)."""
+    path = ctx.out / name
+    settings = {"version": 1, "model": model_digest(path), "argument": "removed"}
+
+    def compute() -> dict[str, Any]:
+        from sinklab.theory.expressivity import removed_errors  # torch: not for --help
+        from sinklab.train import load_model
+
+        cfg, model = load_model(path)
+        return {"error": removed_errors(model, cfg.task)[0]}
+
+    return ctx.cached(name.replace("denied/", "removed_"), settings, compute)["error"]
+
+
 def short_record(ctx: Context, name: str, **keys: Any) -> dict[str, Any]:
-    """A screening or denied run: how it ended and its errors."""
+    """A screening or denied run: how it ended and its errors (and, for a run BOS removal
+    forces to err, its error on the argument's sequences)."""
     s = ctx.summary(name)
-    return {**keys, "status": s["status"], "converged": s["converged"], "steps": s["steps"],
+    cfg = build_run_config(read_json(ctx.out / name / "config.json"))
+    forced = ("setting" in keys and forced_by_removal(keys["config"], keys["rule"],
+                                                      keys["setting"])
+              and not _rules()[keys["rule"]].non_default(cfg.model.attention_args))
+    return {**keys, "forced": forced,
+            "removed_error": removed_error(ctx, name) if forced else None,
+            "status": s["status"], "converged": s["converged"], "steps": s["steps"],
             "train_linf": s["train_linf"], "test_linf": s["linf_error"],
             "linf_nontrigger": s["linf_nontrigger"], "linf_trigger": s["linf_trigger"],
             "bos_weight_max": float(np.max(s["bos_mass_nontrigger"])),
@@ -702,6 +733,8 @@ def entry(config: str, rule: str, chosen: list[dict[str, Any]], found: Search,
             "n": len(runs), "converged": sum(r["converged"] for r in runs), "ends": lost_ends,
             "outcome": outcome(lost_ends, len(runs), steps_cap, None),
             "test_linf": [r["test_linf"] for r in runs], "steps": [r["steps"] for r in runs],
+            "forced": bool(runs) and all(r["forced"] for r in runs),
+            "removed_error": [r["removed_error"] for r in runs],
             "incidence": incidence(runs)}
     implicit = kind in ("implicit sink", "learned key")
     return {
@@ -947,12 +980,29 @@ def _denied_claim(e: dict[str, Any], setting: str) -> Claim:
 
 def denied_parts(entries: list[dict[str, Any]], other_zero: bool
                  ) -> list[tuple[str, int, int]]:
-    """(config rule, seeds that reached the stop rule with BOS removed, seeds) of every
-    (configuration, rule) that solves the task with BOS and has (``other_zero``) or has not
-    another way to output zero (``no_other_zero``)."""
-    return [(f"{e['config']} {e['rule']}", e["denied"][REMOVED.name]["converged"],
-             e["denied"][REMOVED.name]["n"]) for e in entries
-            if e["solves"] and e["no_other_zero"] != other_zero and REMOVED.name in e["denied"]]
+    """(config rule setting, seeds that reached the stop rule with BOS denied so, seeds) of
+    every (configuration, rule) that solves the task with BOS and has (``other_zero``) or has
+    not another way to output zero (``no_other_zero``), in every denied setting but those where
+    a proof forces the failure (``forced_by_removal``: a check, not evidence)."""
+    return [(f"{e['config']} {e['rule']} {setting}", d["converged"], d["n"])
+            for e in entries if e["solves"] and e["no_other_zero"] != other_zero
+            for setting, d in e["denied"].items() if not d.get("forced")]
+
+
+def _removed_check(e: dict[str, Any]) -> Claim:
+    """A 1x1 run with BOS removed that the argument forces to err: its error on the argument's
+    sequences against the floor 1/5 (a check of the argument, not evidence)."""
+    from sinklab.theory.expressivity import REMOVED_FLOOR  # torch: not for --help
+
+    values = [v for v in e["denied"][REMOVED.name]["removed_error"] if v is not None]
+    k = sum(v >= REMOVED_FLOOR for v in values)
+    lowest = f" (lowest {min(values):.3g})" if values else ""
+    return cl.check_all(
+        f"{e['config']}.{e['rule']}.removed_floor",
+        f"With BOS removed, the trained {e['config']} {e['rule']} models err by at least "
+        f"{REMOVED_FLOOR:g} on the argument's sequences, the floor it proves for any weights "
+        f"of one layer of this rule (a check, not evidence that the rule needs BOS)",
+        k, len(values), f"seeds are at or above the floor{lowest}")
 
 
 def _class_words(entries: list[dict[str, Any]], other_zero: bool) -> str:
@@ -961,30 +1011,34 @@ def _class_words(entries: list[dict[str, Any]], other_zero: bool) -> str:
 
 
 def _denied_claims(entries: list[dict[str, Any]]) -> list[Claim]:
-    """With BOS removed from the non-trigger rows: rules with no other way to output zero do not
+    """With BOS denied to the non-trigger rows: rules with no other way to output zero do not
     reach the stop rule, rules with another way do; each pooled over the (configuration, rule)
-    pairs that solve the task with BOS, each the other's control."""
+    pairs that solve the task with BOS and the denied settings not forced by a proof, each the
+    other's control."""
     def fails(key: str, other_zero: bool) -> Claim:
-        return cl.rate_at_most(key, "seeds reach the stop rule with BOS removed at a rate below "
+        return cl.rate_at_most(key, "seeds reach the stop rule with BOS denied at a rate below "
                                f"{1 - cl.R0:.2g}", None, None,
-                               "reached the stop rule with BOS removed",
+                               "reached the stop rule with BOS denied",
                                parts=denied_parts(entries, other_zero) or [("none", 0, 0)])
 
     def reaches(key: str, other_zero: bool) -> Claim:
-        return cl.rate_at_least(key, "seeds reach the stop rule with BOS removed at a rate above "
-                                f"{cl.R0:g}", None, None, "reached the stop rule with BOS removed",
+        return cl.rate_at_least(key, "seeds reach the stop rule with BOS denied at a rate above "
+                                f"{cl.R0:g}", None, None, "reached the stop rule with BOS denied",
                                 parts=denied_parts(entries, other_zero) or [("none", 0, 0)])
 
     forced = replace(fails(NO_OTHER_ZERO_FAILS, False), sentence=(
         f"Rules with no other way to output zero than BOS (a row with one visible key puts "
         f"exactly 1 on it: {_class_words(entries, False)}) do not reach the stop rule when BOS "
-        f"is removed from the non-trigger rows: the rate of their seeds that reach it is below "
-        f"{1 - cl.R0:.2g}, pooled over the configurations where they solve the task with BOS"))
+        f"is denied to the non-trigger rows (removed, or its share capped): the rate of their "
+        f"seeds that reach it is below {1 - cl.R0:.2g}, pooled over the configurations where "
+        f"they solve the task with BOS and the denied settings, leaving out one layer with BOS "
+        f"removed, where a proof forces the failure (checked below)"))
     free = replace(reaches(OTHER_ZERO_REACHES, True), sentence=(
         f"Rules with another way to output zero (an all-zero row, an implicit or learned sink "
         f"key, a closed gate: {_class_words(entries, True)}) reach the stop rule when BOS is "
-        f"removed from the non-trigger rows: the rate of their seeds that reach it is above "
-        f"{cl.R0:g}, pooled over the configurations where they solve the task with BOS"))
+        f"denied to the non-trigger rows (removed, or its share capped): the rate of their seeds "
+        f"that reach it is above {cl.R0:g}, pooled over the configurations where they solve the "
+        f"task with BOS and the denied settings"))
     return [cl.with_control(forced, fails(f"{NO_OTHER_ZERO_FAILS}.control", True),
                             "the rules with another way to output zero, the same test"),
             cl.with_control(free, reaches(f"{OTHER_ZERO_REACHES}.control", False),
@@ -1058,6 +1112,8 @@ def claims(records: dict[str, Any], opts: ZooOptions) -> list[Claim]:
             out.append(_no_sink_claim(entries, rule))
     out += [_reached_claim(e) for e in entries]
     out += [_denied_claim(e, setting) for e in entries for setting in e["denied"]]
+    out += [_removed_check(e) for e in entries
+            if e["denied"].get(REMOVED.name, {}).get("forced")]
     bounds = records["capacity"]
     if bounds is not None:
         floor = bounds[POSITION_FREE.key]["mse_floor"]

@@ -1103,3 +1103,65 @@ def argument_errors(model: AttentionStack, task: TaskConfig, key: str) -> list[f
         err = (out - seqs.y.to(torch.float64)).abs()
         return err.flatten(1).amax(1).tolist()
     raise ValueError(f"argument {key!r} has no sequences here: choose pole_gap or clip_offset.")
+
+
+# ------------------------------------------------------------ BOS removed, one layer: forced
+
+# The rules whose row with one visible key puts exactly 1 on it and whose trigger row's weights
+# lie in [0, 1] and sum to at most 1 (at their default arguments): with BOS removed from the
+# non-trigger rows, one layer of them cannot output zero at row 1 (``REMOVED_1X1_ARGUMENT``).
+REMOVED_FORCED_RULES = ("softmax", "clipped_softmax", "uniform")
+REMOVED_FLOOR = 0.2  # 1 / (1 + 4): four content coordinates, the argument's vertices
+
+REMOVED_1X1_ARGUMENT = """\
+With BOS removed from the non-trigger rows (``model.bos=removed``), one layer of a rule that puts
+exactly 1 on the only key a row sees and whose trigger-row weights lie in [0, 1] and sum to at
+most 1 (softmax; clipped softmax at zeta = 1; uniform) errs by at least 1/5 on some input of the
+training distribution, whatever its weights (the plain target, d_model >= 7).
+
+Write M = W_V W_O (summed over heads). Row 1 is a non-trigger row at every training trigger
+position, and with BOS removed it sees token 1 alone: its output is x_1 M, its target 0. Moving
+content coordinate a of x_1 from -1 to 1 moves the output's coordinate m by 2 M_am, so if every
+sequence erred by at most E, |M_am| <= E for every content coordinate a and every m.
+
+At the trigger row j (BOS visible there), the output's content coordinate m is
+sum_k w_k x_k M: each token's content part adds at most w_k |content_k|_1 E, and its flag part
+(BOS's, the trigger's or the bias flag's row of M) makes the rest a point of
+conv{0, M_BOS, M_trigger, M_bias}, which lies in a subspace of dimension at most 3, whatever
+the weights. Give every token the content v, a vertex of {-1, 1} on four content coordinates
+and 0 on the others: the target's content is v, and the content part adds at most 4 E. Restricted
+to those four coordinates the subspace lies in a hyperplane alpha . x = 0, and one of the vertices
+v = +-sign(alpha) has |alpha . v| = |alpha|_1, so it is at L-infinity distance at least 1 from
+it. Hence 1 <= E + 4 E: some of these sequences (the 2 (d - 3) probes of row 1 and the 16
+vertices) errs by at least 1/5, forty times the stop rule's tolerance 5e-3.
+
+It does not hold with two layers (a first layer can change what row 1 reads), nor for a rule
+whose one-key row can put less than 1 on its key (an all-zero row, a sink key, a gate).
+"""
+
+
+def removed_sequences(task: TaskConfig, dtype: torch.dtype = torch.float64) -> Batch:
+    """``REMOVED_1X1_ARGUMENT``'s sequences, the trigger at the first training position: every
+    token's content +-e_a for each content coordinate a (the probes of row 1), then every token's
+    content a vertex of {-1, 1} on the first four content coordinates (the trigger row's)."""
+    n = task.d_model - 3
+    if n < 4:
+        raise ValueError(f"the argument needs four content coordinates; d_model={task.d_model} "
+                         "gives fewer.")
+    probes = torch.cat([torch.eye(n, dtype=dtype), -torch.eye(n, dtype=dtype)])
+    vertices = torch.tensor(list(itertools.product((-1.0, 1.0), repeat=4)), dtype=dtype)
+    vertices = torch.cat([vertices, torch.zeros(16, n - 4, dtype=dtype)], dim=1)
+    content = torch.cat([probes, vertices])[:, None, :].expand(-1, task.seq_len, -1)
+    trigger = torch.full((len(content),), max(task.train_trigger_min, 2))
+    x = encode(content.clone(), trigger)
+    return Batch(x=x, y=targets(x, trigger, residual=False), trigger=trigger)
+
+
+@torch.no_grad()
+def removed_errors(model: AttentionStack, task: TaskConfig) -> list[float]:
+    """Each member's largest error on ``removed_sequences``, under the model's own
+    ``model.bos``: at least ``REMOVED_FLOOR`` for any weights of a 1x1 model of a
+    ``REMOVED_FORCED_RULES`` rule with BOS removed."""
+    batch = removed_sequences(task)
+    err = (model.to(torch.float64)(batch.x).out - batch.y).abs()
+    return err.flatten(1).amax(1).tolist()
