@@ -989,20 +989,27 @@ def denied_parts(entries: list[dict[str, Any]], other_zero: bool
             for setting, d in e["denied"].items() if not d.get("forced")]
 
 
+def _floor_check(e: dict[str, Any], suffix: str, values: list[float | None], floor: float,
+                 sentence: str) -> Claim:
+    """Trained models' measured errors against a floor a proof gives for any weights: a check
+    of the argument and its numbers, not evidence (seeds without a value are left out)."""
+    values = [v for v in values if v is not None]
+    k = sum(v >= floor for v in values)
+    lowest = f" (lowest {min(values):.3g})" if values else ""
+    return cl.check_all(f"{e['config']}.{e['rule']}.{suffix}", sentence, k, len(values),
+                        f"seeds are at or above the floor{lowest}")
+
+
 def _removed_check(e: dict[str, Any]) -> Claim:
     """A 1x1 run with BOS removed that the argument forces to err: its error on the argument's
     sequences against the floor 1/5 (a check of the argument, not evidence)."""
     from sinklab.theory.expressivity import REMOVED_FLOOR  # torch: not for --help
 
-    values = [v for v in e["denied"][REMOVED.name]["removed_error"] if v is not None]
-    k = sum(v >= REMOVED_FLOOR for v in values)
-    lowest = f" (lowest {min(values):.3g})" if values else ""
-    return cl.check_all(
-        f"{e['config']}.{e['rule']}.removed_floor",
+    return _floor_check(
+        e, "removed_floor", e["denied"][REMOVED.name]["removed_error"], REMOVED_FLOOR,
         f"With BOS removed, the trained {e['config']} {e['rule']} models err by at least "
         f"{REMOVED_FLOOR:g} on the argument's sequences, the floor it proves for any weights "
-        f"of one layer of this rule (a check, not evidence that the rule needs BOS)",
-        k, len(values), f"seeds are at or above the floor{lowest}")
+        f"of one layer of this rule (a check, not evidence that the rule needs BOS)")
 
 
 def _class_words(entries: list[dict[str, Any]], other_zero: bool) -> str:
@@ -1064,28 +1071,21 @@ def _fixed_weights_check(entries: list[dict[str, Any]], rule: str) -> Claim:
 def _capacity_check(e: dict[str, Any], floor: float) -> Claim:
     """The trained models' error on training sequences against the floor the capacity argument
     proves for any weights: a check of the argument's numbers, not evidence."""
-    values = [v for v in e["capacity_mse"] if v is not None]
-    k = sum(v >= floor for v in values)
-    lowest = f" (lowest {min(values):.3g})" if values else ""
-    return cl.check_all(
-        f"{e['config']}.{e['rule']}.capacity_floor",
+    return _floor_check(
+        e, "capacity_floor", e["capacity_mse"], floor,
         f"The trained {e['config']} {e['rule']} models' trigger-row error on training sequences "
         f"(MSE over the content coordinates) is at or above the floor Var(1/j)/3 = {floor:.3g} "
-        f"that the argument proves for any weights (a check of its numbers)",
-        k, len(values), f"seeds are at or above the floor{lowest}")
+        f"that the argument proves for any weights (a check of its numbers)")
 
 
 def _argument_check(e: dict[str, Any], floor: float) -> Claim:
     """The trained models' error on the sequences of their rule's argument against the floor it
     proves for any weights: a check of the argument and its numbers, not evidence."""
-    values = [v for v in e.get("argument_error") or [] if v is not None]
-    k = sum(v >= floor for v in values)
-    lowest = f" (lowest {min(values):.3g})" if values else ""
-    return cl.check_all(
-        f"{e['config']}.{e['rule']}.argument_floor",
+    return _floor_check(
+        e, "argument_floor", e.get("argument_error") or [], floor,
         f"The trained {e['config']} {e['rule']} models err by at least {floor:.5g}, the floor the "
         f"argument ({e['capacity']}) proves for any weights, on its own sequences (a check of "
-        f"the argument's numbers)", k, len(values), f"seeds are at or above the floor{lowest}")
+        f"the argument's numbers)")
 
 
 def claims(records: dict[str, Any], opts: ZooOptions) -> list[Claim]:
