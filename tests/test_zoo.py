@@ -536,7 +536,7 @@ def _records(sinks, uniform_sinks=0, capacity_mse=0.015, removed=None):
                                   converged=0 if cannot else None,
                                   capacity_mse=[capacity_mse] * 9 if capacity else None,
                                   removed=(removed or {}).get(rule)))
-    return {"entries": entries, "capacity": bounds}
+    return {"entries": entries, "capacity": bounds, "screen": []}
 
 
 def _decide(records):
@@ -658,3 +658,12 @@ def test_the_removed_floor_check_fails_on_a_model_below_it():
         if (e["config"], e["rule"]) == ("1x1", "softmax"):
             e["denied"]["removed"]["removed_error"] = [0.9] * 8 + [0.01]
     assert _decide(records)["1x1.softmax.removed_floor"].outcome == "failed"
+
+
+def test_records_from_before_the_search_are_refused_in_one_sentence():
+    from sinklab.errors import ResultsError
+
+    old = {"entries": [], "capacity": None}  # the zoo's records before it searched its rates
+    with pytest.raises(ResultsError, match="written before the zoo searched each rule's "):
+        zoo.STUDY.complete(old, None)
+    assert zoo.STUDY.complete({**old, "screen": []}, None)["entries"] == []  # the control

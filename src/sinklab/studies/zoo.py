@@ -44,7 +44,7 @@ from sinklab import claims as cl
 from sinklab.claims import Claim
 from sinklab.config import RunConfig, build_run_config, check_count
 from sinklab.definitions import GU_EPS, OFF_ROW, default_source
-from sinklab.errors import ConfigError
+from sinklab.errors import ConfigError, ResultsError
 from sinklab.runs import folders, limits
 from sinklab.runs.files import read_json
 from sinklab.studies.base import Cell, Context, Execution, FigureSpec, Study, named
@@ -1128,7 +1128,14 @@ def claims(records: dict[str, Any], opts: ZooOptions) -> list[Claim]:
 def relabel(records: dict[str, Any], opts: ZooOptions) -> dict[str, Any]:
     """The records with each entry's outcome label written again from its counts (``outcome``),
     so that a report rendered from older records says what the code says; nothing else
-    changes."""
+    changes. Records from before the zoo searched its learning rates (no ``screen``) cannot be
+    rendered by this template: a ResultsError of one sentence says how to regenerate them."""
+    if "screen" not in records:
+        raise ResultsError(
+            "these zoo records were written before the zoo searched each rule's learning rate "
+            "and denied BOS to every rule, so this sinklab cannot render them: regenerate them "
+            "with `sinklab zoo --config docs/studies.toml --out results/docs-zoo-search --docs "
+            "docs/zoo.md` (resumable) or render them with the sinklab that wrote them.")
     entries = []
     for e in records["entries"]:
         argument = CAPACITY.get((e["config"], e["rule"]))
