@@ -523,3 +523,40 @@ def test_headline_says_what_was_decided_in_a_few_lines():
         "undetermined)"]
     assert p.correction == cl.HOLM and p.adjusted_p == pytest.approx(2 * 0.7**12)
     assert "re-analysis" in render.headline(decided, redecided=True)[0]
+
+
+def test_more_cells_trains_rounds_read_off_finished_runs_and_a_rerun_replays_them(
+        tiny, tmp_path, capsys):
+    """A study whose second round depends on the first: one more run per finished run, under
+    ``more_folders``; a rerun names the same runs and trains none; a round under a folder the
+    study does not declare is a programming error, said as such."""
+    import dataclasses
+
+    asked = []
+
+    def more(ctx):
+        asked.append(1)
+        done = [c for c in _cells(ctx.opts, ctx.exe)
+                if folders.check_complete(ctx.out / c.name)]
+        return [dataclasses.replace(c, name=c.name.replace("runs/", "again/"))
+                for c in done if ctx.summary(c.name)["steps"] == ctx.opts.steps]
+
+    studies.unregister("tiny")
+    studies.register(dataclasses.replace(tiny, more_cells=more, more_folders=("again",)))
+    out = tmp_path / "rounds"
+    args = ["tiny", "--out", str(out), "--seeds", "1", "--rules", "relu", "--workers", "1"]
+    code = main(args)
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "tiny: 1 more runs to train" in err and len(asked) == 2  # a second ask: none new
+    assert folders.check_complete(out / "again" / "relu_seed0")
+    code = main(args)
+    err = capsys.readouterr().err
+    assert code == 0 and "more runs to train" not in err
+    assert folders.read_marker(out)["invocations"][-1]["runs_reused"] == 2
+    studies.unregister("tiny")
+    studies.register(dataclasses.replace(tiny, more_cells=more, more_folders=()))
+    code = main(["tiny", "--out", str(tmp_path / "undeclared"), "--seeds", "1", "--rules",
+                 "relu", "--workers", "1"])
+    assert code != 0 and "which neither its cells nor its more_folders use" in \
+        capsys.readouterr().err
