@@ -504,3 +504,28 @@ def test_one_layer_with_bos_removed_errs_by_a_fifth_and_the_controls_do_not():
     assert ex.removed_errors(relu_removed, cfg.task) == [0.0]
     with pytest.raises(ValueError, match="four content coordinates"):
         ex.removed_sequences(build_run_config({"task": {"d_model": 6}}).task)
+
+
+def test_one_softmax_layer_with_bos_capped_errs_by_eps_over_eps_plus_4():
+    """``denied_floor`` capped: random 1x1 softmax models and the sink's weights with BOS's
+    share capped at 1 - eps err by at least eps / (eps + 4) on the argument's sequences; the
+    control, the same sink weights with BOS visible, errs by almost nothing there. No floor is
+    claimed for rules the arguments do not cover."""
+    from sinklab.model import AttentionStack
+
+    _, sink = softmax_sink(30.0)
+    for eps in (0.01, 0.1):
+        floor = ex.denied_floor("softmax", "capped", eps)
+        assert floor == pytest.approx(eps / (eps + 4))
+        cfg = build_run_config({"model": {"bos": "capped", "bos_cap_eps": eps}})
+        model = AttentionStack(cfg.model, 16, residual=False, n_members=3)
+        for e in range(3):
+            model.init_member(e, torch.Generator().manual_seed(e))
+        assert min(ex.removed_errors(model, cfg.task)) >= floor
+        capped = AttentionStack(cfg.model, 16, residual=False).double()
+        capped.load_state_dict(sink.state_dict())
+        assert ex.removed_errors(capped, cfg.task)[0] >= floor
+    assert ex.removed_errors(sink, build_run_config({}).task)[0] < floor  # BOS visible
+    assert ex.denied_floor("softmax", "removed") == ex.REMOVED_FLOOR
+    assert ex.denied_floor("relu", "removed") is None
+    assert ex.denied_floor("clipped_softmax", "capped", 0.1) is None

@@ -408,7 +408,9 @@ def test_zoo_end_to_end_searches_trains_fresh_and_denied_seeds_and_resumes(
     assert claims["relu.no_bos_sink"]["n"] == 0  # the paper's ReLU was not trained
     assert claims["1x1.relu_len.capacity_floor"]["outcome"] == "verified"
     # one softmax layer with BOS removed is forced to err: a check, out of the primary claim
-    assert claims["1x1.softmax.removed_floor"]["outcome"] == "verified"
+    assert claims["1x1.softmax.removed.denied_floor"]["outcome"] == "verified"
+    assert claims["1x1.softmax.capped0_1.denied_floor"]["outcome"] == "verified"
+    assert by["1x1", "softmax"]["denied"]["capped 0.1"]["floor"] == pytest.approx(0.1 / 4.1)
     assert by["1x1", "softmax"]["denied"]["removed"]["forced"]
     assert not by["2x2", "softmax"]["denied"]["removed"]["forced"]
     rows = list(csv.DictReader((out / "entries.csv").read_text().splitlines()))
@@ -514,7 +516,7 @@ def _entry(config, rule, sinks, n=9, converged=None, capacity=None, capacity_mse
             "denied": {"removed": {"n": n, "converged": removed,
                                    "forced": config == "1x1" and rule in (
                                        "softmax", "clipped_softmax", "uniform"),
-                                   "removed_error": [0.9] * n,
+                                   "floor": 0.2, "denied_error": [0.9] * n,
                                    "ends": {"converged": removed, "plateau": n - removed}}}}
 
 
@@ -567,9 +569,9 @@ def test_the_zoo_claims_have_kinds_controls_and_four_pooled_primaries():
         f"{c} {r} removed" for c in ("1x1", "2x2") for r in ("gated", "relu", "softpick")} | {
         "2x2 relu_len removed"}  # 1x1 relu_len and uniform do not solve the task with BOS
     for rule in ("softmax", "clipped_softmax", "uniform"):
-        check = claims[f"1x1.{rule}.removed_floor"]
+        check = claims[f"1x1.{rule}.removed.denied_floor"]
         assert check.kind == "check" and check.outcome == "verified"
-    assert "2x2.softmax.removed_floor" not in claims
+    assert "2x2.softmax.removed.denied_floor" not in claims
     assert claims["gated.no_bos_sink"].outcome == "contradicted"  # it sinks though it has a gate
     assert claims["gated.no_bos_sink"].correction == "benjamini-hochberg"
     assert claims["relu_len.no_bos_sink"].kind == "descriptive"  # free rows: described only
@@ -652,12 +654,12 @@ def test_the_argument_floor_check_verifies_trained_errors_and_fails_below_the_fl
         "failed"
 
 
-def test_the_removed_floor_check_fails_on_a_model_below_it():
+def test_the_denied_floor_check_fails_on_a_model_below_it():
     records = _records({"softmax": 9})
     for e in records["entries"]:
         if (e["config"], e["rule"]) == ("1x1", "softmax"):
-            e["denied"]["removed"]["removed_error"] = [0.9] * 8 + [0.01]
-    assert _decide(records)["1x1.softmax.removed_floor"].outcome == "failed"
+            e["denied"]["removed"]["denied_error"] = [0.9] * 8 + [0.01]
+    assert _decide(records)["1x1.softmax.removed.denied_floor"].outcome == "failed"
 
 
 def test_records_from_before_the_search_are_refused_in_one_sentence():

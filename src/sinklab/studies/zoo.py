@@ -640,19 +640,22 @@ def run_record(ctx: Context, config: str, rule: str, lr: float, seed: int) -> di
     }
 
 
-def forced_by_removal(config: str, rule: str, setting: str) -> bool:
-    """Whether BOS removed forces the rule to err in ``config`` whatever its weights
-    (``expressivity.REMOVED_1X1_ARGUMENT``: one layer of softmax, clipped softmax or uniform):
-    its runs there are a check of the argument, not evidence."""
-    from sinklab.theory.expressivity import REMOVED_FORCED_RULES  # torch: not for --help
+def denied_floor(config: str, rule: str, denial: Denial, tol: float) -> float | None:
+    """The error a proof forces on one layer of ``rule`` with BOS denied so, when it is above
+    the stop rule's tolerance ``tol`` (``expressivity.denied_floor``: softmax, clipped softmax
+    and uniform with BOS removed, softmax capped at eps >= 0.03), else None: such runs are a
+    check of the proof, not evidence."""
+    from sinklab.theory.expressivity import denied_floor as floor_of  # torch: not for --help
 
-    return config == "1x1" and setting == REMOVED.name and rule in REMOVED_FORCED_RULES
+    floor = floor_of(rule, denial.mode, denial.eps) if config == "1x1" else None
+    return floor if floor is not None and floor > tol else None
 
 
-def removed_error(ctx: Context, name: str) -> float:
-    """A 1x1 run's largest error, BOS removed, on ``REMOVED_1X1_ARGUMENT``'s sequences (cached)."""
+def denied_error(ctx: Context, name: str) -> float:
+    """A 1x1 denied run's largest error on the argument's sequences (``removed_errors``, under
+    the run's own ``model.bos``; cached)."""
     path = ctx.out / name
-    settings = {"version": 1, "model": model_digest(path), "argument": "removed"}
+    settings = {"version": 1, "model": model_digest(path), "argument": "denied"}
 
     def compute() -> dict[str, Any]:
         from sinklab.theory.expressivity import removed_errors  # torch: not for --help
@@ -661,19 +664,20 @@ def removed_error(ctx: Context, name: str) -> float:
         cfg, model = load_model(path)
         return {"error": removed_errors(model, cfg.task)[0]}
 
-    return ctx.cached(name.replace("denied/", "removed_"), settings, compute)["error"]
+    return ctx.cached(name.replace("denied/", "denied_"), settings, compute)["error"]
 
 
-def short_record(ctx: Context, name: str, **keys: Any) -> dict[str, Any]:
-    """A screening or denied run: how it ended and its errors (and, for a run BOS removal
-    forces to err, its error on the argument's sequences)."""
+def short_record(ctx: Context, name: str, denial: Denial | None = None,
+                 **keys: Any) -> dict[str, Any]:
+    """A screening or denied run: how it ended and its errors (and, for a denied run a proof
+    forces to err, ``denied_floor``, its error on the argument's sequences)."""
     s = ctx.summary(name)
     cfg = build_run_config(read_json(ctx.out / name / "config.json"))
-    forced = ("setting" in keys and forced_by_removal(keys["config"], keys["rule"],
-                                                      keys["setting"])
-              and not _rules()[keys["rule"]].non_default(cfg.model.attention_args))
-    return {**keys, "forced": forced,
-            "removed_error": removed_error(ctx, name) if forced else None,
+    floor = None
+    if denial is not None and not _rules()[keys["rule"]].non_default(cfg.model.attention_args):
+        floor = denied_floor(keys["config"], keys["rule"], denial, cfg.train.tol)
+    return {**keys, "forced": floor is not None, "floor": floor,
+            "denied_error": denied_error(ctx, name) if floor is not None else None,
             "status": s["status"], "converged": s["converged"], "steps": s["steps"],
             "train_linf": s["train_linf"], "test_linf": s["linf_error"],
             "linf_nontrigger": s["linf_nontrigger"], "linf_trigger": s["linf_trigger"],
@@ -734,7 +738,8 @@ def entry(config: str, rule: str, chosen: list[dict[str, Any]], found: Search,
             "outcome": outcome(lost_ends, len(runs), steps_cap, None),
             "test_linf": [r["test_linf"] for r in runs], "steps": [r["steps"] for r in runs],
             "forced": bool(runs) and all(r["forced"] for r in runs),
-            "removed_error": [r["removed_error"] for r in runs],
+            "floor": runs[0]["floor"] if runs else None,
+            "denied_error": [r["denied_error"] for r in runs],
             "incidence": incidence(runs)}
     implicit = kind in ("implicit sink", "learned key")
     return {
@@ -814,7 +819,7 @@ def collect(ctx: Context) -> dict[str, Any]:
             lr = found.best
             screens.append(screen_record(config, rule, found, cap(config, opts.quick)))
             chosen = [run_record(ctx, config, rule, lr, s) for s in fresh_seeds(opts)]
-            lost = [short_record(ctx, run_name("denied", config, rule, lr, s, d),
+            lost = [short_record(ctx, run_name("denied", config, rule, lr, s, d), d,
                                  config=config, rule=rule, setting=d.name, lr=lr, seed=s)
                     for d in denials(opts.quick) for s in fresh_seeds(opts)]
             runs += chosen
@@ -983,7 +988,7 @@ def denied_parts(entries: list[dict[str, Any]], other_zero: bool
     """(config rule setting, seeds that reached the stop rule with BOS denied so, seeds) of
     every (configuration, rule) that solves the task with BOS and has (``other_zero``) or has
     not another way to output zero (``no_other_zero``), in every denied setting but those where
-    a proof forces the failure (``forced_by_removal``: a check, not evidence)."""
+    a proof forces the failure (``denied_floor``: a check, not evidence)."""
     return [(f"{e['config']} {e['rule']} {setting}", d["converged"], d["n"])
             for e in entries if e["solves"] and e["no_other_zero"] != other_zero
             for setting, d in e["denied"].items() if not d.get("forced")]
@@ -1000,16 +1005,16 @@ def _floor_check(e: dict[str, Any], suffix: str, values: list[float | None], flo
                         f"seeds are at or above the floor{lowest}")
 
 
-def _removed_check(e: dict[str, Any]) -> Claim:
-    """A 1x1 run with BOS removed that the argument forces to err: its error on the argument's
-    sequences against the floor 1/5 (a check of the argument, not evidence)."""
-    from sinklab.theory.expressivity import REMOVED_FLOOR  # torch: not for --help
-
+def _denied_check(e: dict[str, Any], setting: str) -> Claim:
+    """A 1x1 denied setting that a proof forces to err: the runs' errors on the argument's
+    sequences against its floor (a check of the argument, not evidence)."""
+    d = e["denied"][setting]
     return _floor_check(
-        e, "removed_floor", e["denied"][REMOVED.name]["removed_error"], REMOVED_FLOOR,
-        f"With BOS removed, the trained {e['config']} {e['rule']} models err by at least "
-        f"{REMOVED_FLOOR:g} on the argument's sequences, the floor it proves for any weights "
-        f"of one layer of this rule (a check, not evidence that the rule needs BOS)")
+        e, f"{setting.replace(' ', '').replace('.', '_')}.denied_floor", d["denied_error"],
+        d["floor"],
+        f"With BOS {setting}, the trained {e['config']} {e['rule']} models err by at least "
+        f"{d['floor']:.3g} on the argument's sequences, the floor it proves for any weights of "
+        f"one layer of this rule (a check, not evidence that the rule needs BOS)")
 
 
 def _class_words(entries: list[dict[str, Any]], other_zero: bool) -> str:
@@ -1112,8 +1117,8 @@ def claims(records: dict[str, Any], opts: ZooOptions) -> list[Claim]:
             out.append(_no_sink_claim(entries, rule))
     out += [_reached_claim(e) for e in entries]
     out += [_denied_claim(e, setting) for e in entries for setting in e["denied"]]
-    out += [_removed_check(e) for e in entries
-            if e["denied"].get(REMOVED.name, {}).get("forced")]
+    out += [_denied_check(e, setting) for e in entries
+            for setting, d in e["denied"].items() if d.get("forced")]
     bounds = records["capacity"]
     if bounds is not None:
         floor = bounds[POSITION_FREE.key]["mse_floor"]

@@ -1165,3 +1165,31 @@ def removed_errors(model: AttentionStack, task: TaskConfig) -> list[float]:
     batch = removed_sequences(task)
     err = (model.to(torch.float64)(batch.x).out - batch.y).abs()
     return err.flatten(1).amax(1).tolist()
+
+
+CAPPED_1X1_ARGUMENT = """\
+With BOS's share of the non-trigger rows capped at 1 - eps (``model.bos=capped``), one softmax
+layer errs by at least eps / (eps + 4) on the same sequences as ``REMOVED_1X1_ARGUMENT``,
+whatever its weights: more than the stop rule's tolerance 5e-3 from eps = 0.03 on.
+
+Row 1 sees BOS and token 1; the cap leaves token 1 a weight w >= eps, so its output is
+M_BOS + w (D + c M_c), with D = M_bias - M_BOS and c token 1's content. Errors of at most E put
+D + c M_c within E / w <= E / eps (L-infinity) of the point -M_BOS / w on the line through
+M_BOS, for every c; moving content coordinate a from -1 to 1 then gives
+M_a = mu_a M_BOS + R_a with |R_a| <= E / eps. At the trigger row (not capped) the content's
+mu_a M_BOS parts join the flag part in the span of M_BOS, M_trigger and M_bias, and the rest adds
+at most 4 E / eps for a vertex on four content coordinates, so 1 <= E + 4 E / eps. With eps = 1
+(BOS removed) this is the 1/5 of ``REMOVED_1X1_ARGUMENT``.
+"""
+
+
+def denied_floor(rule: str, mode: str, eps: float | None = None) -> float | None:
+    """The error some input must reach under any weights of one layer of ``rule`` (at its
+    default arguments) with BOS denied (``mode`` "removed", or "capped" at 1 - ``eps``), on
+    ``removed_sequences``: 1/5 removed (``REMOVED_1X1_ARGUMENT``), eps / (eps + 4) capped, for
+    softmax only (``CAPPED_1X1_ARGUMENT``); None where no argument here applies."""
+    if mode == "removed":
+        return REMOVED_FLOOR if rule in REMOVED_FORCED_RULES else None
+    if mode == "capped" and rule == "softmax" and eps is not None and eps > 0:
+        return eps / (eps + 4)
+    return None
