@@ -594,12 +594,12 @@ def test_gated_dim_gates_each_dimension_and_with_equal_gates_is_the_headwise_gat
     gates = torch.sigmoid(torch.einsum("ebtd,ehdf->ebthf", x, rule.gate_w)
                           + rule.gate_b[:, None, None])
     torch.testing.assert_close(rule.mix(mixed, s, x, q), mixed * gates)
-    share = rule.passed(mixed, x, q)
+    share = rule.passed(mixed, rule.mix(mixed, s, x, q))
     assert share.shape == (E, B, T, H) and torch.all((share > 0) & (share < 1))
     with torch.no_grad():  # the same gate on every dimension: the share is that gate
         rule.gate_w.zero_()
         rule.gate_b.copy_(torch.linspace(-3, 3, E * H).view(E, H, 1).expand(E, H, D))
-    torch.testing.assert_close(rule.passed(mixed, x, q),
+    torch.testing.assert_close(rule.passed(mixed, rule.mix(mixed, s, x, q)),
                                torch.sigmoid(rule.gate_b[..., 0])[:, None, None].expand(E, B, T, H))
 
 

@@ -13,9 +13,10 @@ A rule that acts past its weights, on each head's mixed values or output (an out
 dimension, a learned key with its own value), is a ``ParamRule`` with ``value_side = True``. The
 layer then also hands it the head-space queries q = x W_Q^h (members, batch, query, head, d) and,
 after mixing, calls ``rule.mix(mixed, weights, x, q)`` on each head's mixed values weights @
-(x W_V^h), (members, batch, query, head, d), before W_O^h; ``rule.passed(mixed, x, q)`` says,
-per row, how much of the head's mixed values ``mix`` lets through (the share a gate passes), so
-that measurements read the weights as the head's output sees them (``sinklab.model``).
+(x W_V^h), (members, batch, query, head, d), before W_O^h; ``rule.passed(mixed, mixed_out)``,
+given those values before and after ``mix``, says per row how much of them ``mix`` lets through
+(the share a gate passes), so that measurements read the weights as the head's output sees them
+(``sinklab.model``).
 
 A rule is registered once, with its metadata: ``@register("name", row_kind=..., kwargs=...)``
 records a ``RuleInfo`` (``rule_info(name)``): the function or class, what a row of its weights
@@ -115,9 +116,10 @@ class ParamRule(nn.Module):
         rule's own (E * B, Q * H, K), before any hook. The identity unless ``value_side``."""
         return mixed
 
-    def passed(self, mixed: Tensor, x: Tensor, q: Tensor) -> Tensor | None:
-        """The share of each row's mixed values that ``mix`` lets through, (E, B, Q, H), or None
-        where ``mix`` scales nothing down."""
+    def passed(self, mixed: Tensor, mixed_out: Tensor) -> Tensor | None:
+        """The share of each row's mixed values that ``mix`` lets through, (E, B, Q, H), from
+        the values before (``mixed``) and after it (``mixed_out``), or None where ``mix`` scales
+        nothing down."""
         return None
 
 
@@ -519,7 +521,8 @@ def _mix_problem(rule: nn.Module, weights: Tensor, x: Tensor, q: Tensor, given: 
     layer's shape (E, B, Q, H, d), or None, with the sum to differentiate."""
     mixed = torch.randn(q.shape, generator=torch.Generator().manual_seed(1))
     try:
-        out, share = rule.mix(mixed, weights, x, q), rule.passed(mixed, x, q)
+        out = rule.mix(mixed, weights, x, q)
+        share = rule.passed(mixed, out)
     except Exception as exc:
         return f"raised {first_line(exc)} in mix or passed after a call {given}.", None
     where = f"from mix after a call {given}"
@@ -887,10 +890,10 @@ class GatedDim(ParamRule):
     def mix(self, mixed: Tensor, weights: Tensor, x: Tensor, q: Tensor) -> Tensor:
         return mixed * self.gates(x)
 
-    def passed(self, mixed: Tensor, x: Tensor, q: Tensor) -> Tensor:
+    def passed(self, mixed: Tensor, mixed_out: Tensor) -> Tensor:
         """|gate * mixed| / |mixed| per row and head: the gate itself where it is the same on
         every dimension."""
-        return mixed_share(mixed, self.mix(mixed, mixed, x, q))
+        return mixed_share(mixed, mixed_out)
 
     def head(self, member: int, head: int) -> Callable[..., Tensor]:
         return lambda scores, mask, x=None, q=None: softmax(scores, mask)

@@ -207,9 +207,11 @@ class Attention(nn.Module):
         mixed = torch.einsum("ebhqk,ebkhf->ebqhf", pattern, v)  # (E, B, Q, H, d)
         passed = None
         if own is not None and q is not None:
-            share = self.rule.passed(mixed, x, q)
+            mixed_out = self.rule.mix(mixed, own, x, q)
+            # a measurement, not part of the loss: no graph
+            share = self.rule.passed(mixed.detach(), mixed_out.detach())
             passed = None if share is None else share.transpose(2, 3)
-            mixed = self.rule.mix(mixed, own, x, q)
+            mixed = mixed_out
         result = hook("attn.result", torch.einsum("ebqhf,ehfg->ebqhg", mixed, self.w_o))
         return result.sum(dim=3), passed
 

@@ -515,7 +515,7 @@ def no_other_zero(rule: str) -> bool:
                     q = torch.randn(1, 1, 2, 1, 4, generator=generator)
                     weights = built(scores, mask, x, q)
                     mixed = torch.ones(1, 1, 2, 1, 4)
-                    passed = built.passed(mixed, x, q)
+                    passed = built.passed(mixed, built.mix(mixed, weights, x, q))
                     if passed is not None and float(passed[0, 0, 1, 0]) != 1.0:
                         return False
                 else:
