@@ -470,7 +470,7 @@ def test_trained_style_models_never_beat_the_arguments_floors_and_other_weights_
     assert ex.argument_errors(relu, cfg.task, "pole_gap") == [0.0]
     cfg, sink = softmax_sink(30.0)
     assert ex.argument_errors(sink, cfg.task, "clip_offset")[0] < 1e-9
-    with pytest.raises(ValueError, match="choose pole_gap or clip_offset"):
+    with pytest.raises(ValueError, match="choose pole_gap, clip_offset or bos_denied"):
         ex.argument_errors(sink, cfg.task, "position_free")
 
 

@@ -554,20 +554,21 @@ def model_checks(ctx: Context, name: str, capacity: bool) -> dict[str, Any]:
     return ctx.cached(name.replace("runs/", "zoo_"), settings, compute)
 
 
-def argument_error(ctx: Context, name: str, argument: Capacity) -> float:
-    """A trained 1x1 model's largest error on the sequences of a capacity argument that has
-    them (``POLE_GAP``, ``CLIP_OFFSET``: ``expressivity.argument_errors``; cached)."""
+def argument_error(ctx: Context, name: str, key: str) -> float:
+    """A trained 1x1 model's largest error on the sequences of the argument ``key`` that has
+    them (``POLE_GAP``'s, ``CLIP_OFFSET``'s, or "bos_denied" for a denied run a proof forces to
+    err: ``expressivity.argument_errors``; cached)."""
     path = ctx.out / name
-    settings = {"version": 1, "model": model_digest(path), "argument": argument.key}
+    settings = {"version": 1, "model": model_digest(path), "argument": key}
 
     def compute() -> dict[str, Any]:
         from sinklab.theory.expressivity import argument_errors  # torch: not for --help
         from sinklab.train import load_model
 
         cfg, model = load_model(path)
-        return {"error": argument_errors(model, cfg.task, argument.key)[0]}
+        return {"error": argument_errors(model, cfg.task, key)[0]}
 
-    return ctx.cached(name.replace("runs/", "argument_"), settings, compute)["error"]
+    return ctx.cached(f"argument_{name.replace('/', '_')}", settings, compute)["error"]
 
 
 # ------------------------------------------------------------------------------- records
@@ -635,7 +636,7 @@ def run_record(ctx: Context, config: str, rule: str, lr: float, seed: int) -> di
         "validation_mse": checks["validation_mse"],
         "ablated": checks["ablated"], "capacity_applies": applies,
         "capacity_mse": checks["capacity_mse"],
-        "argument_error": argument_error(ctx, name, argument)
+        "argument_error": argument_error(ctx, name, argument.key)
         if applies and argument in SEQUENCE_ARGUMENTS else None,
     }
 
@@ -651,22 +652,6 @@ def denied_floor(config: str, rule: str, denial: Denial, tol: float) -> float | 
     return floor if floor is not None and floor > tol else None
 
 
-def denied_error(ctx: Context, name: str) -> float:
-    """A 1x1 denied run's largest error on the argument's sequences (``removed_errors``, under
-    the run's own ``model.bos``; cached)."""
-    path = ctx.out / name
-    settings = {"version": 1, "model": model_digest(path), "argument": "denied"}
-
-    def compute() -> dict[str, Any]:
-        from sinklab.theory.expressivity import removed_errors  # torch: not for --help
-        from sinklab.train import load_model
-
-        cfg, model = load_model(path)
-        return {"error": removed_errors(model, cfg.task)[0]}
-
-    return ctx.cached(name.replace("denied/", "denied_"), settings, compute)["error"]
-
-
 def short_record(ctx: Context, name: str, denial: Denial | None = None,
                  **keys: Any) -> dict[str, Any]:
     """A screening or denied run: how it ended and its errors (and, for a denied run a proof
@@ -677,7 +662,8 @@ def short_record(ctx: Context, name: str, denial: Denial | None = None,
     if denial is not None and not _rules()[keys["rule"]].non_default(cfg.model.attention_args):
         floor = denied_floor(keys["config"], keys["rule"], denial, cfg.train.tol)
     return {**keys, "forced": floor is not None, "floor": floor,
-            "denied_error": denied_error(ctx, name) if floor is not None else None,
+            "denied_error": argument_error(ctx, name, "bos_denied") if floor is not None
+            else None,
             "status": s["status"], "converged": s["converged"], "steps": s["steps"],
             "train_linf": s["train_linf"], "test_linf": s["linf_error"],
             "linf_nontrigger": s["linf_nontrigger"], "linf_trigger": s["linf_trigger"],

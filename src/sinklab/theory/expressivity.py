@@ -1081,10 +1081,13 @@ def check_sigmoid_floor(seq_len: int = 16, d_model: int = 16, c: float = 30.0
 @torch.no_grad()
 def argument_errors(model: AttentionStack, task: TaskConfig, key: str) -> list[float]:
     """Each member's largest error (L-infinity over every row and coordinate) on the sequences
-    of the 1x1 argument ``key`` ("pole_gap" or "clip_offset"): at least the argument's floor
-    (``sigmoid_floor``, ``clipped_floor``) for any weights, so a trained model below it would
+    of the 1x1 argument ``key`` ("pole_gap", "clip_offset", or "bos_denied": ``removed_errors``
+    under the model's own ``model.bos``): at least the argument's floor (``sigmoid_floor``,
+    ``clipped_floor``, ``denied_floor``) for any weights, so a trained model below it would
     show the argument or its numbers wrong. A ValueError for another key, or where the argument
     does not apply to ``task``."""
+    if key == "bos_denied":
+        return removed_errors(model, task)
     model = model.to(torch.float64)
     if key == "pole_gap":
         found = sigmoid_floor(task)
@@ -1102,7 +1105,8 @@ def argument_errors(model: AttentionStack, task: TaskConfig, key: str) -> list[f
         out = model(seqs.x.to(torch.float64)).out  # (members, sequences, L, d): its own ones
         err = (out - seqs.y.to(torch.float64)).abs()
         return err.flatten(1).amax(1).tolist()
-    raise ValueError(f"argument {key!r} has no sequences here: choose pole_gap or clip_offset.")
+    raise ValueError(f"argument {key!r} has no sequences here: choose pole_gap, clip_offset or "
+                     "bos_denied.")
 
 
 # ------------------------------------------------------------ BOS removed, one layer: forced
