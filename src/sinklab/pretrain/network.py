@@ -39,9 +39,8 @@ from torch import Tensor, nn
 
 from sinklab.attention import ParamRule, build_rule, causal_mask
 from sinklab.hooks import Hooks
+from sinklab.pretrain.runconfig import MLP_RATIO, POSITIONS
 
-MLP_RATIO = 4
-POSITIONS = ("rotary", "learned")
 ROPE_BASE = 10_000.0
 
 

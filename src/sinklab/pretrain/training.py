@@ -1,9 +1,8 @@
-"""One pretraining run: its settings, its training loop, what it logs, and how it resumes.
+"""One pretraining run: its training loop, what it measures and logs, and how it resumes.
 
-``PretrainConfig`` holds everything a run depends on (the corpus and its split, the model, the
-optimiser and the token budget, what is measured and how often), checked on creation: a value
-out of range is a ConfigError in one sentence, and a run that would not fit in memory is refused
-before it starts (``run_bytes``, the estimate, never an allocation).
+The run's settings are a ``PretrainConfig`` (``sinklab.pretrain.runconfig``); one that would not
+fit in memory is refused before it starts (``check_memory``, from the estimate, never by
+allocating).
 
 ``train(cfg, folder)`` trains with AdamW (betas 0.9 / 0.95, weight decay on the weight matrices
 and embeddings, none on biases, norms and a rule's own parameters), a linear warm-up and a
@@ -13,18 +12,19 @@ and appends one line to ``curve.jsonl``, then keeps a checkpoint (``checkpoint.p
 atomically). A run stopped at any moment resumes from its last checkpoint: the batches are drawn
 per step (``sinklab.pretrain.data``), so the resumed run is the run that was not stopped. When
 it ends it writes ``model.pt`` (the weights and the shape, what the interventions load) and
-``summary.json`` (the last measurement, the time and the speed), and removes the checkpoint.
+``summary.json`` (the last measurement, the time and the speed), removes the checkpoint and
+seals the folder (``sinklab.runs.folders.seal``: a run with a completion record is finished);
+``config.json`` holds the settings from the start. A folder that is not a sinklab run folder is
+refused in one sentence.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,137 +32,36 @@ import torch
 from torch import Tensor, nn
 
 from sinklab import metrics
-from sinklab.attention import build_rule, check_contract, rule_info
-from sinklab.config import check_device
 from sinklab.definitions import GU_EPS
 from sinklab.errors import ConfigError
 from sinklab.hooks import Hooks
 from sinklab.pretrain import data
-from sinklab.pretrain.network import POSITIONS, LanguageModel, LMShape, parameter_count
-from sinklab.runs import limits
+from sinklab.pretrain.network import LanguageModel, LMShape, parameter_count
+from sinklab.pretrain.runconfig import KIND, PretrainConfig, run_bytes, shape_text
+from sinklab.runs import folders, limits
 from sinklab.runs.files import read_json, write_atomic, write_json
 from sinklab.train import resolve_device
 
+CONFIG = "config.json"
 CURVE = "curve.jsonl"
 CHECKPOINT = "checkpoint.pt"
 MODEL = "model.pt"
 SUMMARY = "summary.json"
-MAX_CONTEXT = 4096
-MAX_WIDTH = 4096
-MAX_LAYERS = 64
-MAX_TOKENS = 10**11
 BETAS = (0.9, 0.95)
 MIN_LR_SHARE = 0.1  # the cosine decays to this share of the rate
 CLIP = 1.0
 
 
-@dataclass
-class PretrainConfig:
-    """One language-model run (module docstring); every value is checked on creation."""
-
-    corpus: str = "bbc"  # bbc, pydoc or a path (sinklab.pretrain.data)
-    validation: float = 0.1  # the share of documents held out
-    fixed_first: bool = True  # BOS in front of every window
-    d_model: int = 128
-    n_layers: int = 2
-    n_heads: int = 4
-    context: int = 256
-    attention: str = "softmax"
-    attention_args: dict[str, Any] = field(default_factory=dict)
-    positions: str = "rotary"
-    seed: int = 0
-    lr: float = 1e-3
-    warmup: int = 50  # steps
-    weight_decay: float = 0.1
-    batch_size: int = 16
-    tokens: int = 1_000_000  # the budget: steps = tokens // (batch_size * context)
-    log_every: int = 25  # steps between measurements
-    eval_windows: int = 32
-    device: str = "auto"
-
-    def __post_init__(self) -> None:
-        def need(ok: bool, name: str, allowed: str) -> None:
-            if not ok:
-                raise ConfigError(f"{name}={getattr(self, name)!r} is not allowed: {allowed}.")
-
-        def count(name: str, low: int, high: int) -> None:
-            value = getattr(self, name)
-            need(isinstance(value, int) and not isinstance(value, bool) and low <= value <= high,
-                 name, f"it must be an integer from {low} to {high}")
-
-        def number(name: str, low: float, high: float, open_low: bool = False) -> None:
-            value = getattr(self, name)
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool) \
-                and math.isfinite(value) and (value > low if open_low else value >= low) \
-                and value <= high
-            need(ok, name, f"it must be a number {'above' if open_low else 'from'} {low} "
-                           f"{'and at most' if open_low else 'to'} {high}")
-
-        need(isinstance(self.corpus, str) and bool(self.corpus), "corpus",
-             f"give one of {', '.join(data.CORPORA)} or the path of a text file or folder")
-        number("validation", 0.0, 0.5, open_low=True)
-        need(isinstance(self.fixed_first, bool), "fixed_first", "it must be true or false")
-        count("d_model", 8, MAX_WIDTH)
-        count("n_heads", 1, self.d_model if isinstance(self.d_model, int) else 1)
-        need(self.d_model % self.n_heads == 0 and (self.d_model // self.n_heads) % 2 == 0,
-             "n_heads", f"d_model {self.d_model} must split into that many heads of an even "
-                        "width (rotary positions turn pairs of dimensions)")
-        count("n_layers", 1, MAX_LAYERS)
-        count("context", 8, MAX_CONTEXT)
-        need(self.positions in POSITIONS, "positions", f"choose one of {', '.join(POSITIONS)}")
-        try:
-            info = rule_info(self.attention)
-            self.attention_args = info.check_kwargs(dict(self.attention_args),
-                                                    prefix="attention_args.")
-            check_contract(self.attention, self.attention_args)
-            build_rule(self.attention, 1, self.n_heads, self.d_model,
-                       self.d_model // self.n_heads, **self.attention_args)
-        except ValueError as exc:  # an unknown rule, a bad argument, a broken contract
-            raise ConfigError(str(exc)) from None
-        count("seed", 0, 2**31 - 1)
-        number("lr", 0.0, 1.0, open_low=True)
-        count("warmup", 0, 10**7)
-        number("weight_decay", 0.0, 100.0)
-        count("batch_size", 1, 4096)
-        count("tokens", 1, MAX_TOKENS)
-        need(self.tokens >= self.batch_size * self.context, "tokens",
-             f"the budget must hold at least one batch of {self.batch_size} windows of "
-             f"{self.context} tokens ({self.batch_size * self.context})")
-        count("log_every", 1, 10**7)
-        count("eval_windows", 1, 4096)
-        check_device(self.device, "device")
-
-    @property
-    def steps(self) -> int:
-        return self.tokens // (self.batch_size * self.context)
-
-    @property
-    def shape(self) -> LMShape:
-        return LMShape(vocab_size=data.VOCAB_SIZE, d_model=self.d_model, n_layers=self.n_layers,
-                       n_heads=self.n_heads, context=self.context, attention=self.attention,
-                       attention_args=dict(self.attention_args), positions=self.positions)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-def run_bytes(cfg: PretrainConfig) -> int:
-    """The memory one run needs, estimated from its sizes: the weights with their gradients and
-    AdamW's two moments, one step's activations kept for backward (per layer the scores and
-    weights, the queries, keys, values and the MLP's hidden layer, several copies each) and the
-    logits, and the corpus held as bytes."""
-    b, t, d, n = cfg.batch_size, cfg.context, cfg.d_model, cfg.n_layers
-    params = 6 * parameter_count(cfg.shape)
-    per_layer = 6 * b * cfg.n_heads * t * t + 12 * b * t * d + 3 * b * t * 4 * d
-    logits = 4 * b * t * data.VOCAB_SIZE
-    evals = 4 * cfg.eval_windows * (n * cfg.n_heads * t * t + t * data.VOCAB_SIZE)
-    return limits.RUN_BYTES + 4 * (params + n * per_layer + logits) + evals + 2 * 10**7
-
-
 def check_memory(cfg: PretrainConfig, device: Any = None) -> None:
-    limits.check_memory(run_bytes(cfg), f"a language model run ({cfg.attention} "
-                        f"{cfg.n_layers}x{cfg.n_heads}, d_model {cfg.d_model}, context "
-                        f"{cfg.context}, batch {cfg.batch_size})", device)
+    limits.check_memory(run_bytes(cfg), f"a language model run ({shape_text(cfg)})", device)
+
+
+def shape(cfg: PretrainConfig) -> LMShape:
+    m = cfg.model
+    return LMShape(vocab_size=data.VOCAB_SIZE, d_model=m.d_model, n_layers=m.n_layers,
+                   n_heads=m.n_heads, context=m.context, attention=m.attention,
+                   attention_args=dict(m.attention_args), positions=m.positions,
+                   init_std=m.init_std)
 
 
 # ----------------------------------------------------------------------------- measuring
@@ -231,25 +130,26 @@ def _first_ratio(norms: Tensor, axis: int) -> Tensor:
 def lr_at(cfg: PretrainConfig, step: int) -> float:
     """The rate at ``step``: linear warm-up over ``warmup`` steps, then a cosine to
     ``MIN_LR_SHARE`` of ``lr`` at the last step."""
-    if step < cfg.warmup:
-        return cfg.lr * (step + 1) / cfg.warmup
-    span = max(1, cfg.steps - cfg.warmup)
-    progress = min(1.0, (step - cfg.warmup) / span)
-    return cfg.lr * (MIN_LR_SHARE + (1 - MIN_LR_SHARE) * 0.5 * (1 + math.cos(math.pi * progress)))
+    if step < cfg.train.warmup:
+        return cfg.train.lr * (step + 1) / cfg.train.warmup
+    span = max(1, cfg.steps - cfg.train.warmup)
+    progress = min(1.0, (step - cfg.train.warmup) / span)
+    cosine = 0.5 * (1 + math.cos(math.pi * progress))
+    return cfg.train.lr * (MIN_LR_SHARE + (1 - MIN_LR_SHARE) * cosine)
 
 
 def optimizer(model: LanguageModel, cfg: PretrainConfig) -> torch.optim.Optimizer:
     decay, plain = [], []
     for name, p in model.named_parameters():
         (decay if p.dim() >= 2 and ".rule." not in name else plain).append(p)
-    return torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+    return torch.optim.AdamW([{"params": decay, "weight_decay": cfg.train.weight_decay},
                               {"params": plain, "weight_decay": 0.0}],
-                             lr=cfg.lr, betas=BETAS)
+                             lr=cfg.train.lr, betas=BETAS)
 
 
 def build(cfg: PretrainConfig, device: torch.device) -> LanguageModel:
-    model = LanguageModel(cfg.shape)
-    model.reset_parameters(torch.Generator().manual_seed(cfg.seed))
+    model = LanguageModel(shape(cfg))
+    model.reset_parameters(torch.Generator().manual_seed(cfg.train.seed))
     return model.to(device)
 
 
@@ -258,14 +158,18 @@ def train(cfg: PretrainConfig, folder: Path, log: Callable[[str], None] = lambda
     """Train ``cfg`` in ``folder`` (created if missing), resuming from its checkpoint; the
     summary (also ``summary.json``). A folder with a summary is finished: it is read back."""
     folder = Path(folder)
-    if (folder / SUMMARY).exists():
+    if folders.check_complete(folder):
         return read_json(folder / SUMMARY)
-    device = resolve_device(cfg.device, "device")
+    folders.check_writable(folder, "run", option="run folder")
+    device = resolve_device(cfg.train.device, "train.device")
     check_memory(cfg, device)
-    split = split or data.split(cfg.corpus, cfg.validation)
-    windows = data.validation_windows(split.validation, cfg.eval_windows, cfg.context,
-                                      cfg.fixed_first)
+    split = split or data.split(cfg.data.corpus, cfg.data.validation)
+    windows = data.validation_windows(split.validation, cfg.data.eval_windows, cfg.model.context,
+                                      cfg.data.fixed_first)
     folder.mkdir(parents=True, exist_ok=True)
+    if folders.read_marker(folder) is None:
+        folders.mark(folder, "run")
+    write_json(folder / CONFIG, cfg.to_dict())
     model = build(cfg, device)
     opt = optimizer(model, cfg)
     step, elapsed = 0, 0.0
@@ -286,8 +190,8 @@ def train(cfg: PretrainConfig, folder: Path, log: Callable[[str], None] = lambda
         _write_curve(folder / CURVE, curve)
     train_loss = None
     while step < cfg.steps:
-        ids = data.train_batch(split.train, cfg.batch_size, cfg.context, cfg.seed, step,
-                               cfg.fixed_first).to(device)
+        ids = data.train_batch(split.train, cfg.train.batch_size, cfg.model.context, cfg.train.seed,
+                               step, cfg.data.fixed_first).to(device)
         for group in opt.param_groups:
             group["lr"] = lr_at(cfg, step)
         logits = model(ids).logits
@@ -301,7 +205,7 @@ def train(cfg: PretrainConfig, folder: Path, log: Callable[[str], None] = lambda
         opt.step()
         step += 1
         train_loss = loss.item()
-        if step % cfg.log_every == 0 or step == cfg.steps:
+        if step % cfg.train.log_every == 0 or step == cfg.steps:
             seconds = time.perf_counter() - started
             curve.append(_point(model, windows, step, cfg, seconds, train_loss))
             _write_curve(folder / CURVE, curve)
@@ -309,20 +213,24 @@ def train(cfg: PretrainConfig, folder: Path, log: Callable[[str], None] = lambda
                                         "optimizer": opt.state_dict(), "step": step,
                                         "elapsed": seconds})
     seconds = time.perf_counter() - started
-    _save(folder / MODEL, {"shape": cfg.shape.to_dict(), "model": model.state_dict()})
-    summary = {"config": cfg.to_dict(), "steps": cfg.steps,
-               "tokens": cfg.steps * cfg.batch_size * cfg.context,
-               "parameters": parameter_count(cfg.shape), "seconds": seconds,
-               "tokens_per_s": cfg.steps * cfg.batch_size * cfg.context / max(seconds, 1e-9),
+    per_step = cfg.train.batch_size * cfg.model.context
+    _save(folder / MODEL, {"shape": shape(cfg).to_dict(), "model": model.state_dict()})
+    summary = {"kind": KIND, "seed": cfg.train.seed, "attention": cfg.model.attention,
+               "config": cfg.to_dict(), "steps": cfg.steps,
+               "tokens": cfg.steps * per_step,
+               "parameters": parameter_count(shape(cfg)), "wall_time_s": seconds,
+               "tokens_per_s": cfg.steps * per_step / max(seconds, 1e-9),
                "device": device.type, "data": split.describe(), "final": curve[-1]}
     write_json(folder / SUMMARY, summary)
     (folder / CHECKPOINT).unlink(missing_ok=True)
-    return summary
+    folders.seal(folder)  # last: the run is finished once its record is written
+    return read_json(folder / SUMMARY)
 
 
 def _point(model: LanguageModel, windows: Tensor, step: int, cfg: PretrainConfig,
            seconds: float, train_loss: float | None) -> dict[str, Any]:
-    return {"step": step, "tokens": step * cfg.batch_size * cfg.context, "seconds": seconds,
+    return {"step": step, "tokens": step * cfg.train.batch_size * cfg.model.context,
+            "seconds": seconds,
             "train_loss": train_loss, **measure(model, windows)}
 
 

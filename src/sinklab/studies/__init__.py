@@ -5,6 +5,7 @@
     zoo           sinklab zoo         every attention rule on the task
     extensions    sinklab extensions  past the paper: lengths, trigger counts, blocks, emergence
     real_models   sinklab lm          sinks in real pretrained models
+    pretraining   sinklab pretrain    small LMs pretrained on real text, one per attention rule
 
 A declaration says what to train, what to read from the runs, which claims to test and what to
 draw; the computation it calls lives with its concern (``sinklab.theory``, ``sinklab.lm``, the
@@ -13,10 +14,10 @@ engine) and is imported when the study runs, so that declaring the commands need
 ``sinklab report`` from its declaration alone.
 """
 
-from sinklab.studies import extensions, real_models, reproduction, theorem, zoo
+from sinklab.studies import extensions, pretraining, real_models, reproduction, theorem, zoo
 from sinklab.studies.base import Study, all_studies, get, register, register_kind, unregister
 
-BUILT_IN = (reproduction, theorem, zoo, extensions, real_models)  # the report's order
+BUILT_IN = (reproduction, theorem, zoo, extensions, real_models, pretraining)  # the report's order
 for _module in BUILT_IN:
     register(_module.STUDY)
 

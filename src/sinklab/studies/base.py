@@ -48,9 +48,9 @@ from typing import Any
 
 from sinklab import claims as claims_mod
 from sinklab.claims import Claim
-from sinklab.config import RunConfig, build_run_config, check_count, coerce, read_toml_text
+from sinklab.config import check_count, coerce, read_toml_text
 from sinklab.errors import ConfigError, ResultsError, SinklabError
-from sinklab.runs import folders, limits
+from sinklab.runs import folders, kinds, limits
 from sinklab.runs.files import jsonable, read_json, write_atomic, write_json
 from sinklab.studies import reference
 
@@ -71,7 +71,7 @@ class Cell:
     is trained once."""
 
     name: str
-    config: RunConfig
+    config: kinds.Config  # a task run's RunConfig or a language model's PretrainConfig
     group: tuple[Any, ...] = ()
     label: str = ""
     chunk: int | None = None
@@ -476,22 +476,20 @@ class Job:
     """Runs trained together as one ensemble in one process."""
 
     label: str
-    configs: list[RunConfig]
+    configs: list[kinds.Config]
     run_dirs: list[Path]
 
     @property
     def cost(self) -> float:
-        from sinklab.sweeps.run import ensemble_cost  # torch: not for the help texts
-
-        return ensemble_cost(self.configs[0], len(self.configs))
+        return kinds.cost(self.configs[0], len(self.configs))
 
 
-def is_finished(path: Path, cfg: RunConfig) -> bool:
+def is_finished(path: Path, cfg: kinds.Config) -> bool:
     """True when ``path`` holds a finished run of ``cfg`` whose files match its completion
     record; a run with other settings, or a missing, truncated or changed file, is an error."""
     if not folders.check_complete(path):
         return False
-    if build_run_config(read_json(path / "config.json")) != cfg:
+    if kinds.from_dict(read_json(path / "config.json")) != cfg:
         raise ResultsError(f"{path} holds a run with different settings (for example --quick "
                            "versus the default); use another --out or delete that folder.")
     read_json(path / "summary.json")
@@ -570,7 +568,7 @@ def adopt_runs(out: Path, cells: Sequence[Cell], source: Path, log: Log) -> int:
             continue
         if not finished:
             continue
-        if build_run_config(read_json(src / "config.json")) != cell.config:
+        if kinds.from_dict(read_json(src / "config.json")) != cell.config:
             other += 1
             continue
         tmp = dst.with_name(f".{dst.name}.adopting")
@@ -622,21 +620,13 @@ def worker_count(requested: int | None, device: Any, n_jobs: int) -> int:
 def _describe(job: Job, summaries: list[dict[str, Any]], seconds: float) -> str:
     if not summaries:
         return f"{job.label}: failed, {seconds:.0f} s"
-    steps = [s["steps"] for s in summaries]
-    converged = sum(s["converged"] for s in summaries)
-    step_text = f"{steps[0]}" if len(steps) == 1 else f"{min(steps)}-{max(steps)}"
-    extra = "".join(f"; seed {s['seed']} {s['status']}" for s in summaries
-                    if s["status"] == "diverged")
-    plateau = sum(s["status"] == "plateau" for s in summaries)
-    stops = f", plateau {plateau}/{len(summaries)}" if plateau else ""
-    return (f"{job.label}: reached the stop rule {converged}/{len(summaries)}{stops}, "
-            f"steps {step_text}, {seconds:.0f} s{extra}")
+    return f"{job.label}: {kinds.describe(summaries, seconds)}"
 
 
 def _fitting(job: Job) -> list[Job]:
     """``job`` split into ensembles small enough for the memory limit (refused when one run
     alone is too large)."""
-    size = limits.members_that_fit(job.configs[0], len(job.configs), job.label)
+    size = kinds.members_that_fit(job.configs[0], len(job.configs), job.label)
     return [Job(job.label, job.configs[i:i + size], job.run_dirs[i:i + size])
             for i in range(0, len(job.configs), size)]
 
@@ -655,7 +645,7 @@ def run_all(jobs: list[Job], workers: int, log: Log, out: Path, exe: Execution,
         return  # with a store, open it even so: a junk one is rebuilt (Store.attach)
     jobs = [part for job in jobs for part in _fitting(job)]
     if exe.executor == "local":
-        sizes = [limits.run_bytes(job.configs[0], len(job.configs)) for job in jobs]
+        sizes = [kinds.run_bytes(job.configs[0], len(job.configs)) for job in jobs]
         fitting = limits.workers_that_fit(sizes, workers, explicit=exe.workers is not None)
         if fitting < min(workers, len(jobs)):
             log(f"{len(jobs)} jobs on {fitting} worker(s): more would not fit in memory "

@@ -56,10 +56,10 @@ from sinklab import plugins as plugins_mod
 from sinklab.config import RunConfig, build_run_config
 from sinklab.errors import ConfigError, PluginError, SinklabError
 from sinklab.plugins import Plugin
-from sinklab.runs import folders, limits
+from sinklab.runs import folders, kinds, limits
 from sinklab.sweeps import spec as spec_mod
 from sinklab.sweeps.store import DB, Store, diverged_reason, metrics_of
-from sinklab.train import _shared, resolve_device, train_runs, versions
+from sinklab.train import _shared, resolve_device, versions
 
 EXECUTORS = ("local", "ray")
 T = TypeVar("T")
@@ -111,9 +111,10 @@ def runner(executor: str, jobs: list[Job], workers: int, ray_address: str | None
 
 
 def compute(job: Job, plugins: Sequence[Plugin] = ()) -> list[dict[str, Any]]:
-    """Train one ensemble (cells that differ only in seed and learning rate) in a temporary
-    folder, after loading the driver's ``plugins`` (``sinklab.plugins``); return each cell's
-    summary and files, or the error that stopped the job."""
+    """Train one ensemble (cells that differ only in seed and learning rate), or one language
+    model (``sinklab.runs.kinds``), in a temporary folder, after loading the driver's
+    ``plugins`` (``sinklab.plugins``); return each cell's summary and files, or the error that
+    stopped the job."""
     try:
         plugins_mod.load_on_worker(plugins)
     except PluginError as exc:  # every cell of the job fails with the reason
@@ -121,10 +122,10 @@ def compute(job: Job, plugins: Sequence[Plugin] = ()) -> list[dict[str, Any]]:
     tmp = Path(tempfile.mkdtemp(prefix="sinklab-sweep-"))
     _SCRATCH.add(tmp)
     try:
-        cfgs = [build_run_config(config) for _, config in job]
+        cfgs = [kinds.from_dict(config) for _, config in job]
         dirs = [tmp / f"cell{i}" for i in range(len(job))]
         try:
-            train_runs(cfgs, dirs, progress=False)
+            kinds.train(cfgs, dirs)
         except Exception as exc:  # a job's failure is recorded, the sweep goes on
             return [{"name": name, "error": f"{type(exc).__name__}: {exc}"} for name, _ in job]
         results = []

@@ -1,0 +1,504 @@
+"""``sinklab pretrain``: small language models pretrained on real text, one per attention rule.
+
+Each rule trains the same causal LM (``sinklab.pretrain.network``) on the same text at the same
+token budget, at its own learning rate, in rounds that ``sinklab pretrain`` reads off the
+finished runs (``Study.more_cells``), so an interrupted study resumes where it stopped:
+
+1. **Screening** (``screen/{rule}_lr{lr}/``, seed ``SCREEN_SEED``, a ``SCREEN_SHARE`` of the
+   budget): every rate of ``START``; the best rate has the lowest final validation loss. While
+   it is the smallest or largest screened, the next rate of ``LADDER`` beyond it is screened
+   too, until it is not or the ladder ends (the report says so).
+2. **The rule contrast** (``runs/{rule}_seed{s}/``): every rule at its rate found, seeds 0 to
+   n - 1 (``seeds``; softmax ``softmax_seeds``, the rules proposed since the paper
+   ``new_seeds``, the parity control ``uniform`` ``control_seeds``).
+3. **After it** (once every run of the contrast has finished, so that it comes first): Gu et
+   al.'s factors on softmax at its rate (``variants/{variant}_seed{s}/``: no fixed first token,
+   weight decay 0 and 1.0 against the default 0.1, windows of 64 tokens against 256), and the
+   budget control, softmax at ``BUDGET_FACTOR`` times the tokens.
+
+Every run logs, every ``log_every`` steps, the validation loss and, per layer and head, the
+first token's attention mass, the Gu et al. sink rate at eps = 0.3 (absolute, and with each row
+divided by its sum), the first value's norm over the others' and the first token's residual
+norm over the others' (``sinklab.pretrain.training.measure``).
+
+    sinklab pretrain --out results/pretrain          # the rule contrast, then the rest
+    sinklab pretrain --quick --out /tmp/pretrain     # smoke test, in about a minute
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from sinklab import claims as cl
+from sinklab.claims import Claim
+from sinklab.config import check_count
+from sinklab.definitions import GU_EPS
+from sinklab.errors import ConfigError
+from sinklab.pretrain.runconfig import PretrainConfig
+from sinklab.runs import folders
+from sinklab.studies.base import Cell, Context, Execution, FigureSpec, Study, named
+
+# The rules of the contrast: the paper's two, the rules proposed against sinks before it, and
+# (fewer seeds) those proposed since; uniform attention is the parity claims' control.
+RULES = ("softmax", "relu", "sigmoid", "softmax1", "sink_logit", "gated", "softpick")
+NEW_RULES = ("gated_dim", "kv_bias", "clipped_softmax")
+CONTROL_RULE = "uniform"
+NO_SINK_RULES = ("relu", "sigmoid", "softpick")  # the paper's claim: trained without a sink
+LADDER = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2)
+START = (3e-4, 1e-3, 3e-3)
+SCREEN_SEED = 1000  # not a seed of the contrast
+SCREEN_SHARE = 0.25  # of the budget, for each screened rate
+BUDGET_FACTOR = 10
+BUDGET_SEEDS = 3
+# The model and budget on this machine, and a larger one for a GPU (``--preset gpu``).
+PRESETS: dict[str, dict[str, Any]] = {
+    "cpu": dict(d_model=128, n_layers=4, n_heads=4, context=256, batch_size=16,
+                tokens=2_000_000, log_every=25, eval_windows=32, warmup=50),
+    "gpu": dict(d_model=512, n_layers=8, n_heads=8, context=512, batch_size=64,
+                tokens=200_000_000, log_every=100, eval_windows=64, warmup=500),
+}
+QUICK = dict(d_model=32, n_layers=2, n_heads=2, context=64, batch_size=8, tokens=8 * 64 * 24,
+             log_every=8, eval_windows=8, warmup=4)
+QUICK_RULES = ("softmax", "relu")
+QUICK_LR = 3e-3
+# Gu et al.'s factors, each a change of softmax's settings at its rate found
+VARIANTS: dict[str, dict[str, Any]] = {
+    "no_fixed_first": {"fixed_first": False},
+    "weight_decay_0": {"weight_decay": 0.0},
+    "weight_decay_1": {"weight_decay": 1.0},
+    "window_64": {"context": 64},
+}
+VARIANT_WORDS = {"no_fixed_first": "no fixed first token",
+                 "weight_decay_0": "weight decay 0", "weight_decay_1": "weight decay 1.0",
+                 "window_64": "windows of 64 tokens"}
+# A model has a first-token sink when the share of (window, layer, head) whose first-key
+# importance exceeds Gu et al.'s eps is at least SINK_RATE: a tenth of its heads, where an
+# untrained model has none (its importance is about ln(T) / T).
+SINK_RATE = 0.1
+LOSS_MARGIN = 0.05  # nats per token: "trains as well as softmax" within this of its median
+
+
+def _default_rules() -> tuple[str, ...]:
+    return (*RULES, *NEW_RULES, CONTROL_RULE)
+
+
+@dataclass
+class PretrainOptions:
+    """What ``sinklab pretrain`` trains; checked on creation."""
+
+    rules: tuple[str, ...] = field(default_factory=_default_rules, metadata={
+        "help": "attention rules, separated by commas (default: the paper's two, the rules "
+                "proposed against sinks, and uniform, the loss claims' control)",
+        "metavar": "RULES"})
+    seeds: int = field(default=5, metadata={
+        "help": "seeds per rule (softmax: --softmax-seeds; the rules proposed since the paper: "
+                "--new-seeds; uniform: --control-seeds)", "metavar": "N"})
+    softmax_seeds: int = field(default=10, metadata={"help": "softmax's seeds",
+                                                     "metavar": "N"})
+    new_seeds: int = field(default=3, metadata={
+        "help": f"seeds of {', '.join(NEW_RULES)}", "metavar": "N"})
+    control_seeds: int = field(default=3, metadata={"help": "uniform's seeds", "metavar": "N"})
+    variant_seeds: int = field(default=5, metadata={
+        "help": "seeds of each of Gu et al.'s factors (no fixed first token, weight decay, "
+                "64-token windows)", "metavar": "N"})
+    budget_seeds: int = field(default=BUDGET_SEEDS, metadata={
+        "help": f"seeds of the budget control (softmax at {BUDGET_FACTOR}x the tokens); 0 "
+                "leaves it out", "metavar": "N"})
+    corpus: str = field(default="bbc", metadata={
+        "help": "the text: bbc (BBC News, 5 MB), pydoc (Python's help topics), or a text file "
+                "or folder of .txt files", "metavar": "CORPUS"})
+    preset: str = field(default="cpu", metadata={
+        "help": "the model and budget: cpu (0.8M parameters, 2M tokens a run) or gpu (25M "
+                "parameters, 200M tokens a run)", "metavar": "NAME"})
+    tokens: int | None = field(default=None, metadata={
+        "help": "tokens per run of the contrast (default: the preset's)", "metavar": "N"})
+    quick: bool = field(default=False, metadata={
+        "help": "smoke test: a tiny model, softmax and ReLU, two seeds, one rate, no factors"})
+
+    def __post_init__(self) -> None:
+        for name in ("seeds", "softmax_seeds", "new_seeds", "control_seeds", "variant_seeds"):
+            check_count(named(self, name), getattr(self, name))
+        if not (isinstance(self.budget_seeds, int) and self.budget_seeds >= 0):
+            raise ConfigError(f"{named(self, 'budget_seeds')}={self.budget_seeds!r} is not "
+                              "allowed: it must be an integer >= 0.")
+        if self.preset not in PRESETS:
+            raise ConfigError(f"{named(self, 'preset')} {self.preset!r} is not allowed: choose "
+                              f"one of {', '.join(PRESETS)}.")
+        self.rules = tuple(QUICK_RULES if self.quick and self.rules == _default_rules()
+                           else self.rules)
+        from sinklab.attention import RULES as KNOWN  # torch: not for the help texts
+
+        if not self.rules:
+            raise ConfigError(f"{named(self, 'rules')} needs at least one rule name.")
+        for rule in self.rules:
+            if rule not in KNOWN:
+                raise ConfigError(f"{named(self, 'rules')}: {rule!r} is not a known attention "
+                                  f"rule: choose from {', '.join(sorted(KNOWN))}.")
+            if self.rules.count(rule) > 1:
+                raise ConfigError(f"{named(self, 'rules')} lists {rule!r} twice; give each "
+                                  "rule once.")
+        if self.tokens is not None:
+            check_count(named(self, "tokens"), self.tokens)
+        # every setting checked before a folder is written: a bad corpus path, a budget
+        # shorter than one batch, a rule that cannot run with narrow heads
+        for rule in self.rules:
+            base_config(self, rule, 1e-3, 0, "cpu")
+
+    def n_seeds(self, rule: str) -> int:
+        if self.quick:
+            return 2
+        if rule == "softmax":
+            return self.softmax_seeds
+        if rule in NEW_RULES:
+            return self.new_seeds
+        if rule == CONTROL_RULE:
+            return self.control_seeds
+        return self.seeds
+
+
+def base_config(opts: PretrainOptions, rule: str, lr: float, seed: int, device: str,
+                **changes: Any) -> PretrainConfig:
+    """One run's settings: the preset (or the quick model), the rule, rate and seed."""
+    sizes = dict(QUICK if opts.quick else PRESETS[opts.preset])
+    if opts.tokens is not None and not opts.quick:
+        sizes["tokens"] = opts.tokens
+    return PretrainConfig.make(**{**sizes, "corpus": opts.corpus, "attention": rule, "lr": lr,
+                                  "seed": seed, "device": device, **changes})
+
+
+def run_name(stage: str, rule: str, seed: int | None = None, lr: float | None = None) -> str:
+    parts = [rule] + ([f"lr{lr:g}"] if lr is not None else []) + \
+        ([f"seed{seed}"] if seed is not None else [])
+    return f"{stage}/{'_'.join(parts)}"
+
+
+def _screen_cell(opts: PretrainOptions, exe: Execution, rule: str, lr: float) -> Cell:
+    cfg = base_config(opts, rule, lr, SCREEN_SEED, exe.device)
+    short = max(cfg.train.batch_size * cfg.model.context,
+                int(cfg.train.tokens * SCREEN_SHARE))
+    return Cell(run_name("screen", rule, lr=lr), cfg.replace(tokens=short),
+                group=("screen", rule, lr), label=f"screen {rule} lr {lr:g}")
+
+
+def cells(opts: PretrainOptions, exe: Execution) -> list[Cell]:
+    """The first round: every rule's starting rates (quick: its runs at the one rate)."""
+    if opts.quick:
+        return [_run_cell(opts, exe, rule, QUICK_LR, seed) for rule in opts.rules
+                for seed in range(opts.n_seeds(rule))]
+    return [_screen_cell(opts, exe, rule, lr) for rule in opts.rules for lr in START]
+
+
+def _run_cell(opts: PretrainOptions, exe: Execution, rule: str, lr: float, seed: int) -> Cell:
+    return Cell(run_name("runs", rule, seed), base_config(opts, rule, lr, seed, exe.device),
+                group=("runs", rule, seed), label=rule)
+
+
+@dataclass
+class Search:
+    tried: dict[float, float | None]  # rate -> final validation loss (None: not finished)
+    best: float | None
+    at_ladder_end: bool
+
+
+def _finished(ctx: Context, name: str) -> dict[str, Any] | None:
+    return ctx.summary(name) if folders.check_complete(ctx.out / name) else None
+
+
+def search(ctx: Context, rule: str) -> Search:
+    """Replay ``rule``'s rate search from its finished screening runs."""
+    tried: dict[float, float | None] = {}
+    queue = list(START)
+    while queue:
+        lr = queue.pop(0)
+        summary = _finished(ctx, run_name("screen", rule, lr=lr))
+        if summary is None:
+            tried[lr] = None
+            return Search(tried, None, False)
+        tried[lr] = _loss(summary)
+        if queue:
+            continue
+        best = _best(tried)
+        at = LADDER.index(best)
+        if best == min(tried) and at > 0:
+            queue.append(LADDER[at - 1])
+        elif best == max(tried) and at < len(LADDER) - 1:
+            queue.append(LADDER[at + 1])
+    best = _best(tried)
+    edge = best in (LADDER[0], LADDER[-1]) and best in (min(tried), max(tried))
+    return Search(tried, best, edge)
+
+
+def _loss(summary: dict[str, Any]) -> float:
+    value = summary["final"]["val_loss"]
+    return value if value is not None and math.isfinite(value) else math.inf
+
+
+def _best(tried: dict[float, float | None]) -> float:
+    return min(tried, key=lambda lr: (tried[lr] if tried[lr] is not None else math.inf, lr))
+
+
+def more_cells(ctx: Context) -> list[Cell]:
+    """The rounds after the first: the screened rates past the start, each rule's runs at its
+    rate found, then (once every run of the contrast is finished) Gu et al.'s factors and the
+    budget control on softmax at its rate."""
+    opts, exe = ctx.opts, ctx.exe
+    if opts.quick:
+        return []
+    out: list[Cell] = []
+    rates: dict[str, float] = {}
+    for rule in opts.rules:
+        found = search(ctx, rule)
+        out += [_screen_cell(opts, exe, rule, lr) for lr in found.tried if lr not in START]
+        if found.best is None:
+            continue
+        rates[rule] = found.best
+        out += [_run_cell(opts, exe, rule, found.best, s) for s in range(opts.n_seeds(rule))]
+    contrast = [c for c in out if c.name.startswith("runs/")]
+    done = len(rates) == len(opts.rules) and all(
+        folders.check_complete(ctx.out / c.name) for c in contrast)
+    if done and "softmax" in rates:
+        out += variant_cells(opts, exe, rates["softmax"])
+    return out
+
+
+def variant_cells(opts: PretrainOptions, exe: Execution, lr: float) -> list[Cell]:
+    out = []
+    for variant, changes in VARIANTS.items():
+        out += [Cell(f"variants/{variant}_seed{s}",
+                     base_config(opts, "softmax", lr, s, exe.device, **changes),
+                     group=("variants", variant, s), label=f"softmax {VARIANT_WORDS[variant]}")
+                for s in range(opts.variant_seeds)]
+    tokens = (opts.tokens or PRESETS[opts.preset]["tokens"]) * BUDGET_FACTOR
+    out += [Cell(f"variants/budget_x{BUDGET_FACTOR}_seed{s}",
+                 base_config(opts, "softmax", lr, s, exe.device, tokens=tokens),
+                 group=("budget", s), label=f"softmax at {BUDGET_FACTOR}x the tokens")
+            for s in range(opts.budget_seeds)]
+    return out
+
+
+# ------------------------------------------------------------------------------ records
+
+
+def _curve(ctx: Context, name: str) -> list[dict[str, Any]]:
+    text = (ctx.out / name / "curve.jsonl").read_text()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def _mean(values: Any) -> float:
+    return float(np.mean(np.asarray(values, dtype=float)))
+
+
+def point_summary(point: dict[str, Any]) -> dict[str, Any]:
+    """One logged point's model-level numbers: means over layers and heads."""
+    return {"step": point["step"], "tokens": point["tokens"], "val_loss": point["val_loss"],
+            "sink_rate": _mean(point["sink_rate"]),
+            "sink_rate_relative": _mean(point["sink_rate_relative"]),
+            "first_mass": _mean(point["first_mass"]),
+            "value_ratio": _mean(point["value_ratio"]),
+            "resid_ratio_max": float(np.max(point["resid_ratio"]))}
+
+
+def emergence(curve: list[dict[str, Any]]) -> int | None:
+    """The first logged token count at which the sink rate reaches ``SINK_RATE`` and stays
+    there to the end, or None."""
+    above = [p["sink_rate"] >= SINK_RATE for p in curve]
+    for i in range(len(above)):
+        if all(above[i:]):
+            return curve[i]["tokens"]
+    return None
+
+
+def run_record(ctx: Context, name: str, group: str, rule: str) -> dict[str, Any]:
+    summary = ctx.summary(name)
+    curve = [point_summary(p) for p in _curve(ctx, name)]
+    final = curve[-1]
+    return {"name": name, "group": group, "rule": rule, "seed": summary["seed"],
+            "lr": summary["config"]["train"]["lr"], "tokens": summary["tokens"],
+            "parameters": summary["parameters"], "tokens_per_s": summary["tokens_per_s"],
+            "wall_time_s": summary["wall_time_s"], **{k: v for k, v in final.items()
+                                                      if k not in ("step", "tokens")},
+            "emergence_tokens": emergence(curve), "curve": curve,
+            "heads_final": {k: summary["final"][k] for k in
+                            ("first_mass", "sink_rate", "sink_rate_relative", "value_ratio")},
+            "data": summary["data"]}
+
+
+def collect(ctx: Context) -> dict[str, Any]:
+    opts = ctx.opts
+    runs, screens = [], []
+    for rule in opts.rules:
+        if opts.quick:
+            lr, found = QUICK_LR, None
+        else:
+            found = search(ctx, rule)
+            lr = found.best
+            screens.append({"rule": rule, "lr": lr, "at_ladder_end": found.at_ladder_end,
+                            "rates": [{"lr": r, "val_loss": v}
+                                      for r, v in sorted(found.tried.items())]})
+        runs += [run_record(ctx, run_name("runs", rule, s), "contrast", rule)
+                 for s in range(opts.n_seeds(rule))]
+    variants = []
+    if not opts.quick and any((ctx.out / "variants").glob("*")):
+        for variant in [*VARIANTS, f"budget_x{BUDGET_FACTOR}"]:
+            seeds = opts.budget_seeds if variant.startswith("budget") else opts.variant_seeds
+            for s in range(seeds):
+                name = f"variants/{variant}_seed{s}"
+                if folders.check_complete(ctx.out / name):
+                    variants.append({**run_record(ctx, name, variant, "softmax"),
+                                     "variant": variant})
+    first = runs[0]
+    protocol = {**{k: v for k, v in (QUICK if opts.quick else PRESETS[opts.preset]).items()},
+                "tokens": first["tokens"], "parameters": first["parameters"],
+                "corpus": opts.corpus, "data": first["data"], "gu_eps": GU_EPS,
+                "sink_rate": SINK_RATE, "loss_margin": LOSS_MARGIN, "ladder": list(LADDER),
+                "start": list(START), "screen_share": SCREEN_SHARE, "screen_seed": SCREEN_SEED,
+                "budget_factor": BUDGET_FACTOR, "variants": VARIANT_WORDS}
+    return {"protocol": protocol, "runs": runs, "screen": screens, "variants": variants,
+            "rules": _rule_rows(runs)}
+
+
+def _rule_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    rows = []
+    for rule in dict.fromkeys(r["rule"] for r in runs):
+        sel = [r for r in runs if r["rule"] == rule]
+
+        def each(key: str, sel: list[dict[str, Any]] = sel) -> list[Any]:
+            return [r[key] for r in sel]
+
+        losses = each("val_loss")
+        lo, hi = cl.median_bounds(losses)
+        emerged = [t for t in each("emergence_tokens") if t is not None]
+        rows.append({"rule": rule, "n": len(sel), "lr": sel[0]["lr"],
+                     "val_loss_median": float(np.median(losses)),
+                     "val_loss_bounds": [lo, hi] if math.isfinite(lo) else None,
+                     "val_loss": losses, "sink_rate": each("sink_rate"),
+                     "sink_rate_relative": each("sink_rate_relative"),
+                     "first_mass": each("first_mass"), "value_ratio": each("value_ratio"),
+                     "resid_ratio_max": each("resid_ratio_max"),
+                     "emerged": len(emerged), "emergence_tokens": each("emergence_tokens"),
+                     "tokens_per_s": float(np.mean(each("tokens_per_s")))})
+    return rows
+
+
+def rows_of(records: dict[str, Any], rule: str) -> list[dict[str, Any]]:
+    return [r for r in records["runs"] if r["rule"] == rule]
+
+
+# ------------------------------------------------------------------------------- claims
+
+PRIMARY = ("softmax.sink_emerges", "no_sink.rules", "parity.rules")
+
+
+def _values(records: dict[str, Any], rule: str, key: str) -> list[float]:
+    return [r[key] for r in rows_of(records, rule)]
+
+
+def _sink_claim(key: str, sentence: str, values: list[float], above: bool) -> Claim:
+    what = (f"per seed, the share of (window, layer, head) whose first-key importance (the "
+            f"mean weight on key 0 over the queries that see it) exceeds eps = {GU_EPS:g} at "
+            "the end of training")
+    if above:
+        return cl.median_at_least(key, sentence, values, SINK_RATE, what=what)
+    return cl.median_at_most(key, sentence, values, SINK_RATE, what=what)
+
+
+def claims(records: dict[str, Any], opts: PretrainOptions) -> list[Claim]:
+    """The three primary claims (each with a control, and without data, undetermined, where
+    --rules leaves their rules out) and a description per rule."""
+    rules = [r["rule"] for r in records["rules"]]
+    softmax = _values(records, "softmax", "sink_rate")
+    no_sink = [r for r in NO_SINK_RULES if r in rules]
+    pooled = [v for r in no_sink for v in _values(records, r, "sink_rate")]
+    words = ", ".join(no_sink) or "relu, sigmoid, softpick (none trained)"
+    claim = _sink_claim("softmax.sink_emerges", "Softmax models form a first-token sink at "
+                        "this scale", softmax, above=True)
+    control = _sink_claim("softmax.sink_emerges.control", "The same test on the models "
+                          f"without normalisation ({words})", pooled, above=True)
+    out = [cl.with_control(claim, control, words)]
+    parts = [(r, _values(records, r, "sink_rate")) for r in no_sink]
+    claim = cl.median_at_most("no_sink.rules", f"Models with {words} attention form no "
+                              "first-token sink at this scale", pooled if not parts else None,
+                              SINK_RATE, parts=parts or None,
+                              what="per seed, the sink rate at the end of training")
+    control = _sink_claim("no_sink.rules.control", "The same test on softmax", softmax,
+                          above=False)
+    out.append(cl.with_control(claim, control, "softmax"))
+    losses = _values(records, "softmax", "val_loss")
+    reference = float(np.median(losses)) if losses else 0.0
+    what = (f"per seed, the final validation loss (nats per token) against softmax's median "
+            f"{reference:.4f}, within {LOSS_MARGIN:g}" if losses else "softmax was not trained")
+    parts = [(r, _values(records, r, "val_loss")) for r in no_sink]
+    claim = cl.median_within("parity.rules", f"Models with {words} attention train to "
+                             f"softmax's validation loss within {LOSS_MARGIN:g} nats per token",
+                             [] if not (parts and losses) else None, reference, LOSS_MARGIN,
+                             parts=parts if parts and losses else None, what=what)
+    uniform = _values(records, CONTROL_RULE, "val_loss") if losses else []
+    control = cl.median_within("parity.rules.control", "The same test on uniform attention "
+                               "(fixed weights, no content attention)", uniform, reference,
+                               LOSS_MARGIN, what=what)
+    out.append(cl.with_control(claim, control, CONTROL_RULE))
+    for rule in rules:
+        values = _values(records, rule, "sink_rate")
+        emerged = [t for t in _values(records, rule, "emergence_tokens") if t is not None]
+        out.append(cl.descriptive(
+            f"{rule}.sink", f"{rule}: first-token sink rate at the end, and when it emerged",
+            f"median sink rate {np.median(values):.3g} over {len(values)} seeds (range "
+            f"{min(values):.3g} to {max(values):.3g}); a sink (rate >= {SINK_RATE:g} to the "
+            f"end) emerged in {len(emerged)} of {len(values)} seeds"
+            + (f", at a median of {np.median(emerged):,.0f} tokens" if emerged else ""),
+            n=len(values), estimate=float(np.median(values))))
+    return out
+
+
+# ------------------------------------------------------------------------------ figures
+
+
+def _draw_curves(axes: Any, records: dict[str, Any], opts: PretrainOptions) -> None:
+    """Per rule, the median over seeds of the sink rate, the first-token mass and the
+    validation loss against tokens, with the band from the lowest to the highest seed."""
+    import matplotlib.pyplot as plt  # matplotlib: only where figures are drawn
+
+    colours = plt.get_cmap("tab20")
+    panels = (("sink_rate", "sink rate (eps 0.3)"),
+              ("first_mass", "first-token mass"), ("val_loss", "validation loss (nats/token)"))
+    rules = [r["rule"] for r in records["rules"]]
+    for ax, (key, label) in zip(np.ravel(axes), panels):
+        for i, rule in enumerate(rules):
+            curves = [r["curve"] for r in rows_of(records, rule)]
+            n = min(len(c) for c in curves)
+            xs = [p["tokens"] for p in curves[0][:n]]
+            ys = np.array([[p[key] for p in c[:n]] for c in curves], dtype=float)
+            colour = colours(i % 20)
+            ax.plot(xs, np.median(ys, 0), color=colour, lw=1.2, label=rule)
+            ax.fill_between(xs, ys.min(0), ys.max(0), color=colour, alpha=0.15, lw=0)
+        if key == "sink_rate":
+            ax.axhline(SINK_RATE, color="grey", ls="--", lw=0.8)
+        ax.set_xlabel("training tokens")
+        ax.set_ylabel(label)
+        ax.legend(fontsize=6, ncol=2)
+
+
+FIGURES = (FigureSpec("fig_pretrain_curves", _draw_curves, grid=(1, 3), size=(5.0, 4.0)),)
+
+STUDY = Study(
+    name="pretrain",
+    title="Pretraining: sinks born on language, one small LM per attention rule",
+    help="small language models pretrained on real text, one per attention rule: when a "
+         "first-token sink emerges, and what it costs to train without one",
+    description="Pretrain the same small causal LM on the BBC News text (or --corpus) with "
+                "every attention rule at identical token budgets, each at its own learning "
+                "rate found on a short screen; log the validation loss and the first-token sink "
+                "metrics as training goes, and decide whether softmax models form a sink, "
+                "whether the rules without normalisation do not, and whether they train as "
+                "well; then Gu et al.'s factors and a budget control. Writes runs, figures, "
+                "records.json, claims.csv, rules.csv and PRETRAIN.md. Rerunning with the same "
+                "--out resumes.",
+    options=PretrainOptions, template="pretraining.md.j2", collect=collect, cells=cells,
+    claims=claims, figures=FIGURES, tables=("rules",), bulk=(), report="PRETRAIN.md",
+    docs_example="docs/language.md", default_out="results/pretrain", primary=PRIMARY,
+    more_cells=more_cells, more_folders=("runs", "variants"))
