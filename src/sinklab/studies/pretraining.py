@@ -39,7 +39,8 @@ from sinklab.claims import Claim
 from sinklab.config import check_count
 from sinklab.definitions import GU_EPS
 from sinklab.errors import ConfigError
-from sinklab.pretrain.runconfig import PretrainConfig
+from sinklab.lm.settings import HARMLESS
+from sinklab.pretrain.runconfig import ABLATE_HEADS, CAP_EPS, WINDOW, PretrainConfig
 from sinklab.runs import folders
 from sinklab.studies.base import Cell, Context, Execution, FigureSpec, Study, named
 
@@ -81,6 +82,10 @@ VARIANT_WORDS = {"no_fixed_first": "no fixed first token",
 # untrained model has none (its importance is about ln(T) / T).
 SINK_RATE = 0.1
 LOSS_MARGIN = 0.05  # nats per token: "trains as well as softmax" within this of its median
+# the interventions' numbers per run (sinklab.pretrain.training.intervention_summary)
+EFFECTS = ("eviction_cost", "hide_first_key", "hide_first_key_control", "zero_first_value",
+           "zero_first_value_control", "cap_first_mass", "cap_first_mass_control",
+           "sink_heads_zero", "other_heads_zero")
 
 
 def _default_rules() -> tuple[str, ...]:
@@ -325,7 +330,8 @@ def run_record(ctx: Context, name: str, group: str, rule: str) -> dict[str, Any]
             "emergence_tokens": emergence(curve), "curve": curve,
             "heads_final": {k: summary["final"][k] for k in
                             ("first_mass", "sink_rate", "sink_rate_relative", "value_ratio")},
-            "data": summary["data"]}
+            "data": summary["data"], "effects": summary.get("interventions"),
+            "probe_windows": summary["config"]["data"]["probe_windows"]}
 
 
 def collect(ctx: Context) -> dict[str, Any]:
@@ -357,7 +363,10 @@ def collect(ctx: Context) -> dict[str, Any]:
                 "corpus": opts.corpus, "data": first["data"], "gu_eps": GU_EPS,
                 "sink_rate": SINK_RATE, "loss_margin": LOSS_MARGIN, "ladder": list(LADDER),
                 "start": list(START), "screen_share": SCREEN_SHARE, "screen_seed": SCREEN_SEED,
-                "budget_factor": BUDGET_FACTOR, "variants": VARIANT_WORDS}
+                "budget_factor": BUDGET_FACTOR, "variants": VARIANT_WORDS,
+                "harmless": HARMLESS, "cap_eps": CAP_EPS, "window": WINDOW,
+                "ablate_heads": len((first["effects"] or {}).get("sink_heads", [])) or ABLATE_HEADS,
+                "probe_windows": first["probe_windows"]}
     return {"protocol": protocol, "runs": runs, "screen": screens, "variants": variants,
             "rules": _rule_rows(runs)}
 
@@ -381,6 +390,7 @@ def _rule_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                      "first_mass": each("first_mass"), "value_ratio": each("value_ratio"),
                      "resid_ratio_max": each("resid_ratio_max"),
                      "emerged": len(emerged), "emergence_tokens": each("emergence_tokens"),
+                     **{key: [(r["effects"] or {}).get(key) for r in sel] for key in EFFECTS},
                      "tokens_per_s": float(np.mean(each("tokens_per_s")))})
     return rows
 
@@ -391,11 +401,16 @@ def rows_of(records: dict[str, Any], rule: str) -> list[dict[str, Any]]:
 
 # ------------------------------------------------------------------------------- claims
 
-PRIMARY = ("softmax.sink_emerges", "no_sink.rules", "parity.rules")
+PRIMARY = ("softmax.sink_emerges", "no_sink.rules", "parity.rules", "eviction.softmax_hurts")
 
 
 def _values(records: dict[str, Any], rule: str, key: str) -> list[float]:
     return [r[key] for r in rows_of(records, rule)]
+
+
+def _effects(records: dict[str, Any], rule: str, key: str) -> list[float]:
+    return [v for v in (((r.get("effects") or {}).get(key)) for r in rows_of(records, rule))
+            if v is not None]
 
 
 def _sink_claim(key: str, sentence: str, values: list[float], above: bool) -> Claim:
@@ -442,6 +457,18 @@ def claims(records: dict[str, Any], opts: PretrainOptions) -> list[Claim]:
                                "(fixed weights, no content attention)", uniform, reference,
                                LOSS_MARGIN, what=what)
     out.append(cl.with_control(claim, control, CONTROL_RULE))
+    what = (f"per seed, the mean next-token loss change (nats per token) over the probes when "
+            f"StreamingLLM's cache of the {WINDOW} most recent tokens keeps no first token, "
+            "against keeping it, at the positions where the cache has dropped keys")
+    claim = cl.median_at_least("eviction.softmax_hurts", "Evicting the first token raises "
+                               f"softmax models' loss by more than {HARMLESS:g} nats per token",
+                               _effects(records, "softmax", "eviction_cost"), HARMLESS,
+                               what=what)
+    control = cl.median_at_least("eviction.softmax_hurts.control", f"The same test on {words}",
+                                 [v for r in no_sink for v in _effects(records, r,
+                                                                      "eviction_cost")],
+                                 HARMLESS, what=what)
+    out.append(cl.with_control(claim, control, words))
     for rule in rules:
         values = _values(records, rule, "sink_rate")
         emerged = [t for t in _values(records, rule, "emergence_tokens") if t is not None]

@@ -25,6 +25,7 @@ import math
 from typing import Any
 
 import jinja2
+import numpy as np
 
 from sinklab import claims as claims_mod
 from sinklab.claims import Claim
@@ -60,6 +61,12 @@ def _interval(pair: Any, digits: int = 2) -> str:
     return f"[{lo:{comma}.{digits}f}, {hi:{comma}.{digits}f}]"
 
 
+def _median(values: Any) -> float | None:
+    """The median of the finite numbers among ``values`` (None where there are none)."""
+    kept = md.finite(list(values))
+    return float(np.median(kept)) if kept.size else None
+
+
 def _gnum(value: Any) -> str:
     """A setting in its shortest form: 0.005, 1e-08, 50000."""
     return f"{value:g}" if isinstance(value, float) else str(value)
@@ -70,7 +77,7 @@ ENV = jinja2.Environment(
     undefined=jinja2.StrictUndefined, autoescape=False, trim_blocks=True, lstrip_blocks=True,
     keep_trailing_newline=True)
 ENV.filters.update(sci=md.sci, fixed=_fixed, pct=_pct, count=_count, spread=_spread,
-                   interval=_interval, g=_gnum)
+                   interval=_interval, g=_gnum, median=_median)
 
 
 def _p_text(c: Claim) -> str:
