@@ -390,7 +390,11 @@ def test_pretrain_quick_trains_measures_decides_and_resumes(tmp_path, capsys):
     assert [r["rule"] for r in records["rules"]] == ["softmax", "relu"]
     assert len(records["runs"]) == 4 and all(len(r["curve"]) == 4 for r in records["runs"])
     assert {c["key"] for c in result["claims"] if c["primary"]} == {
-        "softmax.sink_emerges", "no_sink.rules", "parity.rules"}
+        "softmax.sink_emerges", "no_sink.rules", "parity.rules", "eviction.softmax_hurts"}
+    effects = records["runs"][0]["effects"]
+    assert effects["eviction_cost"] == pytest.approx(effects["streaming_0"]
+                                                     - effects["streaming_1"])
+    assert (out / "runs" / "softmax_seed0" / "interventions.json").is_file()
     assert all(c["outcome"] == "undetermined" for c in result["claims"] if c["primary"])
     text = (out / "PRETRAIN.md").read_text()
     assert text.startswith("# Pretraining: sinks born on language")
