@@ -12,7 +12,7 @@ TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup reproduce quick theory zoo lm test test-fast lint bench docs render clean
+.PHONY: setup reproduce quick theory zoo lm pretrain test test-fast lint bench docs render clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,11 @@ zoo: $(STAMP)
 lm: $(STAMP)
 	$(BIN)/sinklab lm --model smollm2 --model minilm --out results/lm
 
+# Small language models pretrained on the BBC News text, one per attention rule
+# (docs/language.md): the rule contrast first, then Gu et al.'s factors and the budget control.
+pretrain: $(STAMP)
+	$(BIN)/sinklab pretrain --out results/pretrain
+
 # Every test (what CI runs), then the ten slowest. Pytest's exit status passes through, so a run
 # that selects no test (status 5) fails too.
 test: $(STAMP)
@@ -63,6 +68,7 @@ test-fast: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/train_speed.py
 	$(BIN)/python benchmarks/memory_estimate.py
+	$(BIN)/python benchmarks/pretrain_speed.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
@@ -80,6 +86,7 @@ docs: $(STAMP)
 		--docs docs/extensions.md
 	$(BIN)/sinklab lm --model smollm2 --model minilm --out results/docs-lm \
 		--docs docs/real-models.md
+	$(BIN)/sinklab pretrain $(DOCS_CONFIG) --out results/docs-pretrain --docs docs/language.md
 
 # Write the reports in docs/ again from the records committed beside them, after a change of a
 # template or of the code that decides the claims: nothing is trained or measured (seconds).

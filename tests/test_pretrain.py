@@ -480,3 +480,15 @@ def test_evicting_a_key_by_its_score_removes_it_for_every_rule(rule):
     expected = build_rule(rule, 1, 2, 16, 8)(scores, kept, None)
     assert torch.allclose(pattern, expected, atol=1e-6)
     assert (pattern[0, :, 10, 1:8] == 0).all()  # evicted
+
+
+def test_fused_softmax_is_the_softmax_the_weights_show():
+    model = small("softmax")
+    ids = torch.randint(0, 256, (2, 20), generator=torch.Generator().manual_seed(5))
+    fused = model(ids).logits
+    explicit = model(ids, return_weights=True)
+    assert torch.allclose(fused, explicit.logits, atol=1e-5)
+    assert model.layers[0].attn.fused and not small("relu").layers[0].attn.fused
+    loss = torch.nn.functional.cross_entropy(fused[:, :-1].reshape(-1, 257), ids[:, 1:].reshape(-1))
+    loss.backward()  # the fused path trains
+    assert model.layers[0].attn.w_q.weight.grad is not None

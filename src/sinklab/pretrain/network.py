@@ -6,6 +6,9 @@ d -> 4d -> d with GELU), a final LayerNorm and an output head tied to the embedd
 ``n_heads`` heads is d_model / n_heads wide and its scores are scaled by 1 / sqrt(d_head), as in
 the language models where sinks were found; the weights come from the attention rule
 (``sinklab.attention``: the zoo's rules and any plugin's), given the scores and the causal mask.
+Plain softmax runs on PyTorch's fused causal attention (``F.scaled_dot_product_attention``)
+where nothing reads its weights, a training step; measuring or hooking it computes the weights
+the same way as for every other rule (the tests compare both).
 
 Positions are rotary (Su et al., 2021), as in the LLaMA-style models of Gu et al. (2025, "When
 attention sink emerges in language models"), so that their findings compare: the rotation makes
@@ -136,6 +139,9 @@ class LMAttention(nn.Module):
         self.rule = build_rule(shape.attention, 1, shape.n_heads, d, shape.d_head,
                                **shape.attention_args)
         self.param_rule = isinstance(self.rule, ParamRule)
+        # plain softmax, computed by PyTorch's fused causal attention where nothing reads its
+        # weights (a training step): the same function, without the (B, H, T, T) tensors
+        self.fused = shape.attention == "softmax" and not shape.attention_args
         self.value_side = bool(getattr(self.rule, "value_side", False))
         self.names = {part: f"blocks.{layer}.{part}" for part in
                       ("attn.scores", "attn.pattern", "attn.v", "attn.result")}
@@ -162,23 +168,32 @@ class LMAttention(nn.Module):
         return out.view(batch, seq, heads, keys).transpose(1, 2)
 
     def forward(self, x: Tensor, cos: Tensor | None, sin: Tensor | None, mask: Tensor,
-                hooks: Hooks | None) -> tuple[Tensor, Tensor, Tensor | None]:
+                hooks: Hooks | None, keep_pattern: bool = True
+                ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """x (B, T, d) -> the attention's output (B, T, d), its weights (B, H, T, T) and the
-        share each row's output passes a value-side rule's ``mix`` (B, H, T) or None."""
+        share each row's output passes a value-side rule's ``mix`` (B, H, T) or None. With
+        ``keep_pattern`` False and no hooks on this layer's attention, plain softmax runs on
+        ``F.scaled_dot_product_attention`` and the weights come back as None."""
         batch, seq, d = x.shape
         heads, dh = self.n_heads, self.d_head
 
         def split(t: Tensor) -> Tensor:  # (B, T, d) -> (B, H, T, d_head)
             return t.view(batch, seq, heads, dh).transpose(1, 2)
 
-        q, k, v = split(self.w_q(x)), split(self.w_k(x)), split(self.w_v(x))
+        # the queries carry the 1/sqrt(d_head) of the scores (a learned key is scored with them)
+        q, k, v = split(self.w_q(x) * dh ** -0.5), split(self.w_k(x)), split(self.w_v(x))
         if cos is not None:
             q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        hooked = hooks is not None and any(map(hooks.wants, self.names.values()))
+        if self.fused and not keep_pattern and not hooked and mask.dim() == 2:
+            mixed = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                               scale=1.0)
+            return self.w_o(mixed.transpose(1, 2).reshape(batch, seq, d)), None, None
 
         def hook(part: str, value: Tensor) -> Tensor:
             return value if hooks is None else hooks(self.names[part], value)
 
-        scores = (q @ k.transpose(-1, -2)) * dh ** -0.5
+        scores = q @ k.transpose(-1, -2)
         if hooks is not None and hooks.wants(self.names["attn.scores"]):
             scores = hook("attn.scores", scores)
             # a key whose score a hook set to the lowest float (StreamingLLM's eviction, as
@@ -227,7 +242,7 @@ class LMBlock(nn.Module):
         hooks = self._active.hooks
         if hooks is not None:
             h = hooks(self.resid_pre, h)
-        y, pattern, passed = self.attn(self.norm1(h), cos, sin, mask, hooks)
+        y, pattern, passed = self.attn(self.norm1(h), cos, sin, mask, hooks, keep_pattern)
         self.last = (pattern, passed) if keep_pattern else None
         h = h + y
         h = h + self.mlp(self.norm2(h))

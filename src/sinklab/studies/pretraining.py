@@ -10,7 +10,7 @@ finished runs (``Study.more_cells``), so an interrupted study resumes where it s
    too, until it is not or the ladder ends (the report says so).
 2. **The rule contrast** (``runs/{rule}_seed{s}/``): every rule at its rate found, seeds 0 to
    n - 1 (``seeds``; softmax ``softmax_seeds``, the rules proposed since the paper
-   ``new_seeds``, the parity control ``uniform`` ``control_seeds``).
+   ``new_seeds``, the loss claims' control ``uniform`` ``control_seeds``).
 3. **After it** (once every run of the contrast has finished, so that it comes first): Gu et
    al.'s factors on softmax at its rate (``variants/{variant}_seed{s}/``: no fixed first token,
    weight decay 0 and 1.0 against the default 0.1, windows of 64 tokens against 256), and the
@@ -107,7 +107,8 @@ class PretrainOptions:
                                                      "metavar": "N"})
     new_seeds: int = field(default=3, metadata={
         "help": f"seeds of {', '.join(NEW_RULES)}", "metavar": "N"})
-    control_seeds: int = field(default=3, metadata={"help": "uniform's seeds", "metavar": "N"})
+    control_seeds: int = field(default=5, metadata={
+        "help": "uniform's seeds (a control is decided from 5 on)", "metavar": "N"})
     variant_seeds: int = field(default=5, metadata={
         "help": "seeds of each of Gu et al.'s factors (no fixed first token, weight decay, "
                 "64-token windows)", "metavar": "N"})

@@ -1,0 +1,150 @@
+"""The language models' training step: tokens per second and the share of the machine's matmul
+peak, side by side with the same model written in plain PyTorch operators.
+
+    python benchmarks/pretrain_speed.py            # sinklab pretrain's CPU preset
+    python benchmarks/pretrain_speed.py --steps 5  # fewer steps per measurement
+
+1. The peak: the float32 matmul rate of this machine with the threads torch uses (a square
+   product large enough to saturate it), the best of a few tries.
+2. The step (forward, loss, backward, AdamW) of ``sinklab.pretrain.network.LanguageModel`` with
+   softmax attention, and of ``PlainLM`` below: the same weights, the same computation in
+   ``nn.Linear``, ``F.scaled_dot_product_attention`` (PyTorch's fused causal attention) and
+   ``nn.LayerNorm``, with no rule registry and no hooks. Their outputs are checked to agree
+   first. Measured alternately in one run (these machines are noisy), the median of each.
+3. Every rule of the study at the same size (the value-side rules run their heads' ``mix``).
+
+The model's FLOPs per step are counted from its matrix products (forward: the four attention
+projections, the MLP, the scores and the weighted sum over the causal half, the output head;
+backward: twice the forward), so the share of the peak is what the step gets out of the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from sinklab.pretrain import data
+from sinklab.pretrain.network import LanguageModel, rotary_tables, rotate
+from sinklab.pretrain.runconfig import MLP_RATIO, PretrainConfig
+from sinklab.pretrain.training import BETAS, shape
+from sinklab.studies.pretraining import NEW_RULES, PRESETS, RULES
+
+
+def matmul_peak(size: int = 2048, tries: int = 5) -> float:
+    """FLOP/s of a float32 (size x size) @ (size x size) product, the best of ``tries``."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    a @ b  # warm up
+    best = 0.0
+    for _ in range(tries):
+        start = time.perf_counter()
+        a @ b
+        best = max(best, 2 * size**3 / (time.perf_counter() - start))
+    return best
+
+
+def step_flops(cfg: PretrainConfig) -> float:
+    """Matrix-product FLOPs of one training step (forward and backward)."""
+    m, b = cfg.model, cfg.train.batch_size
+    t, d = m.context, m.d_model
+    per_layer = 2 * b * t * (4 * d * d + 2 * MLP_RATIO * d * d)  # projections and MLP
+    per_layer += 2 * 2 * b * t * t * d / 2  # scores and weighted sum, causal half
+    head = 2 * b * t * d * data.VOCAB_SIZE
+    return 3 * (m.n_layers * per_layer + head)
+
+
+class PlainLM(nn.Module):
+    """The same model as ``LanguageModel`` with softmax attention, in plain PyTorch operators;
+    built from a ``LanguageModel``'s weights (shared, not copied)."""
+
+    def __init__(self, model: LanguageModel) -> None:
+        super().__init__()
+        self.src = model
+        self.heads, self.dh = model.shape.n_heads, model.shape.d_head
+
+    def forward(self, ids: Tensor) -> Tensor:
+        src = self.src
+        batch, seq = ids.shape
+        h = src.embed(ids)
+        cos, sin = rotary_tables(seq, self.dh, h.device, h.dtype)
+        for block in src.layers:
+            x = block.norm1(h)
+            attn = block.attn
+
+            def split(t: Tensor) -> Tensor:
+                return t.view(batch, seq, self.heads, self.dh).transpose(1, 2)
+
+            q = rotate(split(attn.w_q(x)), cos, sin)
+            k = rotate(split(attn.w_k(x)), cos, sin)
+            v = split(attn.w_v(x))
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            h = h + attn.w_o(y.transpose(1, 2).reshape(batch, seq, -1))
+            h = h + block.mlp(block.norm2(h))
+        return src.head(src.norm(h))
+
+
+def time_steps(forward, params, ids: Tensor, steps: int) -> list[float]:
+    opt = torch.optim.AdamW(params, lr=1e-4, betas=BETAS)
+    times = []
+    for _ in range(steps + 1):  # the first is a warm-up
+        start = time.perf_counter()
+        logits = forward(ids)
+        loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
+                               ids[:, 1:].reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        times.append(time.perf_counter() - start)
+    return times[1:]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per measurement")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    preset = PRESETS["cpu"]
+    cfg = PretrainConfig.make(**{**preset, "corpus": "pydoc", "device": "cpu"})
+    stream = data.split("pydoc", 0.1).train
+    ids = data.train_batch(stream, cfg.train.batch_size, cfg.model.context, 0, 0, True)
+    peak = matmul_peak()
+    flops = step_flops(cfg)
+    tokens = cfg.train.batch_size * cfg.model.context
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; float32 matmul peak "
+          f"{peak / 1e9:.1f} GFLOP/s")
+    print(f"model: {cfg.model.n_layers} layers x {cfg.model.n_heads} heads, d_model "
+          f"{cfg.model.d_model}, context {cfg.model.context}, batch {cfg.train.batch_size}: "
+          f"{flops / 1e9:.2f} GFLOP per step ({tokens:,} tokens)")
+
+    model = LanguageModel(shape(cfg))
+    plain = PlainLM(model)
+    with torch.no_grad():
+        gap = float((model(ids).logits - plain(ids)).abs().max())
+    print(f"sinklab and plain outputs agree to {gap:.2e} (max |difference| of the logits)")
+
+    ours, theirs = [], []
+    for _ in range(3):  # alternately, so that drifts of the machine hit both
+        ours += time_steps(lambda x: model(x).logits, model.parameters(), ids, args.steps)
+        theirs += time_steps(plain, model.parameters(), ids, args.steps)
+    for name, times in (("sinklab LanguageModel", ours), ("plain PyTorch (SDPA)", theirs)):
+        step = statistics.median(times)
+        print(f"{name:>24}: {step * 1e3:7.1f} ms/step, {tokens / step:9,.0f} tokens/s, "
+              f"{flops / step / peak:6.1%} of the matmul peak")
+    print(f"ratio (sinklab / plain step time): "
+          f"{statistics.median(ours) / statistics.median(theirs):.2f}")
+
+    print("every rule of the study, sinklab's model at the same size:")
+    for rule in (*RULES, *NEW_RULES, "uniform"):
+        lm = LanguageModel(shape(cfg.replace(attention=rule)))
+        step = statistics.median(time_steps(lambda x, lm=lm: lm(x).logits, lm.parameters(),
+                                            ids, args.steps))
+        print(f"{rule:>24}: {step * 1e3:7.1f} ms/step, {tokens / step:9,.0f} tokens/s, "
+              f"{flops / step / peak:6.1%} of the matmul peak")
+
+
+if __name__ == "__main__":
+    main()
