@@ -10,6 +10,9 @@ on the GPU. The script a session with a GPU machine runs (docs/performance.md, "
 2. `sinklab reproduce --seeds 10 --device cuda` (every seed of a configuration one ensemble on
    the device), its wall time, and its stop steps against the CPU's where a CPU folder is given
    (--cpu-reproduce DIR, a `sinklab reproduce --seeds 10` folder).
+3. A language model of `sinklab pretrain` (the CPU preset's sizes, softmax and ReLU, 40 steps on
+   pydoc text, interventions on) trained on both devices: the final validation loss and sink
+   rate side by side, and tokens per second on each.
 
 Exits with one sentence where this machine has no CUDA device.
 """
@@ -66,6 +69,23 @@ def reproduce(out: Path, cpu_folder: Path | None) -> None:
                         str(cpu_folder), str(folder)], check=True)
 
 
+def pretrain_both(out: Path) -> None:
+    from sinklab.pretrain.runconfig import PretrainConfig
+    from sinklab.pretrain.training import train
+    from sinklab.studies.pretraining import PRESETS
+
+    print("pretrain rule  device  val loss  sink rate  tokens/s")
+    for rule in ("softmax", "relu"):
+        for device in ("cpu", "cuda"):
+            sizes = {**PRESETS["cpu"], "tokens": 40 * 16 * 256}
+            cfg = PretrainConfig.make(**sizes, corpus="pydoc", attention=rule, device=device)
+            summary = train(cfg, out / f"pretrain-{rule}-{device}")
+            final = summary["final"]
+            rate = sum(map(sum, final["sink_rate"])) / sum(map(len, final["sink_rate"]))
+            print(f"{rule:>13}  {device:>6}  {final['val_loss']:8.4f}  {rate:9.3f}  "
+                  f"{summary['tokens_per_s']:8,.0f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="a new folder for the runs")
@@ -82,6 +102,7 @@ def main() -> None:
         sys.exit(f"{args.out} is not empty: give a new folder for the runs.")
     print(json.dumps({"torch": torch.__version__, "device": torch.cuda.get_device_name(0)}))
     train_both(args.out)
+    pretrain_both(args.out)
     if not args.skip_reproduce:
         reproduce(args.out, args.cpu_reproduce)
 
