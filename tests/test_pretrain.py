@@ -492,3 +492,21 @@ def test_fused_softmax_is_the_softmax_the_weights_show():
     loss = torch.nn.functional.cross_entropy(fused[:, :-1].reshape(-1, 257), ids[:, 1:].reshape(-1))
     loss.backward()  # the fused path trains
     assert model.layers[0].attn.w_q.weight.grad is not None
+
+
+@pytest.mark.slow
+def test_pretrain_on_ray_trains_what_the_local_executor_trains(tmp_path, capsys, request):
+    pytest.importorskip("ray")
+    from test_cli import run_cli
+
+    args = ["pretrain", "--quick", "--corpus", "pydoc", "--workers", "2"]
+    code, _, err = run_cli(capsys, *args, "--out", str(tmp_path / "local"))
+    assert code == 0, err
+    request.getfixturevalue("local_ray")
+    code, _, err = run_cli(capsys, *args, "--executor", "ray", "--out", str(tmp_path / "ray"))
+    assert code == 0, err
+    local = json.loads((tmp_path / "local" / "records.json").read_text())["records"]["runs"]
+    remote = json.loads((tmp_path / "ray" / "records.json").read_text())["records"]["runs"]
+    assert [r["name"] for r in local] == [r["name"] for r in remote]
+    for a, b in zip(local, remote):
+        assert b["val_loss"] == pytest.approx(a["val_loss"], rel=1e-4)
