@@ -434,6 +434,12 @@ def test_pretrain_screens_rates_then_the_contrast_then_the_factors(tmp_path, cap
     window = json.loads((out / "variants" / "window_64_seed0" / "config.json").read_text())
     assert window["model"]["context"] == 64
     assert "## Gu et al.'s factors" in (out / "PRETRAIN.md").read_text()
+    claims = {c["key"]: c for c in json.loads((out / "records.json").read_text())["claims"]}
+    for key in ("factor.weight_decay_5.no_sink", "factor.window_64.no_sink",
+                "factor.no_fixed_first.lower"):
+        assert claims[key]["kind"] == "empirical" and claims[key]["control"] is not None
+        assert not claims[key]["primary"]
+    assert claims["budget.softmax"]["kind"] == "descriptive" and claims["budget.softmax"]["n"] == 1
     code, _, err = run_cli(capsys, *args)
     assert code == 0 and "0 runs to train in 0 jobs" in err and "more runs" not in err, err
 
