@@ -203,8 +203,9 @@ def _add_report(sub: Any, common: argparse.ArgumentParser) -> None:
     rp = sub.add_parser(
         "report", parents=[common],
         help="gather every result under a folder into one HTML page and REPORT.md",
-        description="Find the reproduce, theory, zoo, lm and sweep folders in DIR (and up to two "
-                    "levels below) and gather their reports, with the commands and versions "
+        description="Find the study folders (reproduce, theory, zoo, extensions, lm, pretrain) "
+                    "and sweep folders in DIR (and up to two levels below) and gather their "
+                    "reports, with the commands and versions "
                     "behind every number, into one self-contained HTML page (figures embedded, "
                     "a table of contents, no JavaScript) and REPORT.md.")
     rp.add_argument("dir", type=given, metavar="DIR", help="a folder holding sinklab results")

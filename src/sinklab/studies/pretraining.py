@@ -473,15 +473,36 @@ def claims(records: dict[str, Any], opts: PretrainOptions) -> list[Claim]:
     out += factor_claims(records, softmax)
     for rule in rules:
         values = _values(records, rule, "sink_rate")
-        emerged = [t for t in _values(records, rule, "emergence_tokens") if t is not None]
+        times = _values(records, rule, "emergence_tokens")
         out.append(cl.descriptive(
             f"{rule}.sink", f"{rule}: first-token sink rate at the end, and when it emerged",
             f"median sink rate {np.median(values):.3g} over {len(values)} seeds (range "
-            f"{min(values):.3g} to {max(values):.3g}); a sink (rate >= {SINK_RATE:g} to the "
-            f"end) emerged in {len(emerged)} of {len(values)} seeds"
-            + (f", at a median of {np.median(emerged):,.0f} tokens" if emerged else ""),
+            f"{min(values):.3g} to {max(values):.3g}); {emergence_text(times)}",
             n=len(values), estimate=float(np.median(values))))
     return out
+
+
+def emergence_text(times: list[int | None]) -> str:
+    """When a sink emerged over seeds, a seed without one counting as later than the budget
+    (censored): how many, the median and its one-sided 95% order-statistic bounds where the
+    seeds allow them."""
+    n = len(times)
+    emerged = sum(t is not None for t in times)
+    text = f"a sink (rate >= {SINK_RATE:g} to the end) emerged in {emerged} of {n} seeds"
+    if not emerged:
+        return text
+    ordered = sorted(math.inf if t is None else float(t) for t in times)
+    median = float(np.median(ordered)) if math.isfinite(ordered[(n - 1) // 2]) and \
+        math.isfinite(ordered[n // 2]) else math.inf
+    text += (f", at a median of {median:,.0f} tokens" if math.isfinite(median)
+             else ", fewer than half of them within the budget")
+    j = cl.order_rank(n)
+    if j is not None:
+        low, high = ordered[j - 1], ordered[n - j]
+        high_text = f"{high:,.0f} tokens" if math.isfinite(high) else "past the budget"
+        low_text = f"{low:,.0f} tokens" if math.isfinite(low) else "past the budget"
+        text += f" (one-sided 95% bounds of the median: {low_text} to {high_text})"
+    return text
 
 
 def factor_claims(records: dict[str, Any], softmax: list[float]) -> list[Claim]:
