@@ -516,3 +516,17 @@ def test_pretrain_on_ray_trains_what_the_local_executor_trains(tmp_path, capsys,
     assert [r["name"] for r in local] == [r["name"] for r in remote]
     for a, b in zip(local, remote):
         assert b["val_loss"] == pytest.approx(a["val_loss"], rel=1e-4)
+
+
+def test_emergence_is_the_first_point_from_which_the_sink_stays():
+    from sinklab.studies.pretraining import SINK_RATE, emergence, emergence_text
+
+    curve = [{"tokens": t, "sink_rate": r} for t, r in
+             ((0, 0.0), (10, SINK_RATE), (20, 0.0), (30, SINK_RATE), (40, 0.5))]
+    assert emergence(curve) == 30  # the sink at 10 did not stay
+    assert emergence(curve[:3]) is None
+    text = emergence_text([100, 200, None, 300, 400, 500, 600])
+    assert "6 of 7 seeds, at a median of 400 tokens" in text
+    assert "100 tokens to past the budget" in text  # the seed without one is censored
+    assert "fewer than half" in emergence_text([None, None, None, 5])
+    assert emergence_text([None, None]).endswith("emerged in 0 of 2 seeds")
