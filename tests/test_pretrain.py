@@ -452,6 +452,10 @@ def test_pretrain_screens_rates_then_the_contrast_then_the_factors(tmp_path, cap
     (["--corpus", "/no/such/text"], "is neither one of sinklab's corpora"),
     (["--tokens", "5"], "at least one batch"),
     (["--rules", "learned_temperature"], "takes no d_head"),
+    (["--n-heads", "3"], "--n-heads=3 is not allowed: d_model 128 must split"),
+    (["--context", "100000"], "--context=100000 is not allowed"),
+    (["--rules", "softmax", "--d-model", "4096", "--n-layers", "64", "--n-heads", "32"],
+     "more than the limit of"),
 ])
 def test_pretrain_bad_input_is_one_sentence(tmp_path, capsys, extra, message):
     from test_cli import run_cli

@@ -66,6 +66,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 QUICK = dict(d_model=32, n_layers=2, n_heads=2, context=64, batch_size=8, tokens=8 * 64 * 24,
              log_every=8, eval_windows=8, warmup=4)
 QUICK_RULES = ("softmax", "relu")
+SIZE_OPTIONS = ("tokens", "d_model", "n_layers", "n_heads", "context")  # over the preset's
 QUICK_LR = 3e-3
 # Gu et al.'s factors, each a change of softmax's settings at its rate found
 # (Gu et al., 2025: fixing a token at position 0 raised their sink rate from 18% to 74%, weight
@@ -123,6 +124,16 @@ class PretrainOptions:
                 "parameters, 200M tokens a run)", "metavar": "NAME"})
     tokens: int | None = field(default=None, metadata={
         "help": "tokens per run of the contrast (default: the preset's)", "metavar": "N"})
+    d_model: int | None = field(default=None, metadata={
+        "help": "the model's width (default: the preset's; 64 to 512 span about 0.2M to 13M "
+                "parameters at 4 layers)", "metavar": "D"})
+    n_layers: int | None = field(default=None, metadata={
+        "help": "layers (default: the preset's)", "metavar": "N"})
+    n_heads: int | None = field(default=None, metadata={
+        "help": "heads per layer (default: the preset's)", "metavar": "N"})
+    context: int | None = field(default=None, metadata={
+        "help": "tokens per window, the first included (default: the preset's; Gu et al. saw "
+                "windows of 64-128 prevent sinks)", "metavar": "T"})
     quick: bool = field(default=False, metadata={
         "help": "smoke test: a tiny model, softmax and ReLU, two seeds, one rate, no factors"})
 
@@ -148,12 +159,21 @@ class PretrainOptions:
             if self.rules.count(rule) > 1:
                 raise ConfigError(f"{named(self, 'rules')} lists {rule!r} twice; give each "
                                   "rule once.")
-        if self.tokens is not None:
-            check_count(named(self, "tokens"), self.tokens)
+        for name in SIZE_OPTIONS:
+            if getattr(self, name) is not None:
+                check_count(named(self, name), getattr(self, name))
         # every setting checked before a folder is written: a bad corpus path, a budget
-        # shorter than one batch, a rule that cannot run with narrow heads
+        # shorter than one batch, heads that do not split the width, a rule that cannot run
+        # with narrow heads; a size is named as the option that set it
         for rule in self.rules:
-            base_config(self, rule, 1e-3, 0, "cpu")
+            try:
+                base_config(self, rule, 1e-3, 0, "cpu")
+            except ConfigError as exc:
+                text = str(exc)
+                for name in SIZE_OPTIONS:
+                    for section in ("model", "train"):
+                        text = text.replace(f"{section}.{name}=", f"{named(self, name)}=")
+                raise ConfigError(text) from None
 
     def n_seeds(self, rule: str) -> int:
         if self.quick:
@@ -171,8 +191,9 @@ def base_config(opts: PretrainOptions, rule: str, lr: float, seed: int, device: 
                 **changes: Any) -> PretrainConfig:
     """One run's settings: the preset (or the quick model), the rule, rate and seed."""
     sizes = dict(QUICK if opts.quick else PRESETS[opts.preset])
-    if opts.tokens is not None and not opts.quick:
-        sizes["tokens"] = opts.tokens
+    if not opts.quick:
+        sizes.update({key: getattr(opts, key) for key in SIZE_OPTIONS
+                      if getattr(opts, key) is not None})
     return PretrainConfig.make(**{**sizes, "corpus": opts.corpus, "attention": rule, "lr": lr,
                                   "seed": seed, "device": device, **changes})
 
