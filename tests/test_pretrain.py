@@ -534,3 +534,45 @@ def test_emergence_is_the_first_point_from_which_the_sink_stays():
     assert "100 tokens to past the budget" in text  # the seed without one is censored
     assert "fewer than half" in emergence_text([None, None, None, 5])
     assert emergence_text([None, None]).endswith("emerged in 0 of 2 seeds")
+
+
+def test_an_interrupted_study_resumes_its_language_models_from_their_checkpoints(
+        tmp_path, capsys, monkeypatch):
+    """A study stopped while a model trains keeps that model's checkpoint in its folder's
+    .partial; the rerun resumes it and ends where an uninterrupted study ends."""
+    from test_cli import run_cli
+
+    import sinklab.pretrain.training as run_mod
+
+    args = ["pretrain", "--quick", "--corpus", "pydoc", "--rules", "softmax", "--workers", "1"]
+    code, _, err = run_cli(capsys, *args, "--out", str(tmp_path / "whole"))
+    assert code == 0, err
+    original = run_mod._point
+
+    def stop_at_16(model, windows, step, cfg, seconds, loss):
+        if step == 16:
+            raise KeyboardInterrupt
+        return original(model, windows, step, cfg, seconds, loss)
+
+    monkeypatch.setattr(run_mod, "_point", stop_at_16)
+    out = tmp_path / "stopped"
+    code, _, _ = run_cli(capsys, *args, "--out", str(out))  # stopped, as by Ctrl-C
+    assert code == 130
+    assert (out / ".partial" / "runs" / "softmax_seed0" / "checkpoint.pt").is_file()
+    monkeypatch.setattr(run_mod, "_point", original)
+    drawn = []
+    batch = run_mod.data.train_batch
+
+    def watched(stream, size, context, seed, step, fixed_first):
+        drawn.append((seed, step))
+        return batch(stream, size, context, seed, step, fixed_first)
+
+    monkeypatch.setattr(run_mod.data, "train_batch", watched)
+    code, _, err = run_cli(capsys, *args, "--out", str(out))
+    assert code == 0, err
+    # resumed from its last checkpoint (step 8: the stop came before step 16's), not redone
+    assert min(step for seed, step in drawn if seed == 0) == 8
+    assert not (out / ".partial").exists()
+    whole = json.loads((tmp_path / "whole" / "records.json").read_text())["records"]["runs"]
+    resumed = json.loads((out / "records.json").read_text())["records"]["runs"]
+    assert [r["val_loss"] for r in resumed] == [r["val_loss"] for r in whole]

@@ -14,6 +14,9 @@ texts read this module.
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -63,6 +66,30 @@ def cost(cfg: Config, members: int) -> float:
         return float(per_step * cfg.steps * 3 * members)  # the MLP and the head: as much again
     return float(cfg.model.n_layers * cfg.model.n_heads * cfg.task.seq_len ** 2
                  * cfg.train.max_steps * (2 if cfg.model.block == "standard" else 1) * members)
+
+
+PARTIAL_ENV = "SINKLAB_PARTIAL_DIR"  # where a study keeps language models in training
+PARTIAL = ".partial"  # that folder, inside the study's own folder
+
+
+def resume_dirs(cfgs: Sequence[Config], names: Sequence[str]) -> list[Path] | None:
+    """Where a job of language models trains so that an interrupted study resumes each one
+    from its last checkpoint: ``$SINKLAB_PARTIAL_DIR/NAME`` (set by the study's driver to
+    ``.partial`` in its folder; a worker on another machine has none and trains in a temporary
+    folder, None). A folder left there by a run with other settings is the study's own scratch
+    and is cleared first. Task runs are short: None."""
+    root = os.environ.get(PARTIAL_ENV)
+    if not root or not cfgs or not is_pretrain(cfgs[0]) or not Path(root).is_dir():
+        return None
+    dirs = [Path(root) / name for name in names]
+    for cfg, folder in zip(cfgs, dirs):
+        try:
+            kept = json.loads((folder / "config.json").read_text())
+        except (OSError, ValueError):
+            kept = None
+        if folder.exists() and kept != json.loads(json.dumps(cfg.to_dict())):
+            shutil.rmtree(folder)
+    return dirs
 
 
 def train(cfgs: Sequence[Config], dirs: Sequence[Path]) -> None:

@@ -654,6 +654,10 @@ def run_all(jobs: list[Job], workers: int, log: Log, out: Path, exe: Execution,
     store = Store.attach(out, origin=origin, log=log)
     version = code_version()
     errors: list[str] = []
+    partial = out / kinds.PARTIAL  # language models in training, resumed from here
+    partial.mkdir(exist_ok=True)
+    before = os.environ.get(kinds.PARTIAL_ENV)
+    os.environ[kinds.PARTIAL_ENV] = str(partial.resolve())  # workers spawn with it
     try:
         store.recover()
         names = [[os.path.relpath(p, out) for p in job.run_dirs] for job in jobs]
@@ -670,11 +674,30 @@ def run_all(jobs: list[Job], workers: int, log: Log, out: Path, exe: Execution,
             job = by_first[done_job[0][0]]
             log(f"[{i}/{len(jobs)}] {_describe(job, summaries, time.perf_counter() - start)} "
                 "(elapsed)")
+            for r in results:  # recorded: its scratch goes
+                if "summary" in r:
+                    shutil.rmtree(partial / r["name"], ignore_errors=True)
     finally:
         store.close()
+        if before is None:
+            os.environ.pop(kinds.PARTIAL_ENV, None)
+        else:
+            os.environ[kinds.PARTIAL_ENV] = before
+        _remove_empty(partial)
     if errors:
         raise SinklabError(f"{len(errors)} run(s) failed, the first {errors[0]}; the others "
                            "are kept: rerun the same command to retry the failed ones.")
+
+
+def _remove_empty(folder: Path) -> None:
+    """Remove ``folder`` and the folders in it when no file is left there."""
+    if not folder.is_dir():
+        return
+    for sub in sorted(folder.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+        if sub.is_dir() and not any(sub.iterdir()):
+            sub.rmdir()
+    if not any(folder.iterdir()):
+        folder.rmdir()
 
 
 # --------------------------------------------------------------------------------- docs

@@ -112,9 +112,10 @@ def runner(executor: str, jobs: list[Job], workers: int, ray_address: str | None
 
 def compute(job: Job, plugins: Sequence[Plugin] = ()) -> list[dict[str, Any]]:
     """Train one ensemble (cells that differ only in seed and learning rate), or one language
-    model (``sinklab.runs.kinds``), in a temporary folder, after loading the driver's
-    ``plugins`` (``sinklab.plugins``); return each cell's summary and files, or the error that
-    stopped the job."""
+    model (``sinklab.runs.kinds``), in a temporary folder (a study's language models in its
+    ``.partial`` folder, ``kinds.resume_dirs``, so that they resume), after loading the
+    driver's ``plugins`` (``sinklab.plugins``); return each cell's summary and files, or the
+    error that stopped the job."""
     try:
         plugins_mod.load_on_worker(plugins)
     except PluginError as exc:  # every cell of the job fails with the reason
@@ -123,7 +124,8 @@ def compute(job: Job, plugins: Sequence[Plugin] = ()) -> list[dict[str, Any]]:
     _SCRATCH.add(tmp)
     try:
         cfgs = [kinds.from_dict(config) for _, config in job]
-        dirs = [tmp / f"cell{i}" for i in range(len(job))]
+        dirs = kinds.resume_dirs(cfgs, [name for name, _ in job]) or \
+            [tmp / f"cell{i}" for i in range(len(job))]
         try:
             kinds.train(cfgs, dirs)
         except Exception as exc:  # a job's failure is recorded, the sweep goes on
