@@ -540,9 +540,8 @@ def test_an_interrupted_study_resumes_its_language_models_from_their_checkpoints
         tmp_path, capsys, monkeypatch):
     """A study stopped while a model trains keeps that model's checkpoint in its folder's
     .partial; the rerun resumes it and ends where an uninterrupted study ends."""
-    from test_cli import run_cli
-
     import sinklab.pretrain.training as run_mod
+    from test_cli import run_cli
 
     args = ["pretrain", "--quick", "--corpus", "pydoc", "--rules", "softmax", "--workers", "1"]
     code, _, err = run_cli(capsys, *args, "--out", str(tmp_path / "whole"))
