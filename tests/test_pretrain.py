@@ -575,3 +575,12 @@ def test_an_interrupted_study_resumes_its_language_models_from_their_checkpoints
     whole = json.loads((tmp_path / "whole" / "records.json").read_text())["records"]["runs"]
     resumed = json.loads((out / "records.json").read_text())["records"]["runs"]
     assert [r["val_loss"] for r in resumed] == [r["val_loss"] for r in whole]
+
+
+def test_a_run_refuses_a_folder_that_is_not_a_run_folder(tmp_path):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("my own file")
+    with pytest.raises(Exception, match="not an empty folder or a sinklab run folder"):
+        train(PretrainConfig.make(**TINY), tmp_path / "mine")
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "my own file"
+    assert sorted(p.name for p in (tmp_path / "mine").iterdir()) == ["notes.txt"]
