@@ -58,8 +58,9 @@ def members_that_fit(cfg: Config, wanted: int, what: str) -> int:
 
 
 def cost(cfg: Config, members: int) -> float:
-    """A job's work at most, in attention weights times steps (as ``ensemble_cost`` counts a
-    task job's), so that jobs of both kinds start longest first."""
+    """A job's work at most, in attention weights times steps (a standard block's MLP counted
+    as much again; a language model's MLP and head twice), so that jobs of both kinds start
+    longest first and the last ones to finish are short."""
     if is_pretrain(cfg):
         m = cfg.model
         per_step = cfg.train.batch_size * m.n_layers * m.n_heads * m.context ** 2

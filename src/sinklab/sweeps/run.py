@@ -53,7 +53,7 @@ import torch
 from tqdm.auto import tqdm
 
 from sinklab import plugins as plugins_mod
-from sinklab.config import RunConfig, build_run_config
+from sinklab.config import build_run_config
 from sinklab.errors import ConfigError, PluginError, SinklabError
 from sinklab.plugins import Plugin
 from sinklab.runs import folders, kinds, limits
@@ -185,20 +185,15 @@ def plan_jobs(rows: list[dict[str, Any]], workers: int) -> list[Job]:
             for part in ensembles(rows, shared, fit, workers)]
 
 
-def ensemble_cost(cfg: RunConfig, members: int) -> float:
-    """A job's work at most, in attention weights times steps (a standard block's MLP counted
-    as much again): jobs start longest first, so the last ones to finish are short."""
-    return (cfg.model.n_layers * cfg.model.n_heads * cfg.task.seq_len ** 2 * cfg.train.max_steps
-            * (2 if cfg.model.block == "standard" else 1) * members)
-
-
 def _sizes(jobs: list[Job]) -> list[int]:
     """Each job's memory (``sinklab.runs.limits.run_bytes``)."""
     return [limits.run_bytes(build_run_config(job[0][1]), len(job)) for job in jobs]
 
 
 def _job_cost(job: Job) -> float:
-    return ensemble_cost(build_run_config(job[0][1]), len(job))
+    """A job's work (``sinklab.runs.kinds.cost``): jobs start longest first, so the last ones
+    to finish are short."""
+    return kinds.cost(build_run_config(job[0][1]), len(job))
 
 
 # ---------------------------------------------------------------------------- executors
