@@ -43,6 +43,7 @@ from sinklab.lm.settings import HARMLESS
 from sinklab.pretrain.runconfig import ABLATE_HEADS, CAP_EPS, WINDOW, PretrainConfig
 from sinklab.runs import folders
 from sinklab.studies.base import Cell, Context, Execution, FigureSpec, Study, named
+from sinklab.studies.zoo import next_rate
 
 # The rules of the contrast: the paper's two, the rules proposed against sinks before it, and
 # (fewer seeds) those proposed since; uniform attention is the parity claims' control.
@@ -249,15 +250,12 @@ def search(ctx: Context, rule: str) -> Search:
         tried[lr] = _loss(summary)
         if queue:
             continue
-        best = _best(tried)
-        at = LADDER.index(best)
-        if best == min(tried) and at > 0:
-            queue.append(LADDER[at - 1])
-        elif best == max(tried) and at < len(LADDER) - 1:
-            queue.append(LADDER[at + 1])
+        more = next_rate(list(tried), _best(tried), LADDER)
+        if more is not None:
+            queue.append(more)
     best = _best(tried)
-    edge = best in (LADDER[0], LADDER[-1]) and best in (min(tried), max(tried))
-    return Search(tried, best, edge)
+    edge = best in (min(tried), max(tried)) and len(tried) > 1
+    return Search(tried, best, edge and next_rate(list(tried), best, LADDER) is None)
 
 
 def _loss(summary: dict[str, Any]) -> float:

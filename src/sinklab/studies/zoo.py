@@ -248,14 +248,16 @@ def best_rate(tried: dict[float, list[dict[str, Any]]]) -> float:
     return min(tried, key=lambda lr: (*rate_score(tried[lr]), lr))
 
 
-def next_rate(tried: list[float], best: float) -> float | None:
+def next_rate(tried: list[float], best: float,
+              ladder: tuple[float, ...] | None = None) -> float | None:
     """The ladder's next rate beyond the edge where the best rate sits, or None: the best is
-    inside the screened rates, or at the ladder's end."""
-    at = LADDER.index(best)
+    inside the screened rates, or at the ladder's end (``ladder``: the zoo's by default)."""
+    ladder = LADDER if ladder is None else ladder
+    at = ladder.index(best)
     if best == min(tried) and at > 0:
-        return LADDER[at - 1]
-    if best == max(tried) and at < len(LADDER) - 1:
-        return LADDER[at + 1]
+        return ladder[at - 1]
+    if best == max(tried) and at < len(ladder) - 1:
+        return ladder[at + 1]
     return None
 
 
