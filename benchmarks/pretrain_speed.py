@@ -7,10 +7,12 @@ peak, side by side with the same model written in plain PyTorch operators.
 1. The peak: the float32 matmul rate of this machine with the threads torch uses (a square
    product large enough to saturate it), the best of a few tries.
 2. The step (forward, loss, backward, AdamW) of ``sinklab.pretrain.network.LanguageModel`` with
-   softmax attention, and of ``PlainLM`` below: the same weights, the same computation in
-   ``nn.Linear``, ``F.scaled_dot_product_attention`` (PyTorch's fused causal attention) and
-   ``nn.LayerNorm``, with no rule registry and no hooks. Their outputs are checked to agree
-   first. Measured alternately in one run (these machines are noisy), the median of each.
+   softmax attention (on PyTorch's fused attention, as it trains) and with ReLU attention (its
+   weights materialised, as every rule but softmax), against ``PlainLM`` below: the same weights,
+   the same computation in ``nn.Linear``, ``F.scaled_dot_product_attention`` (fused) or a
+   materialised masked softmax, and ``nn.LayerNorm``, with no rule registry and no hooks. The
+   outputs are checked to agree first. Measured alternately in one run (these machines are
+   noisy), the median of each.
 3. Every rule of the study at the same size (the value-side rules run their heads' ``mix``).
 
 The model's FLOPs per step are counted from its matrix products (forward: the four attention
@@ -61,10 +63,11 @@ class PlainLM(nn.Module):
     """The same model as ``LanguageModel`` with softmax attention, in plain PyTorch operators;
     built from a ``LanguageModel``'s weights (shared, not copied)."""
 
-    def __init__(self, model: LanguageModel) -> None:
+    def __init__(self, model: LanguageModel, explicit: bool = False) -> None:
         super().__init__()
         self.src = model
         self.heads, self.dh = model.shape.n_heads, model.shape.d_head
+        self.explicit = explicit  # the weights materialised: matmul, masked softmax, matmul
 
     def forward(self, ids: Tensor) -> Tensor:
         src = self.src
@@ -81,7 +84,12 @@ class PlainLM(nn.Module):
             q = rotate(split(attn.w_q(x)), cos, sin)
             k = rotate(split(attn.w_k(x)), cos, sin)
             v = split(attn.w_v(x))
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            if self.explicit:
+                scores = (q @ k.transpose(-1, -2)) * self.dh ** -0.5
+                causal = torch.ones(seq, seq, dtype=torch.bool).tril()
+                y = scores.masked_fill(~causal, float("-inf")).softmax(-1) @ v
+            else:
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             h = h + attn.w_o(y.transpose(1, 2).reshape(batch, seq, -1))
             h = h + block.mlp(block.norm2(h))
         return src.head(src.norm(h))
@@ -126,16 +134,25 @@ def main() -> None:
         gap = float((model(ids).logits - plain(ids)).abs().max())
     print(f"sinklab and plain outputs agree to {gap:.2e} (max |difference| of the logits)")
 
-    ours, theirs = [], []
-    for _ in range(3):  # alternately, so that drifts of the machine hit both
+    explicit = PlainLM(model, explicit=True)
+    relu = LanguageModel(shape(cfg.replace(attention="relu")))
+    ours, theirs, ours_relu, theirs_explicit = [], [], [], []
+    for _ in range(3):  # alternately, so that drifts of the machine hit all of them
         ours += time_steps(lambda x: model(x).logits, model.parameters(), ids, args.steps)
         theirs += time_steps(plain, model.parameters(), ids, args.steps)
-    for name, times in (("sinklab LanguageModel", ours), ("plain PyTorch (SDPA)", theirs)):
+        ours_relu += time_steps(lambda x: relu(x).logits, relu.parameters(), ids, args.steps)
+        theirs_explicit += time_steps(explicit, model.parameters(), ids, args.steps)
+    rows = (("sinklab, softmax (fused)", ours), ("plain PyTorch, SDPA", theirs),
+            ("sinklab, relu (explicit)", ours_relu),
+            ("plain PyTorch, explicit", theirs_explicit))
+    for name, times in rows:
         step = statistics.median(times)
         print(f"{name:>24}: {step * 1e3:7.1f} ms/step, {tokens / step:9,.0f} tokens/s, "
               f"{flops / step / peak:6.1%} of the matmul peak")
-    print(f"ratio (sinklab / plain step time): "
-          f"{statistics.median(ours) / statistics.median(theirs):.2f}")
+    fused = statistics.median(ours) / statistics.median(theirs)
+    materialised = statistics.median(ours_relu) / statistics.median(theirs_explicit)
+    print(f"ratios of step times: sinklab softmax / plain SDPA {fused:.2f}; sinklab relu / "
+          f"plain explicit softmax {materialised:.2f}")
 
     print("every rule of the study, sinklab's model at the same size:")
     for rule in (*RULES, *NEW_RULES, "uniform"):
