@@ -378,6 +378,7 @@ def tiny_pretrain(monkeypatch):
     return pretraining
 
 
+@pytest.mark.slow
 def test_pretrain_quick_trains_measures_decides_and_resumes(tmp_path, capsys):
     from test_cli import run_cli
 
@@ -536,6 +537,7 @@ def test_emergence_is_the_first_point_from_which_the_sink_stays():
     assert emergence_text([None, None]).endswith("emerged in 0 of 2 seeds")
 
 
+@pytest.mark.slow
 def test_an_interrupted_study_resumes_its_language_models_from_their_checkpoints(
         tmp_path, capsys, monkeypatch):
     """A study stopped while a model trains keeps that model's checkpoint in its folder's
