@@ -454,12 +454,19 @@ def test_pretrain_screens_rates_then_the_contrast_then_the_factors(tmp_path, cap
     (["--tokens", "5"], "at least one batch"),
     (["--rules", "learned_temperature"], "takes no d_head"),
     (["--n-heads", "3"], "--n-heads=3 is not allowed: d_model 128 must split"),
+    (["--corpus", "SHORT"], "fewer than one window of 256: give more text or a shorter --context"),
     (["--context", "100000"], "--context=100000 is not allowed"),
     (["--rules", "softmax", "--d-model", "4096", "--n-layers", "64", "--n-heads", "32"],
      "more than the limit of"),
 ])
 def test_pretrain_bad_input_is_one_sentence(tmp_path, capsys, extra, message):
     from test_cli import run_cli
+
+    short = tmp_path / "short"
+    short.mkdir()
+    for i in range(10):
+        (short / f"{i}.txt").write_text("a few words")
+    extra = [str(short) if e == "SHORT" else e for e in extra]
 
     code, _, err = run_cli(capsys, "pretrain", "--out", str(tmp_path / "p"), *extra)
     assert code == 2 and message in err and "Traceback" not in err, err

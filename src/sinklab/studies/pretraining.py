@@ -168,13 +168,23 @@ class PretrainOptions:
         # with narrow heads; a size is named as the option that set it
         for rule in self.rules:
             try:
-                base_config(self, rule, 1e-3, 0, "cpu")
+                cfg = base_config(self, rule, 1e-3, 0, "cpu")
             except ConfigError as exc:
                 text = str(exc)
                 for name in SIZE_OPTIONS:
                     for section in ("model", "train"):
                         text = text.replace(f"{section}.{name}=", f"{named(self, name)}=")
                 raise ConfigError(text) from None
+        # and the text: read once, split, each side long enough for a window
+        from sinklab.pretrain import data  # torch: not for the help texts
+
+        split = data.split(cfg.data.corpus, cfg.data.validation)
+        for stream, side in ((split.train, "training"), (split.validation, "validation")):
+            if stream.numel() < cfg.model.context:
+                raise ConfigError(f"{named(self, 'corpus')} {self.corpus!r} gives "
+                                  f"{stream.numel()} {side} tokens, fewer than one window of "
+                                  f"{cfg.model.context}: give more text or a shorter "
+                                  f"{named(self, 'context')}.")
 
     def n_seeds(self, rule: str) -> int:
         if self.quick:
