@@ -593,3 +593,56 @@ def test_a_run_refuses_a_folder_that_is_not_a_run_folder(tmp_path):
         train(PretrainConfig.make(**TINY), tmp_path / "mine")
     assert (tmp_path / "mine" / "notes.txt").read_text() == "my own file"
     assert sorted(p.name for p in (tmp_path / "mine").iterdir()) == ["notes.txt"]
+
+
+def test_a_run_whose_loss_stops_being_finite_ends_as_diverged(tmp_path, monkeypatch):
+    """A diverged run ends at that step, recorded with its curve so far and no model; a
+    screen or study reads it as diverged instead of failing."""
+    import sinklab.pretrain.training as run_mod
+
+    calls = {"n": 0}
+    cross_entropy = torch.nn.functional.cross_entropy
+
+    def blows_up(*args, **kwargs):
+        loss = cross_entropy(*args, **kwargs)
+        if kwargs.get("reduction", "mean") == "mean":  # a training step's loss
+            calls["n"] += 1
+            if calls["n"] > 5:
+                return loss * float("nan")
+        return loss
+
+    monkeypatch.setattr(run_mod.nn.functional, "cross_entropy", blows_up)
+    summary = train(PretrainConfig.make(**TINY), tmp_path / "run")
+    assert summary["status"] == "diverged" and summary["diverged_step"] == 5
+    assert summary["steps"] == 5 and summary["final"]["step"] == 4
+    assert not (tmp_path / "run" / MODEL).exists()
+    from sinklab.runs import folders, kinds
+
+    assert folders.check_complete(tmp_path / "run")
+    assert kinds.describe([summary], 1.0) == "diverged at step 5, 1 s"
+    from sinklab.studies.pretraining import _loss
+
+    assert _loss(summary) == float("inf")
+
+
+def test_a_diverged_seed_is_counted_apart_and_in_no_median():
+    from sinklab.studies import pretraining as pt
+
+    def run(rule, seed, loss, rate, diverged=False):
+        final = dict.fromkeys(pt.FINAL_KEYS) if diverged else {
+            "val_loss": loss, "sink_rate": rate, "sink_rate_relative": rate,
+            "first_mass": 0.1, "value_ratio": 1.0, "resid_ratio_max": 1.0}
+        return {"rule": rule, "seed": seed, "lr": 1e-3, "tokens": 100, "tokens_per_s": 1.0,
+                "diverged": diverged, "emergence_tokens": None, "effects": None,
+                "curve": [], **final}
+
+    runs = [run("softmax", s, 2.0 + s / 100, 0.5) for s in range(6)]
+    runs += [run("relu", s, 2.0, 0.0) for s in range(5)] + [run("relu", 5, None, None, True)]
+    rows = {r["rule"]: r for r in pt._rule_rows(runs)}
+    assert rows["relu"]["n"] == 6 and rows["relu"]["diverged"] == 1
+    assert rows["relu"]["val_loss_median"] == 2.0
+    records = {"rules": list(rows.values()), "runs": runs, "variants": []}
+    claims = {c.key: c for c in pt.claims(records, None)}
+    assert claims["no_sink.rules"].n == 5  # the diverged seed is in no median
+    assert claims["softmax.sink_emerges"].n == 6
+    assert "emerged in 0 of 5 seeds" in claims["relu.sink"].data

@@ -12,7 +12,9 @@ and appends one line to ``curve.jsonl``, then keeps a checkpoint (``checkpoint.p
 atomically). A run stopped at any moment resumes from its last checkpoint: the batches are drawn
 per step (``sinklab.pretrain.data``), so the resumed run is the run that was not stopped. When
 it ends it writes ``model.pt`` (the weights and the shape, what the interventions load) and
-``summary.json`` (the last measurement, the time and the speed), removes the checkpoint and
+``summary.json`` (the last measurement, the time and the speed; ``status`` ``finished``, or
+``diverged`` when the training loss stopped being finite, which ends the run there and keeps no
+model), removes the checkpoint and
 seals the folder (``sinklab.runs.folders.seal``: a run with a completion record is finished);
 ``config.json`` holds the settings from the start. A folder that is not a sinklab run folder is
 refused in one sentence.
@@ -200,6 +202,7 @@ def train(cfg: PretrainConfig, folder: Path, log: Callable[[str], None] = lambda
         curve.append(_point(model, windows, 0, cfg, 0.0, None))
         _write_curve(folder / CURVE, curve)
     train_loss = None
+    diverged: int | None = None
     while step < cfg.steps:
         ids = data.train_batch(split.train, cfg.train.batch_size, cfg.model.context, cfg.train.seed,
                                step, cfg.data.fixed_first).to(device)
@@ -208,8 +211,9 @@ def train(cfg: PretrainConfig, folder: Path, log: Callable[[str], None] = lambda
         logits = model(ids).logits
         loss = nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
                                            ids[:, 1:].reshape(-1))
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"the training loss became {float(loss)} at step {step}")
+        if not torch.isfinite(loss):  # diverged: the run ends here, recorded as such
+            diverged = step
+            break
         opt.zero_grad(set_to_none=True)
         loss.backward()
         nn.utils.clip_grad_norm_(model.parameters(), CLIP)
@@ -224,8 +228,9 @@ def train(cfg: PretrainConfig, folder: Path, log: Callable[[str], None] = lambda
                                         "optimizer": opt.state_dict(), "step": step,
                                         "elapsed": seconds})
     seconds = time.perf_counter() - started
-    per_step = cfg.train.batch_size * cfg.model.context
     effects = None
+    if diverged is not None:  # no model worth measuring or keeping: its weights are not finite
+        return _finish(folder, cfg, split, device, curve, seconds, step, None, diverged)
     if cfg.data.probe_windows:
         probes = data.validation_windows(split.validation, cfg.data.probe_windows,
                                          cfg.model.context, cfg.data.fixed_first)
@@ -233,11 +238,22 @@ def train(cfg: PretrainConfig, folder: Path, log: Callable[[str], None] = lambda
         write_json(folder / INTERVENTIONS, full)
         effects = intervention_summary(full)
     _save(folder / MODEL, {"shape": shape(cfg).to_dict(), "model": model.state_dict()})
+    return _finish(folder, cfg, split, device, curve, seconds, step, effects, None)
+
+
+def _finish(folder: Path, cfg: PretrainConfig, split: data.Split, device: torch.device,
+            curve: list[dict[str, Any]], seconds: float, step: int,
+            effects: dict[str, Any] | None, diverged: int | None) -> dict[str, Any]:
+    """Write the summary, remove the checkpoint and seal the folder. A run that diverged
+    (``status`` ``diverged``, at step ``diverged_step``) keeps its curve up to its last
+    measurement, which ``final`` repeats, and has no model."""
+    per_step = cfg.train.batch_size * cfg.model.context
     summary = {"kind": KIND, "seed": cfg.train.seed, "attention": cfg.model.attention,
-               "config": cfg.to_dict(), "steps": cfg.steps,
-               "tokens": cfg.steps * per_step,
+               "status": "finished" if diverged is None else "diverged",
+               "diverged_step": diverged, "config": cfg.to_dict(), "steps": step,
+               "tokens": step * per_step,
                "parameters": parameter_count(shape(cfg)), "wall_time_s": seconds,
-               "tokens_per_s": cfg.steps * per_step / max(seconds, 1e-9),
+               "tokens_per_s": step * per_step / max(seconds, 1e-9),
                "device": device.type, "data": split.describe(), "final": curve[-1],
                "interventions": effects}
     write_json(folder / SUMMARY, summary)

@@ -109,6 +109,9 @@ def train(cfgs: Sequence[Config], dirs: Sequence[Path]) -> None:
 def describe(summaries: list[dict[str, Any]], seconds: float) -> str:
     """What a job's runs reached, for the log line of a finished job."""
     if summaries and summaries[0].get("kind") == pretrain_settings.KIND:
+        diverged = [s for s in summaries if s.get("status") == "diverged"]
+        if diverged:
+            return f"diverged at step {diverged[0]['diverged_step']}, {seconds:.0f} s"
         losses = [s["final"]["val_loss"] for s in summaries]
         loss = (f"{losses[0]:.3f}" if len(losses) == 1
                 else f"{min(losses):.3f}-{max(losses):.3f}")

@@ -269,8 +269,11 @@ def search(ctx: Context, rule: str) -> Search:
 
 
 def _loss(summary: dict[str, Any]) -> float:
+    """A screened rate's final validation loss; a run that diverged counts as infinite."""
     value = summary["final"]["val_loss"]
-    return value if value is not None and math.isfinite(value) else math.inf
+    if summary.get("status") == "diverged" or value is None or not math.isfinite(value):
+        return math.inf
+    return value
 
 
 def _best(tried: dict[float, float | None]) -> float:
@@ -348,16 +351,24 @@ def emergence(curve: list[dict[str, Any]]) -> int | None:
     return None
 
 
+FINAL_KEYS = ("val_loss", "sink_rate", "sink_rate_relative", "first_mass", "value_ratio",
+              "resid_ratio_max")
+
+
 def run_record(ctx: Context, name: str, group: str, rule: str) -> dict[str, Any]:
+    """One run's numbers at the end of training and its curve; a run that diverged has its
+    curve up to its last measurement and no final numbers (None), so that it is counted apart
+    and not in any median."""
     summary = ctx.summary(name)
     curve = [point_summary(p) for p in _curve(ctx, name)]
-    final = curve[-1]
+    diverged = summary.get("status") == "diverged"
+    final = {k: None if diverged else curve[-1][k] for k in FINAL_KEYS}
     return {"name": name, "group": group, "rule": rule, "seed": summary["seed"],
             "lr": summary["config"]["train"]["lr"], "tokens": summary["tokens"],
             "parameters": summary["parameters"], "tokens_per_s": summary["tokens_per_s"],
-            "wall_time_s": summary["wall_time_s"], **{k: v for k, v in final.items()
-                                                      if k not in ("step", "tokens")},
-            "emergence_tokens": emergence(curve), "curve": curve,
+            "wall_time_s": summary["wall_time_s"], **final, "diverged": diverged,
+            "diverged_step": summary.get("diverged_step"),
+            "emergence_tokens": None if diverged else emergence(curve), "curve": curve,
             "heads_final": {k: summary["final"][k] for k in
                             ("first_mass", "sink_rate", "sink_rate_relative", "value_ratio")},
             "data": summary["data"], "effects": summary.get("interventions"),
@@ -409,11 +420,12 @@ def _rule_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         def each(key: str, sel: list[dict[str, Any]] = sel) -> list[Any]:
             return [r[key] for r in sel]
 
-        losses = each("val_loss")
-        lo, hi = cl.median_bounds(losses)
+        losses = [v for v in each("val_loss") if v is not None]
+        lo, hi = cl.median_bounds(losses) if losses else (-math.inf, math.inf)
         emerged = [t for t in each("emergence_tokens") if t is not None]
         rows.append({"rule": rule, "n": len(sel), "lr": sel[0]["lr"],
-                     "val_loss_median": float(np.median(losses)),
+                     "diverged": sum(each("diverged")),
+                     "val_loss_median": float(np.median(losses)) if losses else None,
                      "val_loss_bounds": [lo, hi] if math.isfinite(lo) else None,
                      "val_loss": losses, "sink_rate": each("sink_rate"),
                      "sink_rate_relative": each("sink_rate_relative"),
@@ -435,7 +447,8 @@ PRIMARY = ("softmax.sink_emerges", "no_sink.rules", "parity.rules", "eviction.so
 
 
 def _values(records: dict[str, Any], rule: str, key: str) -> list[float]:
-    return [r[key] for r in rows_of(records, rule)]
+    """The rule's runs' values of ``key``; a run without one (diverged) is left out."""
+    return [r[key] for r in rows_of(records, rule) if r[key] is not None]
 
 
 def _effects(records: dict[str, Any], rule: str, key: str) -> list[float]:
@@ -502,7 +515,9 @@ def claims(records: dict[str, Any], opts: PretrainOptions) -> list[Claim]:
     out += factor_claims(records, softmax)
     for rule in rules:
         values = _values(records, rule, "sink_rate")
-        times = _values(records, rule, "emergence_tokens")
+        if not values:
+            continue  # every seed diverged: the per-rule table says so
+        times = [r["emergence_tokens"] for r in rows_of(records, rule) if not r["diverged"]]
         out.append(cl.descriptive(
             f"{rule}.sink", f"{rule}: first-token sink rate at the end, and when it emerged",
             f"median sink rate {np.median(values):.3g} over {len(values)} seeds (range "
@@ -539,8 +554,8 @@ def factor_claims(records: dict[str, Any], softmax: list[float]) -> list[Claim]:
     test, the factor reversed): weight decay 5.0 and windows of 64 tokens leave no sink (their
     finding), and without a fixed first token the sink rate is at most half of softmax's median
     (theirs fell from 74% to 18%). Without the factors' runs, nothing."""
-    by = {v: [r["sink_rate"] for r in records["variants"] if r["variant"] == v]
-          for v in VARIANTS}
+    by = {v: [r["sink_rate"] for r in records["variants"]
+              if r["variant"] == v and r["sink_rate"] is not None] for v in VARIANTS}
     out: list[Claim] = []
     if not softmax or not any(by.values()):
         return out
@@ -562,7 +577,8 @@ def factor_claims(records: dict[str, Any], softmax: list[float]) -> list[Claim]:
         control = cl.median_at_most("factor.no_fixed_first.lower.control", "The same test on "
                                     "the contrast's softmax seeds", softmax, half, what=what)
         out.append(cl.with_control(claim, control, "the contrast's softmax seeds"))
-    budget = [r for r in records["variants"] if r["variant"] == f"budget_x{BUDGET_FACTOR}"]
+    budget = [r for r in records["variants"]
+              if r["variant"] == f"budget_x{BUDGET_FACTOR}" and not r["diverged"]]
     if budget:
         rates = [r["sink_rate"] for r in budget]
         sinks = sum(v >= SINK_RATE for v in rates)
@@ -591,7 +607,9 @@ def _draw_curves(axes: Any, records: dict[str, Any], opts: PretrainOptions) -> N
     rules = [r["rule"] for r in records["rules"]]
     for ax, (key, label) in zip(np.ravel(axes), panels):
         for i, rule in enumerate(rules):
-            curves = [r["curve"] for r in rows_of(records, rule)]
+            curves = [r["curve"] for r in rows_of(records, rule) if not r["diverged"]]
+            if not curves:
+                continue
             n = min(len(c) for c in curves)
             xs = [p["tokens"] for p in curves[0][:n]]
             ys = np.array([[p[key] for p in c[:n]] for c in curves], dtype=float)
