@@ -52,7 +52,7 @@ def members_that_fit(cfg: Config, wanted: int, what: str) -> int:
     a time, refused in one sentence when even one does not fit."""
     if is_pretrain(cfg):
         limits.check_memory(pretrain_settings.run_bytes(cfg),
-                            f"{what} ({pretrain_settings.shape_text(cfg)})")
+                            f"{what} ({pretrain_settings.shape_text(cfg)})", limits._device(cfg))
         return 1
     return limits.members_that_fit(cfg, wanted, what)
 

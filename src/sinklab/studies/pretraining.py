@@ -61,7 +61,7 @@ BUDGET_SEEDS = 3
 PRESETS: dict[str, dict[str, Any]] = {
     "cpu": dict(d_model=128, n_layers=4, n_heads=4, context=256, batch_size=16,
                 tokens=2_000_000, log_every=25, eval_windows=32, warmup=50),
-    "gpu": dict(d_model=512, n_layers=8, n_heads=8, context=512, batch_size=64,
+    "gpu": dict(d_model=512, n_layers=8, n_heads=8, context=512, batch_size=32,
                 tokens=200_000_000, log_every=100, eval_windows=64, warmup=500),
 }
 QUICK = dict(d_model=32, n_layers=2, n_heads=2, context=64, batch_size=8, tokens=8 * 64 * 24,
