@@ -19,7 +19,15 @@ finished runs (``Study.more_cells``), so an interrupted study resumes where it s
 Every run logs, every ``log_every`` steps, the validation loss and, per layer and head, the
 first token's attention mass, the Gu et al. sink rate at eps = 0.3 (absolute, and with each row
 divided by its sum), the first value's norm over the others' and the first token's residual
-norm over the others' (``sinklab.pretrain.training.measure``).
+norm over the others' (``sinklab.pretrain.training.measure``); at its end, ``sinklab lm``'s
+interventions through the same code (``sinklab.pretrain.training.intervene``).
+
+The primary claims (``PRIMARY``), each beside its control: softmax models form a first-token
+sink (control: relu, sigmoid, softpick), those form none (control: softmax), they train to
+softmax's validation loss within ``LOSS_MARGIN`` (control: uniform attention), and evicting the
+first token raises softmax models' loss by more than ``HARMLESS`` (control: relu, sigmoid,
+softpick). Gu et al.'s factors are secondary claims against the contrast's softmax seeds; the
+budget control and the emergence of the sink are described.
 
     sinklab pretrain --out results/pretrain          # the rule contrast, then the rest
     sinklab pretrain --quick --out /tmp/pretrain     # smoke test, in about a minute
