@@ -258,7 +258,7 @@ def test_memory_is_estimated_not_allocated(monkeypatch):
                                  "context": 4096, "batch_size": 512, "tokens": 10**10})
     assert run_bytes(big) > 10**12
     monkeypatch.setenv("SINKLAB_MAX_MEMORY", "1G")
-    from sinklab.pretrain.training import check_memory
+    from sinklab.pretrain.runconfig import check_memory
 
     with pytest.raises(ConfigError, match="more than the limit"):
         check_memory(big)

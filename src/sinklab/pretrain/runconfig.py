@@ -24,6 +24,7 @@ from typing import Any
 
 from sinklab.config import check_device
 from sinklab.errors import ConfigError
+from sinklab.runs import limits
 
 KIND = "pretrain"
 CORPORA = ("bbc", "pydoc")  # besides a path (sinklab.pretrain.data)
@@ -269,6 +270,15 @@ def run_bytes(cfg: PretrainConfig) -> int:
     windows = min(cfg.data.eval_windows, 16)  # measured 16 at a time
     evals = windows * (2 * n * m.n_heads * c * c + 2 * c * VOCAB_SIZE + 4 * n * c * d)
     return RUN_BYTES + 4 * (params + n * per_layer + logits + evals)
+
+
+def check_memory(cfg: PretrainConfig, what: str = "a language model run",
+                 device: Any = None) -> None:
+    """Refuse, in one sentence naming ``what`` and the sizes, a run whose estimated memory
+    (``run_bytes``) exceeds the limit (``sinklab.runs.limits``) on ``device`` (default: the
+    device its settings name)."""
+    limits.check_memory(run_bytes(cfg), f"{what} ({shape_text(cfg)})",
+                        device if device is not None else limits._device(cfg))
 
 
 def shape_text(cfg: PretrainConfig) -> str:

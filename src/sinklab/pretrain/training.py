@@ -47,10 +47,9 @@ from sinklab.pretrain.runconfig import (
     KIND,
     WINDOW,
     PretrainConfig,
-    run_bytes,
-    shape_text,
+    check_memory,
 )
-from sinklab.runs import folders, limits
+from sinklab.runs import folders
 from sinklab.runs.files import read_json, write_atomic, write_json
 from sinklab.train import resolve_device
 
@@ -63,10 +62,6 @@ SUMMARY = "summary.json"
 BETAS = (0.9, 0.95)
 MIN_LR_SHARE = 0.1  # the cosine decays to this share of the rate
 CLIP = 1.0
-
-
-def check_memory(cfg: PretrainConfig, device: Any = None) -> None:
-    limits.check_memory(run_bytes(cfg), f"a language model run ({shape_text(cfg)})", device)
 
 
 def shape(cfg: PretrainConfig) -> LMShape:
@@ -175,7 +170,7 @@ def train(cfg: PretrainConfig, folder: Path, log: Callable[[str], None] = lambda
         return read_json(folder / SUMMARY)
     _check_folder(folder)
     device = resolve_device(cfg.train.device, "train.device")
-    check_memory(cfg, device)
+    check_memory(cfg, device=device)
     split = split or data.split(cfg.data.corpus, cfg.data.validation)
     windows = data.validation_windows(split.validation, cfg.data.eval_windows, cfg.model.context,
                                       cfg.data.fixed_first)

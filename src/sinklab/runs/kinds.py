@@ -51,8 +51,7 @@ def members_that_fit(cfg: Config, wanted: int, what: str) -> int:
     """The most runs of ``cfg`` (up to ``wanted``) to train as one job: language models one at
     a time, refused in one sentence when even one does not fit."""
     if is_pretrain(cfg):
-        limits.check_memory(pretrain_settings.run_bytes(cfg),
-                            f"{what} ({pretrain_settings.shape_text(cfg)})", limits._device(cfg))
+        pretrain_settings.check_memory(cfg, what)
         return 1
     return limits.members_that_fit(cfg, wanted, what)
 
