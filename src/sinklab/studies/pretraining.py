@@ -95,7 +95,7 @@ LOSS_MARGIN = 0.05  # nats per token: "trains as well as softmax" within this of
 # the interventions' numbers per run (sinklab.pretrain.training.intervention_summary)
 EFFECTS = ("eviction_cost", "hide_first_key", "hide_first_key_control", "zero_first_value",
            "zero_first_value_control", "cap_first_mass", "cap_first_mass_control",
-           "sink_heads_zero", "other_heads_zero")
+           "sink_heads_zero", "other_heads_zero", "streaming_1", "streaming_0")
 
 
 def _default_rules() -> tuple[str, ...]:
