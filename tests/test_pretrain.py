@@ -401,6 +401,9 @@ def test_pretrain_quick_trains_measures_decides_and_resumes(tmp_path, capsys):
     assert text.startswith("# Pretraining: sinks born on language")
     assert "| softmax | 0.003 | 2 |" in text and (out / "figures" /
                                                   "fig_pretrain_curves.png").is_file()
+    # no factors in quick mode: their figure is left out, and the report does not point at it
+    assert not (out / "figures" / "fig_pretrain_variants.png").exists()
+    assert "fig_pretrain_variants" not in text
     code, _, err = run_cli(capsys, "pretrain", "--quick", "--corpus", "pydoc", "--workers", "1",
                            "--out", str(out))
     assert code == 0 and "0 runs to train in 0 jobs" in err, err
@@ -434,13 +437,16 @@ def test_pretrain_screens_rates_then_the_contrast_then_the_factors(tmp_path, cap
     assert all(v["lr"] == lrs["softmax"] for v in variants.values())
     window = json.loads((out / "variants" / "window_64_seed0" / "config.json").read_text())
     assert window["model"]["context"] == 64
-    assert "## Gu et al.'s factors" in (out / "PRETRAIN.md").read_text()
+    text = (out / "PRETRAIN.md").read_text()
+    assert "## Gu et al.'s factors" in text and "fig_pretrain_variants.png" in text
+    assert (out / "figures" / "fig_pretrain_variants.png").is_file()
     claims = {c["key"]: c for c in json.loads((out / "records.json").read_text())["claims"]}
     for key in ("factor.weight_decay_5.no_sink", "factor.window_64.no_sink",
                 "factor.no_fixed_first.lower"):
         assert claims[key]["kind"] == "empirical" and claims[key]["control"] is not None
         assert not claims[key]["primary"]
     assert claims["budget.softmax"]["kind"] == "descriptive" and claims["budget.softmax"]["n"] == 1
+    assert "emerged in" in claims["budget.softmax"]["data"]
     code, _, err = run_cli(capsys, *args)
     assert code == 0 and "0 runs to train in 0 jobs" in err and "more runs" not in err, err
 

@@ -596,7 +596,8 @@ def factor_claims(records: dict[str, Any], softmax: list[float]) -> list[Claim]:
             f"a sink (rate >= {SINK_RATE:g}) in {sinks} of {len(rates)} seeds; median sink rate "
             f"{np.median(rates):.3g} (range {min(rates):.3g} to {max(rates):.3g}), against "
             f"{np.median(softmax):.3g} at the contrast's budget; validation loss median "
-            f"{np.median([r['val_loss'] for r in budget]):.4f}", n=len(rates),
+            f"{np.median([r['val_loss'] for r in budget]):.4f}; "
+            f"{emergence_text([r['emergence_tokens'] for r in budget])}", n=len(rates),
             estimate=float(np.median(rates))))
     return out
 
@@ -604,34 +605,57 @@ def factor_claims(records: dict[str, Any], softmax: list[float]) -> list[Claim]:
 # ------------------------------------------------------------------------------ figures
 
 
-def _draw_curves(axes: Any, records: dict[str, Any], opts: PretrainOptions) -> None:
-    """Per rule, the median over seeds of the sink rate, the first-token mass and the
-    validation loss against tokens, with the band from the lowest to the highest seed."""
+PANELS = (("sink_rate", "sink rate (eps 0.3)"), ("first_mass", "first-token mass"),
+          ("val_loss", "validation loss (nats/token)"))
+
+
+def _draw_groups(axes: Any, groups: list[tuple[str, list[list[dict[str, Any]]]]],
+                 log_tokens: bool = False) -> None:
+    """Per group (a label and its seeds' curves), the median over seeds of each panel's number
+    against tokens, with the band from the lowest to the highest seed."""
     import matplotlib.pyplot as plt  # matplotlib: only where figures are drawn
 
     colours = plt.get_cmap("tab20")
-    panels = (("sink_rate", "sink rate (eps 0.3)"),
-              ("first_mass", "first-token mass"), ("val_loss", "validation loss (nats/token)"))
-    rules = [r["rule"] for r in records["rules"]]
-    for ax, (key, label) in zip(np.ravel(axes), panels):
-        for i, rule in enumerate(rules):
-            curves = [r["curve"] for r in rows_of(records, rule) if not r["diverged"]]
+    for ax, (key, label) in zip(np.ravel(axes), PANELS):
+        for i, (name, curves) in enumerate(groups):
             if not curves:
                 continue
             n = min(len(c) for c in curves)
             xs = [p["tokens"] for p in curves[0][:n]]
             ys = np.array([[p[key] for p in c[:n]] for c in curves], dtype=float)
             colour = colours(i % 20)
-            ax.plot(xs, np.median(ys, 0), color=colour, lw=1.2, label=rule)
+            ax.plot(xs, np.median(ys, 0), color=colour, lw=1.2, label=name)
             ax.fill_between(xs, ys.min(0), ys.max(0), color=colour, alpha=0.15, lw=0)
         if key == "sink_rate":
             ax.axhline(SINK_RATE, color="grey", ls="--", lw=0.8)
+        if log_tokens:
+            ax.set_xscale("log")
         ax.set_xlabel("training tokens")
         ax.set_ylabel(label)
         ax.legend(fontsize=6, ncol=2)
 
 
-FIGURES = (FigureSpec("fig_pretrain_curves", _draw_curves, grid=(1, 3), size=(5.0, 4.0)),)
+def _draw_curves(axes: Any, records: dict[str, Any], opts: PretrainOptions) -> None:
+    """The contrast: one group per rule, its seeds that did not diverge."""
+    _draw_groups(axes, [(rule, [r["curve"] for r in rows_of(records, rule) if not r["diverged"]])
+                        for rule in (r["rule"] for r in records["rules"])])
+
+
+def _draw_variants(axes: Any, records: dict[str, Any], opts: PretrainOptions) -> None:
+    """Softmax in the contrast and in each of Gu et al.'s settings and the budget control,
+    tokens on a log scale (the budget control runs ten times as long)."""
+    groups = [("contrast", [r["curve"] for r in rows_of(records, "softmax")
+                            if not r["diverged"]])]
+    for variant in dict.fromkeys(r["variant"] for r in records["variants"]):
+        words = VARIANT_WORDS.get(variant, f"{BUDGET_FACTOR}x the tokens")
+        groups.append((words, [r["curve"] for r in records["variants"]
+                                 if r["variant"] == variant and not r["diverged"]]))
+    _draw_groups(axes, groups, log_tokens=True)
+
+
+FIGURES = (FigureSpec("fig_pretrain_curves", _draw_curves, grid=(1, 3), size=(5.0, 4.0)),
+           FigureSpec("fig_pretrain_variants", _draw_variants, grid=(1, 3), size=(5.0, 4.0),
+                      when=lambda records, opts: bool(records["variants"])))
 
 STUDY = Study(
     name="pretrain",
