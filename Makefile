@@ -90,7 +90,8 @@ docs: $(STAMP)
 
 # Write the reports in docs/ again from the records committed beside them, after a change of a
 # template or of the code that decides the claims: nothing is trained or measured (seconds).
-REPORTS := docs/reproduction.md docs/theory.md docs/zoo.md docs/extensions.md docs/real-models.md
+REPORTS := docs/reproduction.md docs/theory.md docs/zoo.md docs/extensions.md docs/real-models.md \
+	docs/language.md
 render: $(STAMP)
 	$(BIN)/sinklab render $(REPORTS)
 
