@@ -278,7 +278,7 @@ def check_memory(cfg: PretrainConfig, what: str = "a language model run",
     (``run_bytes``) exceeds the limit (``sinklab.runs.limits``) on ``device`` (default: the
     device its settings name)."""
     limits.check_memory(run_bytes(cfg), f"{what} ({shape_text(cfg)})",
-                        device if device is not None else limits._device(cfg))
+                        device if device is not None else limits.device_of(cfg))
 
 
 def shape_text(cfg: PretrainConfig) -> str:

@@ -36,7 +36,7 @@ from torch import Tensor, nn
 
 from sinklab import metrics
 from sinklab.definitions import GU_EPS
-from sinklab.errors import ConfigError, ResultsError
+from sinklab.errors import ConfigError
 from sinklab.hooks import Hooks
 from sinklab.lm import edits
 from sinklab.pretrain import data
@@ -168,7 +168,8 @@ def train(cfg: PretrainConfig, folder: Path, log: Callable[[str], None] = lambda
     folder = Path(folder)
     if folders.check_complete(folder):
         return read_json(folder / SUMMARY)
-    _check_folder(folder)
+    # not its parents: a study's workers train inside the folder its driver holds
+    folders.check_writable(folder, "run", option="run folder", ancestors=False)
     device = resolve_device(cfg.train.device, "train.device")
     check_memory(cfg, device=device)
     split = split or data.split(cfg.data.corpus, cfg.data.validation)
@@ -325,23 +326,6 @@ def intervention_summary(full: dict[str, Any]) -> dict[str, Any]:
     out["sink_heads_zero"] = _mean_of([v for h, v in zero.items() if h in sinks])
     out["other_heads_zero"] = _mean_of([v for h, v in zero.items() if h not in sinks])
     return out
-
-
-def _check_folder(folder: Path) -> None:
-    """Refuse a folder that is not a run folder of sinklab's (or absent, or empty), in one
-    sentence. Its parents are not checked: a study's workers train inside the study's folder,
-    which its driver holds."""
-    if not folder.exists():
-        return
-    if not folder.is_dir():
-        raise ResultsError(f"{folder} is a file, not a folder; choose another run folder.")
-    kind = folders.kind_of(folder)
-    if kind is None and not all(folders.is_leftover(p.name) for p in folder.iterdir()):
-        raise ResultsError(f"{folder} exists and is not an empty folder or a sinklab run "
-                           "folder; nothing was written; choose another run folder.")
-    if kind not in (None, "run"):
-        raise ResultsError(f"{folder} is a sinklab {folders.describe(kind)}, not a run "
-                           "folder; choose another run folder.")
 
 
 def _point(model: LanguageModel, windows: Tensor, step: int, cfg: PretrainConfig,

@@ -180,11 +180,15 @@ def kind_of(folder: Path) -> str | None:
     return None if marker is None else marker["kind"]
 
 
-def check_writable(folder: Path, kind: str, option: str = "--out") -> None:
+def check_writable(folder: Path, kind: str, option: str = "--out",
+                   ancestors: bool = True) -> None:
     """Raise ResultsError unless ``folder`` may be written as a ``kind`` folder: absent, empty
-    (but for a writer's leftovers), or marked with that kind. Writes nothing."""
+    (but for a writer's leftovers), or marked with that kind. Writes nothing. With
+    ``ancestors`` False the folders above it are not checked: for a study's worker, which
+    writes inside the folder that its driver holds."""
     folder = Path(folder)
-    _check_ancestors(folder, option)
+    if ancestors:
+        _check_ancestors(folder, option)
     if not folder.exists():
         if folder.is_symlink():
             raise ResultsError(f"{folder} is a broken symbolic link; choose another {option}.")

@@ -170,21 +170,24 @@ def check_run(cfg: RunConfig, members: int = 1, what: str | None = None,
     ``device``, default the one the config names)."""
     label = what or (f"training {members} models ({shape(cfg)}) as one ensemble" if members > 1
                      else f"a run ({shape(cfg)})")
-    check_memory(run_bytes(cfg, members), label, device if device is not None else _device(cfg))
+    check_memory(run_bytes(cfg, members), label, device if device is not None else device_of(cfg))
 
 
 def members_that_fit(cfg: RunConfig, wanted: int, what: str) -> int:
     """The most runs of ``cfg``, up to ``wanted``, that fit in memory as one ensemble; a run
     that does not fit even alone is refused, naming ``what`` (e.g. a sweep cell)."""
     check_run(cfg, 1, f"{what} ({shape(cfg)})")
-    limit = memory_limit(_device(cfg))
+    limit = memory_limit(device_of(cfg))
     members = wanted
     while members > 1 and run_bytes(cfg, members) > limit:
         members -= 1
     return members
 
 
-def _device(cfg: RunConfig) -> Any:
+def device_of(cfg: Any) -> Any:
+    """The CUDA device a run's ``train.device`` names, whose memory is its limit; None (this
+    machine's memory) for the CPU, ``auto`` or a machine without CUDA. Any settings with a
+    ``train.device``: task runs and language-model runs."""
     name = cfg.train.device
     if name == "auto" or not name.startswith("cuda"):
         return None
