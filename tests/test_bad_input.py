@@ -155,7 +155,8 @@ CASES: dict[str, Case] = {
     "rule argument in a file": Case("value of the wrong type", lambda tmp: [
         "train", "--config", str(write(tmp, "run.toml", "[model]\nattention = 'sigmoid'\n"
                                                         "[model.attention_args]\nbias = 'low'\n")),
-        "--out", str(tmp / "o")], "model.attention_args.bias='low' is not allowed"),
+        "--out", str(tmp / "o")], "model.attention_args.bias = 'low' is a string; write a "
+                                  "number without quotes"),
     "trigger out of range": Case("value out of range", train("task.seq_len=8",
                                                              "task.eval_trigger=8"),
                                  "task.eval_trigger=8 is not allowed"),

@@ -75,7 +75,8 @@ def test_bad_values_get_one_clear_sentence(override, message):
 def test_bad_file_contents(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text("[model]\nn_layers = 'two'\n")
-    with pytest.raises(ConfigError, match="model.n_layers='two' is not allowed"):
+    with pytest.raises(ConfigError, match="model.n_layers = 'two' is a string; write an "
+                                          "integer without quotes"):
         config_from_cli([], str(bad))
     bad.write_text("[optimizer]\nlr = 1\n")
     with pytest.raises(ConfigError, match="unknown config section 'optimizer'"):

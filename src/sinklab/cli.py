@@ -188,15 +188,21 @@ def _add_results(sub: Any, common: argparse.ArgumentParser) -> None:
         "results", parents=[common],
         help="list and filter the cells of a sweep folder",
         description="Print the cells of a sweep folder (sweep.db) with their status and summary "
-                    "metrics, optionally filtered, or write them as CSV.")
+                    "metrics, optionally filtered, or write them as CSV; with --by KEY, one row "
+                    "per value of a grid key instead.")
     rs.add_argument("dir", type=given, metavar="DIR", help="a sweep folder")
     rs.add_argument("--status", default=None, help="only cells with this status: pending, "
                     "running, done or failed")
     rs.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
                     help="only cells whose grid value (e.g. model.attention=relu) or seed "
                          "matches; repeat to combine")
+    rs.add_argument("--by", type=given, default=None, metavar="KEY",
+                    help="one row per value of a grid key (e.g. model.attention) or seed: its "
+                         "cells done, failed and pending and each metric's median [lowest, "
+                         "highest]; combines with --where, --status and --csv")
     rs.add_argument("--csv", type=given, default=None, metavar="FILE",
-                    help="write the cells as CSV instead (a new file, or one this command wrote)")
+                    help="write the cells (with --by, the groups) as CSV instead (a new file, "
+                         "or one this command wrote)")
 
 
 def _add_report(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -317,7 +323,8 @@ def _add_study(sub: Any, common: argparse.ArgumentParser, study: Any) -> None:
 
 
 def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
-    from sinklab.train import train_runs  # torch: not for the help texts
+    from sinklab.metrics import mass_text  # torch: not for the help texts
+    from sinklab.train import train_runs
 
     cfg = config_from_cli(args.overrides, args.config)
     check_count("--seeds", args.seeds)
@@ -350,7 +357,9 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
         verb = "converged after" if summary["converged"] else \
             "stopped on a plateau at" if summary["status"] == "plateau" else \
             "stopped without converging at"
-        bos = [[round(v, 4) for v in layer] for layer in summary["bos_mass_nontrigger"]]
+        # 3 significant digits, never an exact-looking 1 or 0 (0.99996 is "1 - 4.00e-05")
+        bos = "[" + ", ".join("[" + ", ".join(mass_text(v) for v in layer) + "]"
+                              for layer in summary["bos_mass_nontrigger"]) + "]"
         n_heads = summary["n_layers"] * summary["n_heads"]
         print(f"{name}: {verb} {summary['steps']} steps (last batch L∞ "
               f"{summary['train_linf']:.2e})")
@@ -415,7 +424,7 @@ def cmd_results(args: argparse.Namespace, argv: list[str]) -> int:
     from sinklab.sweeps.listing import list_results  # torch: not for the help texts
 
     return list_results(Path(args.dir), args.status, args.where,
-                        Path(args.csv) if args.csv else None)
+                        Path(args.csv) if args.csv else None, args.by)
 
 
 def cmd_report(args: argparse.Namespace, argv: list[str]) -> int:

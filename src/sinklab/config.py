@@ -3,7 +3,9 @@
 A run is configured in three layers, later ones winning:
 dataclass defaults < a TOML file (``--config FILE``) < ``section.field=value`` overrides.
 Every value is checked in ``__post_init__``; a bad one raises ``ConfigError`` with one sentence
-naming the field, the value and what is allowed. Unknown keys are errors, never ignored.
+naming the field, the value and what is allowed. Unknown keys are errors, never ignored. An
+override is text, read as the field's type (``train.seed=5``); the file is TOML, whose numbers
+and booleans are its own, so a string there (``seed = "5"``) is refused (``check_file_types``).
 
 The attention rule's keyword arguments are ``model.attention_args``: a ``[model.attention_args]``
 table in the file, ``model.attention_args.NAME=VALUE`` on the command line, each coerced to and
@@ -23,6 +25,7 @@ import re
 import tomllib
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -412,6 +415,76 @@ def coerce(key: str, value: Any, annotation: Any) -> Any:
     raise ConfigError(f"{key}={value!r} is not allowed: it must be of type {annotation.__name__}.")
 
 
+# A config file is TOML, which writes numbers and booleans as such: a string there is text,
+# never read as a number ("5") or a boolean ("yes") as a command line's key=value is.
+FILE_KINDS = {int: "an integer", float: "a number", bool: "true or false"}
+NONE_WORDS = ("none", "null", "auto")  # a string that means None where a setting allows it
+
+
+def toml_text(value: bool | int | float) -> str:
+    """A number or a boolean as TOML writes it: ``true``, ``5``, ``0.001``."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value)
+
+
+def file_string_problem(key: str, value: Any, annotation: Any,
+                        none_word: str = "auto") -> str | None:
+    """What a config file (TOML) does wrong in giving the setting ``key`` of type ``annotation``
+    the string ``value``, where it takes a number or a boolean: "write an integer: seed = 5"
+    (None when there is nothing wrong). A string that means None (``none_word``: "auto" for
+    ``train.lr``, "none" for a rule's argument) stays allowed where the setting may be None,
+    since TOML has no null."""
+    base, optional = annotation, False
+    if isinstance(annotation, types.UnionType):
+        args = [a for a in annotation.__args__ if a is not type(None)]
+        base, optional = args[0], len(args) < len(annotation.__args__)
+    if not isinstance(value, str) or base not in FILE_KINDS:
+        return None
+    if optional and value.strip().lower() in NONE_WORDS:
+        return None
+    try:
+        typed = coerce(key, value, base)
+    except ConfigError:
+        return f"write {FILE_KINDS[base]} without quotes" + \
+            (f', or "{none_word}"' if optional else "")
+    return f"write {FILE_KINDS[base]}: {key.rpartition('.')[2]} = {toml_text(typed)}" + \
+        (f' (or "{none_word}")' if optional else "")
+
+
+def check_file_types(table: dict[str, Any], where: str, rules: list[str],
+                     at: Callable[[str], str] | None = None, prefix: str = "") -> None:
+    """Refuse a string for a setting that takes a number or a boolean in a config file's
+    ``table`` (``[task]``, ..., and ``[model.attention_args]`` typed by each registered rule
+    in ``rules``): one sentence naming ``where`` (e.g. "config file 'x.toml'"), the key (after
+    ``prefix``, e.g. "base."), the value with ``at(key)`` (e.g. " (line 4)") and what to write
+    instead. Keys that are not settings are left to ``build_run_config`` to refuse."""
+    from sinklab.attention import RULES, rule_info  # torch: see ModelConfig.__post_init__
+
+    def check(key: str, value: Any, annotation: Any, none_word: str = "auto") -> None:
+        problem = file_string_problem(key, value, annotation, none_word)
+        if problem is not None:
+            line = at(key) if at is not None else ""
+            raise ConfigError(f"{where}: {prefix}{key} = {value!r}{line} is a string; "
+                              f"{problem}.")
+
+    for section, fields_ in table.items():
+        cls = SECTIONS.get(section)
+        if cls is None or not isinstance(fields_, dict):
+            continue
+        names = {f.name for f in dataclasses.fields(cls)}
+        for name, value in fields_.items():
+            key = f"{section}.{name}"
+            if key == ARGS_KEY and isinstance(value, dict):
+                for rule in dict.fromkeys(r for r in rules if r in RULES):
+                    declared = rule_info(rule).kwargs
+                    for arg, given in value.items():
+                        if arg in declared:
+                            check(f"{ARGS_KEY}.{arg}", given, declared[arg].type, "none")
+            elif name in names and key != ARGS_KEY:
+                check(key, value, field_type(cls, name))
+
+
 def parse_overrides(items: list[str]) -> dict[str, dict[str, str]]:
     """Parse ``section.field=value`` strings into a nested dict of raw strings."""
     nested: dict[str, dict[str, str]] = {}
@@ -518,9 +591,14 @@ def _coerce_args(raw: Any, rule: str) -> Any:
 
 def config_from_cli(overrides: list[str], config_file: str | None = None,
                     base: dict[str, Any] | None = None) -> RunConfig:
-    """defaults < ``base`` < config file < overrides, validated."""
+    """defaults < ``base`` < config file < overrides, validated. The file is TOML, so a
+    number or a boolean written there as a string is refused (``check_file_types``); the
+    overrides are text by nature, and read as the settings' types."""
     layers = [base or {}]
-    if config_file:
-        layers.append(load_toml(config_file))
-    layers.append(parse_overrides(overrides))
-    return build_run_config(merge(*layers))
+    table = load_toml(config_file) if config_file else {}
+    layers += [table, parse_overrides(overrides)]
+    merged = merge(*layers)
+    rule = merged.get("model", {}).get("attention", ModelConfig.attention)
+    check_file_types(table, f"config file {str(config_file)!r}",
+                     [rule.strip()] if isinstance(rule, str) else [])
+    return build_run_config(merged)

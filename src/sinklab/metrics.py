@@ -166,10 +166,10 @@ def key_importance(weights: Tensor, relative: bool = False, causal: bool = True,
 
 def sink_rate(weights: Tensor, eps: float = GU_EPS, relative: bool = False,
               causal: bool = True, valid: Tensor | None = None) -> Tensor:
-    """Fraction of samples whose BOS importance a_0 exceeds eps: (..., B, H, L, L) -> (..., H).
+    """Share of samples whose BOS importance a_0 exceeds eps: (..., B, H, L, L) -> (..., H).
 
-    Gu et al. report the percentage over (sample, layer, head); average this over heads and
-    layers (and multiply by 100) for their number. ``valid`` as for ``key_importance``.
+    Averaged over heads and layers it is Gu et al.'s rate over (sample, layer, head), as a
+    share in [0, 1] (they quote it in percent). ``valid`` as for ``key_importance``.
     """
     a0 = key_importance(weights, relative, causal, valid)[..., 0]  # (..., B, H)
     return (a0 > eps).to(weights.dtype).mean(-2)
@@ -251,6 +251,38 @@ def sink_heads(bos_nontrigger: Tensor, threshold: float = SINK_HEAD_THRESHOLD) -
 
 
 # --------------------------------------------------------------------------- the metric table
+
+# The layout of a run's summary.json, written in it as "summary_format". A summary without it
+# (format 1) holds the sink rates (PERCENT_BEFORE_2) in percent; every rate is a share since 2.
+SUMMARY_FORMAT = 2
+PERCENT_BEFORE_2 = ("sink_rate", "sink_rate_relative")
+
+
+def in_shares(summary: dict[str, Any]) -> dict[str, Any]:
+    """A run's summary (``summary.json``) with its sink rates as shares in [0, 1], also when an
+    older sinklab wrote them in percent (no ``summary_format``): what every reader of a
+    summary's rates goes through, so that a run trained before is never read 100 times too
+    large."""
+    if summary.get("summary_format", 1) >= 2:
+        return summary
+    return {**summary, **{key: summary[key] / 100 for key in PERCENT_BEFORE_2
+                          if isinstance(summary.get(key), (int, float))
+                          and not isinstance(summary[key], bool)}}
+
+
+def mass_text(mass: float, off: float | None = None) -> str:
+    """A BOS mass (or any weight) for the terminal, with 3 significant digits and never shown
+    as exactly 1 or 0 unless it is: ``1 - 4.00e-05`` within 0.01 of 1 (``off``, 1 - mass, where
+    it is known more precisely than ``mass``), ``4.00e-05`` below 0.01, else ``0.521``."""
+    if off is None:
+        off = 1.0 - mass
+    if mass != mass or mass in (0.0, 1.0) or abs(mass) == float("inf"):
+        return f"{mass:g}"  # nan, inf, exactly 0 or 1
+    if 0 < off < 0.01:
+        return f"1 - {off:.2e}"
+    if -0.01 < off < 0:  # a row that need not sum to 1 can put a little more than 1 on BOS
+        return f"1 + {-off:.2e}"
+    return f"{mass:.2e}" if abs(mass) < 0.01 else f"{mass:.3g}"
 
 KINDS = ("error", "mass", "count", "rate", "steps", "flag", "seconds")
 PER = {"run": 1, "layer": 2, "head": 3}  # what a metric gives per member -> its tensor's dims
@@ -508,20 +540,21 @@ def _row_sum_trigger(ev: Evaluation) -> Tensor:
 
 @metric("sink_rate", kind="rate")
 def _sink_rate(ev: Evaluation) -> Tensor:
-    """Gu et al.'s sink rate in percent (eps = ``GU_EPS``) over samples, layers and heads."""
-    # each member's mean as one reduction over its heads, then x100 in float64
-    return 100 * torch.stack([rate.mean() for rate in ev.rate]).double()
+    """Gu et al.'s sink rate as a share in [0, 1] (eps = ``GU_EPS``) over samples, layers and
+    heads."""
+    # each member's mean as one reduction over its heads
+    return torch.stack([rate.mean() for rate in ev.rate]).double()
 
 
 @metric("sink_rate_relative", kind="rate")
 def _sink_rate_relative(ev: Evaluation) -> Tensor:
-    """The same in percent with each row first divided by its sum (rows that need not sum to 1)."""
-    return 100 * torch.stack([rate.mean() for rate in ev.rate_relative]).double()
+    """The same share with each row first divided by its sum (rows that need not sum to 1)."""
+    return torch.stack([rate.mean() for rate in ev.rate_relative]).double()
 
 
 @metric("sink_rate_per_head", kind="rate", per="head")
 def _sink_rate_per_head(ev: Evaluation) -> Tensor:
-    """Gu et al.'s sink rate of each head, as a fraction of the test sequences."""
+    """Gu et al.'s sink rate of each head, as a share of the test sequences."""
     return ev.rate
 
 

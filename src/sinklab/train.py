@@ -656,4 +656,5 @@ def _summary(cfg: RunConfig, member: RunConfig, status: str, values: dict[str, A
         "wall_time_s": wall_time_s,
         "device": str(device), "engine": engine,
         "versions": versions(),
+        "summary_format": metrics.SUMMARY_FORMAT,  # sink rates are shares (metrics.in_shares)
     }

@@ -12,7 +12,9 @@
     "model.attention_args.temperature" = [1.0, 2.0]   # a keyword argument of the rule
 
 ``load_spec`` validates everything before anything runs: an unknown key, an empty grid, a value
-of the wrong type or out of range, a key both fixed in ``[base]`` and varied in ``[grid]`` is a
+of the wrong type or out of range (a number or a boolean written as a string, ``"5"``, too), a
+key both fixed in ``[base]`` and varied in ``[grid]``, a key given twice (quoted,
+``"model.attention"``, and dotted, ``model.attention``, which TOML reads as two keys) is a
 ``SpecError`` naming the key and its line in the file; an
 attention rule that is not registered (``UnknownRule``) also says that a rule of one's own
 needs its plugin (``--plugin MODULE``, ``sinklab.plugins``).
@@ -26,18 +28,21 @@ import itertools
 import json
 import math
 import re
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sinklab.attention import PLUGIN_HINT, RULES
+from sinklab.attention import PLUGIN_HINT, RULES, rule_info
 from sinklab.config import (
     SECTIONS,
     RunConfig,
     allowed_keys,
     build_run_config,
+    check_file_types,
     coerce,
     field_type,
+    file_string_problem,
     is_args_key,
     read_toml_text,
     set_key,
@@ -117,17 +122,91 @@ def _at(text: str, table: str, key: str = "") -> str:
     return f" (line {line})" if line else ""
 
 
-def _flatten_grid(grid: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Unquoted dotted grid keys, ``{"model": {"attention": [...]}}``, as
-    ``{"model.attention": [...]}``."""
+BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def _key_parts(text: str) -> tuple[str, ...] | None:
+    """The parts of a TOML key as ``text`` writes it (``"model.attention"`` is one part,
+    ``model.attention`` two), read by TOML itself; None when ``text`` is not a key."""
+    try:
+        table: Any = tomllib.loads(f"{text} = 0")
+    except tomllib.TOMLDecodeError:
+        return None
+    parts = []
+    while isinstance(table, dict) and len(table) == 1:
+        ((part, table),) = table.items()
+        parts.append(part)
+    return tuple(parts)
+
+
+def _spelled(parts: tuple[str, ...]) -> str:
+    """A key's parts as a file writes them: ``"model.attention"`` or ``model.attention``."""
+    return ".".join(p if BARE_KEY.fullmatch(p) else json.dumps(p) for p in parts)
+
+
+def _line_of_parts(text: str, parts: tuple[str, ...]) -> int | None:
+    """The 1-based line that sets the key ``parts`` (from the top of the file, each part as it
+    is quoted there), under a table header or written out in full."""
+    current: tuple[str, ...] = ()
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        header = re.fullmatch(r"\[\s*([^\[\]]+?)\s*\]\s*(#.*)?", line)
+        if header:
+            current = _key_parts(header.group(1)) or ()
+            continue
+        if "=" in line and not line.startswith("#"):
+            key = _key_parts(line.split("=", 1)[0])
+            if key is not None and current + key == parts:
+                return number
+    return None
+
+
+def _flatten(table: dict[str, Any], text: str, where: str, name: str) -> dict[str, Any]:
+    """``[NAME]``'s keys, dotted or quoted (``{"model": {"attention": v}}`` and
+    ``{"model.attention": v}`` alike), as ``{"model.attention": v}`` in file order. TOML reads
+    ``"model.attention"`` and ``model.attention`` as two keys, so a key written both ways is a
+    SpecError naming both spellings, never one of them silently winning."""
     flat: dict[str, Any] = {}
-    for key, value in grid.items():
-        full = f"{prefix}{key}"
-        if isinstance(value, dict):
-            flat.update(_flatten_grid(value, full + "."))
-        else:
-            flat[full] = value
+    spelling: dict[str, tuple[str, ...]] = {}
+
+    def walk(values: dict[str, Any], parts: tuple[str, ...]) -> None:
+        for key, value in values.items():
+            if isinstance(value, dict):
+                walk(value, parts + (key,))
+                continue
+            full = ".".join(parts + (key,))
+            if full in flat:
+                first, second = spelling[full], parts + (key,)
+                lines = [_line_of_parts(text, (name, *p)) for p in (first, second)]
+                at = [f" (line {n})" if n else "" for n in lines]
+                raise SpecError(f"{where}: {name} key {full!r} is given twice, as "
+                                f"{_spelled(first)}{at[0]} and as {_spelled(second)}{at[1]} "
+                                "(TOML reads a quoted key and a dotted one as two keys); "
+                                "give it once.")
+            flat[full], spelling[full] = value, parts + (key,)
+
+    walk(table, ())
     return flat
+
+
+def _has_quoted_key(table: dict[str, Any]) -> bool:
+    """Whether a key of ``table`` or of a table inside it was quoted with a dot inside."""
+    return any("." in key or (isinstance(value, dict) and _has_quoted_key(value))
+               for key, value in table.items())
+
+
+def _check_arg_strings(key: str, values: list[Any], rules: list[str], where: str) -> None:
+    """Refuse a string among a grid's ``values`` of the rule's argument ``key`` where one of
+    ``rules`` declares it a number or a boolean (TOML writes those unquoted)."""
+    name = key.rpartition(".")[2]
+    for rule in dict.fromkeys(r for r in rules if r in RULES):
+        declared = rule_info(rule).kwargs.get(name)
+        if declared is None:  # not its argument: each cell's config says so
+            continue
+        for value in values:
+            if file_string_problem(key, value, declared.type, "none") is not None:
+                raise SpecError(f"{where}: {value!r} is a string, but {rule}'s {name} takes "
+                                f"{declared.words()}, written without quotes.")
 
 
 def _in_base(base: dict[str, Any], key: str) -> bool:
@@ -163,18 +242,34 @@ def load_spec(path: str | Path) -> Spec:
     if not isinstance(base, dict):
         raise SpecError(f"{where}: base{_at(text, '', 'base')} must be a table of run settings, "
                         "e.g. [base] train.max_steps = 2000.")
-    for section, values in base.items():
-        if section not in SECTIONS or not isinstance(values, dict):
+    flat_base = _flatten(base, text, where, "base")
+    for key in flat_base:
+        section = key.partition(".")[0]
+        if section not in SECTIONS or "." not in key:
             raise SpecError(f"{where}: unknown key 'base.{section}'{_at(text, 'base', section)}:"
                             f" [base] holds the sections {', '.join(SECTIONS)}.")
-        for name in values:
-            if f"{section}.{name}" not in allowed_keys():
-                raise SpecError(f"{where}: unknown key 'base.{section}.{name}'"
-                                f"{_at(text, 'base', f'{section}.{name}')}: allowed keys are "
-                                f"{', '.join(allowed_keys())}.")
+        if key not in allowed_keys() and not is_args_key(key):
+            raise SpecError(f"{where}: unknown key 'base.{key}'{_at(text, 'base', key)}: "
+                            f"allowed keys are {', '.join(allowed_keys())}.")
+    if _has_quoted_key(base):  # "train.lr" = 0.1 as if written train.lr = 0.1
+        base = {}
+        for key, value in flat_base.items():
+            set_key(base, key, value)
     if isinstance(base.get("model"), dict) and "attention" in base["model"]:
         _check_rule(base["model"]["attention"],
                     f"{where}: base.model.attention{_at(text, 'base', 'model.attention')}")
+    grid_table = data.get("grid")
+    flat_grid = _flatten(grid_table, text, where, "grid") if isinstance(grid_table, dict) else {}
+    # the rules whose declarations type the rule's arguments: [base]'s, or else the grid's
+    rules = flat_grid.get("model.attention", ["softmax"])
+    if isinstance(base.get("model"), dict) and "attention" in base["model"]:
+        rules = [base["model"]["attention"]]
+    rules = [r for r in rules if isinstance(r, str)] if isinstance(rules, list) else []
+    try:  # a TOML file: "5" is text, never a number (as a command line's train.seed=5 is)
+        check_file_types(base, where, rules, at=lambda key: _at(text, "base", key),
+                         prefix="base.")
+    except ConfigError as exc:
+        raise SpecError(str(exc)) from None
     try:
         build_run_config(base)
     except ConfigError as exc:
@@ -189,7 +284,7 @@ def load_spec(path: str | Path) -> Spec:
                         "least one key with a list of values, e.g. [grid] "
                         "\"model.attention\" = [\"softmax\", \"relu\"].")
     grid: dict[str, list[Any]] = {}
-    for key, values in _flatten_grid(data["grid"]).items():
+    for key, values in flat_grid.items():
         at = _at(text, "grid", key)
         if key not in allowed_keys() and not is_args_key(key):
             raise SpecError(f"{where}: unknown grid key {key!r}{at}: allowed keys are "
@@ -209,6 +304,7 @@ def load_spec(path: str | Path) -> Spec:
             raise SpecError(f"{where}: grid key {key!r}{at} must be a non-empty list of "
                             "values.")
         if is_args_key(key):  # typed by the cell's rule: every cell's config checks them
+            _check_arg_strings(key, values, rules, f"{where}: grid key {key!r}{at}")
             if len(set(map(repr, values))) != len(values):
                 raise SpecError(f"{where}: grid key {key!r}{at} lists a value twice.")
             grid[key] = values

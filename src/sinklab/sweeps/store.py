@@ -35,13 +35,17 @@ from pathlib import Path
 from typing import Any
 
 from sinklab.errors import ResultsError
-from sinklab.metrics import METRICS
+from sinklab.metrics import METRICS, in_shares
 from sinklab.runs import folders
 from sinklab.runs.files import read_json, write_atomic
 from sinklab.sweeps.spec import Cell, Spec, folder_name
 
 KIND = folders.STORE_KIND
 FORMAT = "1"
+# In the meta table of a store whose rows hold the sink rates as shares; an older sinklab's
+# store, without it, holds them in percent: read as shares, and made shares before a row is
+# written (``Store.upgrade_rates``).
+SHARES = ("sink_rates", "share")
 DB = folders.STORE
 STATUSES = ("pending", "running", "done", "failed")
 
@@ -53,8 +57,10 @@ def metric_names() -> list[str]:
 
 
 def metrics_of(summary: dict[str, Any]) -> dict[str, Any]:
-    """The store's summary numbers of a run (``sinklab.sweeps.store.metric_names``); a number
+    """The store's summary numbers of a run (``sinklab.sweeps.store.metric_names``), sink rates
+    as shares also from a summary an older sinklab wrote (``metrics.in_shares``); a number
     that is missing or not finite (a diverged run's, stored in JSON as null) is None."""
+    summary = in_shares(summary)
     values = {key: summary.get(key) for key in metric_names()}
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
             for k, v in values.items()}
@@ -226,6 +232,7 @@ class Store:
             if stored != spec.to_json():
                 raise ResultsError(f"{folder} holds another sweep (its spec differs from "
                                    f"{spec.path}); choose another --out.")
+            store.upgrade_rates()
             return store
         # A folder with nothing in it yet but a sweep's marker, its lock or a database left
         # half-created by a killed sweep.
@@ -253,7 +260,9 @@ class Store:
         folder = Path(folder)
         if (folder / DB).exists():
             try:
-                return cls.read(folder)
+                store = cls.read(folder)
+                store.upgrade_rates()
+                return store
             except JunkStore as exc:
                 problem = exc.problem
             aside = folder / f"{DB}.corrupt"
@@ -279,7 +288,7 @@ class Store:
         conn.executescript("BEGIN;" + SCHEMA + "COMMIT;")
         with _transaction(conn):
             conn.executemany("INSERT INTO meta VALUES (?, ?)", [
-                ("kind", KIND), ("format", FORMAT), ("created", str(time.time())),
+                ("kind", KIND), ("format", FORMAT), ("created", str(time.time())), SHARES,
                 *meta.items()])
             conn.executemany(
                 "INSERT INTO cells (name, path, position, overrides, seed, config, status) "
@@ -319,16 +328,42 @@ class Store:
         return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
 
     def rows(self, status: str | None = None) -> list[dict[str, Any]]:
-        """Every cell as a dict, in sweep order (JSON columns decoded)."""
+        """Every cell as a dict, in sweep order (JSON columns decoded; sink rates as shares,
+        also in an older sinklab's store, ``SHARES``)."""
         query = "SELECT * FROM cells" + (" WHERE status = ?" if status else "") + \
             " ORDER BY position"
         out = []
-        for row in self.conn.execute(query, (status,) if status else ()):
-            d = dict(row)
-            for key in ("overrides", "config", "metrics"):
-                d[key] = json.loads(d[key]) if d[key] is not None else None
-            out.append(d)
+        own = not self.conn.in_transaction
+        if own:  # the meta and the rows as one snapshot: a writer may upgrade the rates
+            self.conn.execute("BEGIN")
+        try:
+            percent = self.meta().get(SHARES[0]) != SHARES[1]
+            for row in self.conn.execute(query, (status,) if status else ()):
+                d = dict(row)
+                for key in ("overrides", "config", "metrics"):
+                    d[key] = json.loads(d[key]) if d[key] is not None else None
+                if percent and d["metrics"]:
+                    d["metrics"] = in_shares(d["metrics"])
+                out.append(d)
+        finally:
+            if own:
+                self.conn.execute("COMMIT")
         return out
+
+    def upgrade_rates(self) -> None:
+        """Make the sink rates of the rows an older sinklab wrote in percent shares, once and
+        in one transaction, before this process writes a row of its own (in shares)."""
+        if self.meta().get(SHARES[0]) == SHARES[1]:
+            return
+        with _transaction(self.conn):
+            found = self.conn.execute(
+                "SELECT name, metrics FROM cells WHERE metrics IS NOT NULL").fetchall()
+            for name, text in found:
+                values = json.loads(text)
+                if values:
+                    self.conn.execute("UPDATE cells SET metrics = ? WHERE name = ?",
+                                      (json.dumps(in_shares(values)), name))
+            self.conn.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", SHARES)
 
     def counts(self) -> dict[str, int]:
         found = dict(self.conn.execute(
