@@ -205,3 +205,67 @@ def test_the_two_roundings_of_the_excess_are_the_ones_named():
         assert torch.equal(capped[..., 1:][over], (w[..., 1:] * (given / rest)[..., None])[over])
     assert not torch.equal(fk.cap_first(w, eps, excess="product"),
                            fk.cap_first(w, eps, excess="difference"))
+
+
+# ------------------------------------------------------------- query 0 keeps its only key
+
+
+@pytest.mark.parametrize("rule", ["softmax", "relu"])
+@pytest.mark.parametrize("leading", LEADING.values(), ids=list(LEADING))
+def test_masking_the_first_key_leaves_query_0_its_only_key(leading, rule):
+    """A causal model's query 0 sees only key 0: masked there, a softmax row would be NaN. It
+    keeps key 0, flagged or not, and its row stays as the rule gives it."""
+    from sinklab.attention import build_rule
+
+    scores = torch.randn(*leading, SEQ, SEQ, generator=torch.Generator().manual_seed(6)) * 3
+    scores[..., 0, 0] = 2.0  # query 0 has weight on key 0 to lose, under ReLU too
+    weights = build_rule(rule, 1, 1, D)
+    mask = causal_mask(SEQ)
+    plain = weights(scores, mask)
+    for rows in (None, torch.ones(*leading, SEQ, dtype=torch.bool)):
+        masked = weights(fk.mask_first(scores, rows), mask)
+        assert torch.isfinite(masked).all()
+        assert torch.equal(masked[..., 0, :], plain[..., 0, :])
+        assert (masked[..., 1:, 0] == 0).all()
+
+
+@pytest.mark.parametrize("rule", ["softmax", "relu"])
+def test_a_toy_model_with_its_first_key_masked_stays_finite(rule):
+    """Every row denied key 0 in both layers of a 2x2 model: query 0 keeps it, so nothing is
+    NaN (a NaN at query 0 of layer 0 would reach every row of layer 1 through key 0)."""
+    _, visible = _pair("visible", rule)
+    x = _no_trigger()
+    plain = visible(x, return_weights=True)
+    masked = visible(x, return_weights=True, hooks=fk.mask_first_key(2))
+    assert torch.isfinite(masked.out).all()
+    first = masked.patterns[0]
+    assert torch.equal(first[..., 0, :], plain.patterns[0][..., 0, :])
+    assert (first[..., 1:, 0] == 0).all() and not torch.equal(masked.out, plain.out)
+
+
+# ------------------------------------------------------------- docs/api.md's example
+
+
+def test_api_docs_first_key_example_runs_and_says_what_its_prose_says(tmp_path, monkeypatch,
+                                                                      capsys):
+    """docs/api.md's first-key example, run as written: the softmax model's non-trigger error
+    grows by orders of magnitude with the first key hidden or its mass capped, and barely moves
+    with BOS's weight zeroed; no edit changes the ReLU model's (its prose says so in words)."""
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "api.md").read_text()
+    section = page.split("### Does the sink matter?", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "docs/api.md", "exec"), {})
+    printed = capsys.readouterr().out
+    error = {(rule, what.strip()): float(value) for rule, what, value in re.findall(
+        r"^(\w+) +(.+?) +non-trigger L-inf error (\S+)$", printed, re.MULTILINE)}
+    assert len(error) == 8, printed
+    trained = error["softmax", "as trained"]
+    assert 0 < trained < 0.01
+    assert error["softmax", "first weight zeroed"] < 10 * trained
+    for edit in ("first key hidden", "first mass capped at 0.5"):
+        assert error["softmax", edit] > 100 * trained
+    assert len({v for (rule, _), v in error.items() if rule == "relu"}) == 1

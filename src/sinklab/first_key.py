@@ -10,7 +10,8 @@ broadcasts to (..., Q), flags the denied rows; None denies every row:
 
 - ``mask_first``: -inf added to key 0's score, so that the rule gives it weight 0. After a
   softmax the row is the softmax over the other keys; a rule that does not normalise (ReLU)
-  leaves the other keys' weights as they were;
+  leaves the other keys' weights as they were. Query 0 keeps key 0: in a causal model it sees
+  nothing else, and a row with no key left would be NaN after a softmax;
 - ``hide_first``: key 0's weight handed to the other keys in proportion to theirs, so that the
   row keeps its sum (renormalised, after a softmax);
 - ``cap_first``: key 0's weight capped at 1 - eps of the row's sum, the excess handed out in the
@@ -43,17 +44,21 @@ EXCESS = ("difference", "product")  # two roundings of cap_first's eps * S (see 
 
 def first_key_bias(rows: Tensor, n_keys: int, dtype: torch.dtype = torch.float32) -> Tensor:
     """The scores bias that masks key 0 from the flagged ``rows`` (..., Q): (..., Q, n_keys)
-    of ``dtype``, -inf at key 0 of those rows and 0 everywhere else. Adding it (rather than
-    filling the scores) leaves the backward pass nothing to do for it."""
+    of ``dtype``, -inf at key 0 of those rows and 0 everywhere else, except at query 0, which
+    keeps key 0 even when flagged: in a causal model it sees only key 0, and masking it would
+    leave the row no key at all (a softmax of nothing but -inf is NaN, and the NaN spreads to
+    every later layer through key 0). Adding the bias (rather than filling the scores) leaves
+    the backward pass nothing to do for it."""
     bias = torch.zeros(*rows.shape, n_keys, dtype=dtype, device=rows.device)
-    bias[..., 0].masked_fill_(rows, float("-inf"))
+    bias[..., 1:, 0].masked_fill_(rows[..., 1:], float("-inf"))
     return bias
 
 
 def mask_first(scores: Tensor, rows: Tensor | None = None) -> Tensor:
     """The scores (..., Q, K) with key 0 masked from the denied ``rows`` (None: every row)
-    (``first_key_bias``): every rule gives it weight 0 there. A row that sees only key 0 (a
-    causal model's query 0) then sees no key at all: leave it out of ``rows``."""
+    (``first_key_bias``): every rule gives it weight 0 there. Query 0 keeps key 0, flagged or
+    not (a causal model's query 0 sees nothing else: its row stays as the rule gives it, finite,
+    as ``hide_first`` leaves it too)."""
     if rows is None:
         rows = torch.ones(scores.shape[-2], dtype=torch.bool, device=scores.device)
     return scores + first_key_bias(rows, scores.shape[-1], scores.dtype)
@@ -157,9 +162,10 @@ def on_heads(operation: Callable[[Tensor], Tensor], heads: Iterable[int] | None,
 def mask_first_key(n_layers: int, layers: Iterable[int] | None = None,
                    heads: Iterable[int] | None = None, *, rows: Tensor | None = None,
                    dtype: torch.dtype = torch.float32) -> Hooks:
-    """Mask key 0 in the scores of the denied ``rows`` (``mask_first``), in ``layers`` (None:
-    all) and ``heads`` (None: all). ``rows`` (..., 1, Q) with the head axis 1 (every head
-    alike), as many keys as queries; its bias (of ``dtype``) is built once, for every layer."""
+    """Mask key 0 in the scores of the denied ``rows`` (None: every row; ``mask_first``: query
+    0 keeps key 0, its only key in a causal model), in ``layers`` (None: all) and ``heads``
+    (None: all). ``rows`` (..., 1, Q) with the head axis 1 (every head alike), as many keys as
+    queries; its bias (of ``dtype``) is built once, for every layer."""
     if rows is None:
         operation = mask_first
     else:

@@ -29,8 +29,14 @@ first token raises softmax models' loss by more than ``HARMLESS`` (control: relu
 softpick). Gu et al.'s factors are secondary claims against the contrast's softmax seeds; the
 budget control and the emergence of the sink are described.
 
+``--quick`` is a smoke test of the machinery, not a study of sinks (a first-token sink takes
+millions of tokens to form): the ``QUICK`` model and budget, ``QUICK_RULES``, ``QUICK_SEEDS``
+seeds of each, one rate (``QUICK_LR``), no screening and no factors; the options the user gives
+(sizes, tokens, rules, seeds of each rule) win over it and are checked as without --quick. It
+says so at the end of its output and at the top of its report.
+
     sinklab pretrain --out results/pretrain          # the rule contrast, then the rest
-    sinklab pretrain --quick --out /tmp/pretrain     # smoke test, in about a minute
+    sinklab pretrain --quick --out /tmp/pretrain     # smoke test, under half a minute
 """
 
 from __future__ import annotations
@@ -75,8 +81,14 @@ PRESETS: dict[str, dict[str, Any]] = {
 QUICK = dict(d_model=32, n_layers=2, n_heads=2, context=64, batch_size=8, tokens=8 * 64 * 24,
              log_every=8, eval_windows=8, warmup=4)
 QUICK_RULES = ("softmax", "relu")
+QUICK_SEEDS = 2  # of each rule
 SIZE_OPTIONS = ("tokens", "d_model", "n_layers", "n_heads", "context")  # over the preset's
 QUICK_LR = 3e-3
+# Each seed option's default, and with --quick (None: not trained, so not to be given)
+SEED_DEFAULTS: dict[str, tuple[int, int | None]] = {
+    "seeds": (5, QUICK_SEEDS), "softmax_seeds": (10, QUICK_SEEDS),
+    "new_seeds": (3, QUICK_SEEDS), "control_seeds": (5, QUICK_SEEDS),
+    "variant_seeds": (5, None), "budget_seeds": (BUDGET_SEEDS, None)}
 # Gu et al.'s factors, each a change of softmax's settings at its rate found
 # (Gu et al., 2025: fixing a token at position 0 raised their sink rate from 18% to 74%, weight
 # decay 5.0 removed the sink, windows of 64-128 tokens prevented it)
@@ -102,61 +114,94 @@ def _default_rules() -> tuple[str, ...]:
     return (*RULES, *NEW_RULES, CONTROL_RULE)
 
 
+def _seeds_help(name: str, what: str) -> str:
+    full, quick = SEED_DEFAULTS[name]
+    with_quick = f"{quick} with --quick" if quick is not None else \
+        "none with --quick, which trains no factors"
+    return f"{what} (default: {full}; {with_quick})"
+
+
 @dataclass
 class PretrainOptions:
-    """What ``sinklab pretrain`` trains; checked on creation."""
+    """What ``sinklab pretrain`` trains; checked on creation. The options left out (None) get
+    the preset's or --quick's values here, so that one the user gave can be told from a
+    default: a given option wins over --quick's, and is checked the same way."""
 
-    rules: tuple[str, ...] = field(default_factory=_default_rules, metadata={
+    rules: tuple[str, ...] | None = field(default=None, metadata={
         "help": "attention rules, separated by commas (default: the paper's two, the rules "
-                "proposed against sinks, and uniform, the loss claims' control)",
-        "metavar": "RULES"})
-    seeds: int = field(default=5, metadata={
-        "help": "seeds per rule (softmax: --softmax-seeds; the rules proposed since the paper: "
-                "--new-seeds; uniform: --control-seeds)", "metavar": "N"})
-    softmax_seeds: int = field(default=10, metadata={"help": "softmax's seeds",
-                                                     "metavar": "N"})
-    new_seeds: int = field(default=3, metadata={
-        "help": f"seeds of {', '.join(NEW_RULES)}", "metavar": "N"})
-    control_seeds: int = field(default=5, metadata={
-        "help": "uniform's seeds (a control is decided from 5 on)", "metavar": "N"})
-    variant_seeds: int = field(default=5, metadata={
-        "help": "seeds of each of Gu et al.'s factors (no fixed first token, weight decay, "
-                "64-token windows)", "metavar": "N"})
-    budget_seeds: int = field(default=BUDGET_SEEDS, metadata={
-        "help": f"seeds of the budget control (softmax at {BUDGET_FACTOR}x the tokens); 0 "
-                "leaves it out", "metavar": "N"})
+                "proposed against sinks, and uniform, the loss claims' control; "
+                f"{' and '.join(QUICK_RULES)} with --quick)", "metavar": "RULES"})
+    seeds: int | None = field(default=None, metadata={
+        "help": _seeds_help("seeds", "seeds per rule (softmax: --softmax-seeds; the rules "
+                            "proposed since the paper: --new-seeds; uniform: --control-seeds)"),
+        "metavar": "N"})
+    softmax_seeds: int | None = field(default=None, metadata={
+        "help": _seeds_help("softmax_seeds", "softmax's seeds"), "metavar": "N"})
+    new_seeds: int | None = field(default=None, metadata={
+        "help": _seeds_help("new_seeds", f"seeds of {', '.join(NEW_RULES)}"), "metavar": "N"})
+    control_seeds: int | None = field(default=None, metadata={
+        "help": _seeds_help("control_seeds", "uniform's seeds (a control is decided from 5 "
+                            "on)"), "metavar": "N"})
+    variant_seeds: int | None = field(default=None, metadata={
+        "help": _seeds_help("variant_seeds", "seeds of each of Gu et al.'s factors (no fixed "
+                            "first token, weight decay, 64-token windows)"), "metavar": "N"})
+    budget_seeds: int | None = field(default=None, metadata={
+        "help": _seeds_help("budget_seeds", f"seeds of the budget control (softmax at "
+                            f"{BUDGET_FACTOR}x the tokens); 0 leaves it out"), "metavar": "N"})
     corpus: str = field(default="bbc", metadata={
         "help": "the text: bbc (BBC News, 5 MB), pydoc (Python's help topics), or a text file "
                 "or folder of .txt files", "metavar": "CORPUS"})
-    preset: str = field(default="cpu", metadata={
-        "help": "the model and budget: cpu (0.8M parameters, 2M tokens a run) or gpu (25M "
-                "parameters, 200M tokens a run)", "metavar": "NAME"})
+    preset: str | None = field(default=None, metadata={
+        "help": "the model and budget: cpu (0.8M parameters, 2M tokens a run; the default) or "
+                "gpu (25M parameters, 200M tokens a run); --quick has its own", "metavar": "NAME"})
     tokens: int | None = field(default=None, metadata={
-        "help": "tokens per run of the contrast (default: the preset's)", "metavar": "N"})
+        "help": "tokens per run of the contrast (default: the preset's, or --quick's)",
+        "metavar": "N"})
     d_model: int | None = field(default=None, metadata={
-        "help": "the model's width (default: the preset's; 64 to 512 span about 0.2M to 13M "
-                "parameters at 4 layers)", "metavar": "D"})
+        "help": "the model's width (default: the preset's, or --quick's; 64 to 512 span about "
+                "0.2M to 13M parameters at 4 layers)", "metavar": "D"})
     n_layers: int | None = field(default=None, metadata={
-        "help": "layers (default: the preset's)", "metavar": "N"})
+        "help": "layers (default: the preset's, or --quick's)", "metavar": "N"})
     n_heads: int | None = field(default=None, metadata={
-        "help": "heads per layer (default: the preset's)", "metavar": "N"})
+        "help": "heads per layer (default: the preset's, or --quick's)", "metavar": "N"})
     context: int | None = field(default=None, metadata={
-        "help": "tokens per window, the first included (default: the preset's; Gu et al. saw "
-                "windows of 64-128 prevent sinks)", "metavar": "T"})
+        "help": "tokens per window, the first included (default: the preset's, or --quick's; "
+                "Gu et al. saw windows of 64-128 prevent sinks)", "metavar": "T"})
     quick: bool = field(default=False, metadata={
-        "help": "smoke test: a tiny model, softmax and ReLU, two seeds, one rate, no factors"})
+        "help": "a smoke test of the machinery, not a study of sinks: a tiny model, "
+                f"{' and '.join(QUICK_RULES)}, {QUICK_SEEDS} seeds of each, one rate, no "
+                "screening and no factors; the size, token, rule and seed options given with "
+                "it win over these"})
 
     def __post_init__(self) -> None:
-        for name in ("seeds", "softmax_seeds", "new_seeds", "control_seeds", "variant_seeds"):
+        for name, (full, quick) in SEED_DEFAULTS.items():
+            given = getattr(self, name)
+            if self.quick and quick is None and given is not None:
+                raise ConfigError(f"{named(self, name)}={given!r} is not allowed with "
+                                  f"{named(self, 'quick')}, which trains no factors and no "
+                                  "budget control: leave out one of them.")
+            if given is None:
+                setattr(self, name, quick if self.quick else full)
+        for name in ("seeds", "softmax_seeds", "new_seeds", "control_seeds"):
             check_count(named(self, name), getattr(self, name))
-        if not (isinstance(self.budget_seeds, int) and self.budget_seeds >= 0):
-            raise ConfigError(f"{named(self, 'budget_seeds')}={self.budget_seeds!r} is not "
-                              "allowed: it must be an integer >= 0.")
-        if self.preset not in PRESETS:
-            raise ConfigError(f"{named(self, 'preset')} {self.preset!r} is not allowed: choose "
-                              f"one of {', '.join(PRESETS)}.")
-        self.rules = tuple(QUICK_RULES if self.quick and self.rules == _default_rules()
-                           else self.rules)
+        if not self.quick:
+            check_count(named(self, "variant_seeds"), self.variant_seeds)
+            if not (isinstance(self.budget_seeds, int) and self.budget_seeds >= 0):
+                raise ConfigError(f"{named(self, 'budget_seeds')}={self.budget_seeds!r} is not "
+                                  "allowed: it must be an integer >= 0.")
+        if self.quick and self.preset is not None:
+            raise ConfigError(f"{named(self, 'preset')} {self.preset!r} is not allowed with "
+                              f"{named(self, 'quick')}, whose model and budget are its own: "
+                              "leave out one of them (the size and --tokens options change "
+                              "either).")
+        if not self.quick:
+            self.preset = "cpu" if self.preset is None else self.preset
+            if self.preset not in PRESETS:
+                raise ConfigError(f"{named(self, 'preset')} {self.preset!r} is not allowed: "
+                                  f"choose one of {', '.join(PRESETS)}.")
+        if self.rules is None:
+            self.rules = QUICK_RULES if self.quick else _default_rules()
+        self.rules = tuple(self.rules)
         from sinklab.attention import RULES as KNOWN  # torch: not for the help texts
 
         if not self.rules:
@@ -195,8 +240,6 @@ class PretrainOptions:
                                   f"{named(self, 'context')}.")
 
     def n_seeds(self, rule: str) -> int:
-        if self.quick:
-            return 2
         if rule == "softmax":
             return self.softmax_seeds
         if rule in NEW_RULES:
@@ -205,16 +248,31 @@ class PretrainOptions:
             return self.control_seeds
         return self.seeds
 
+    def closing_lines(self) -> list[str]:
+        """What ``sinklab pretrain`` prints last (``sinklab.cli``): with --quick, that it was a
+        smoke test of the machinery."""
+        if not self.quick:
+            return []
+        tokens = sizes(self)["tokens"]
+        return [f"pretrain: {named(self, 'quick')} is a smoke test of the machinery, not a study "
+                f"of sinks: one learning rate, no screening and no factors, {tokens:,} tokens a "
+                "run (a first-token sink takes millions to form); run it without --quick for "
+                "the study."]
+
+
+def sizes(opts: PretrainOptions) -> dict[str, Any]:
+    """The model and budget of the runs: the preset's (or --quick's), with the size and token
+    options the user gave over them."""
+    out = dict(QUICK if opts.quick else PRESETS[str(opts.preset)])
+    out.update({key: getattr(opts, key) for key in SIZE_OPTIONS if getattr(opts, key) is not None})
+    return out
+
 
 def base_config(opts: PretrainOptions, rule: str, lr: float, seed: int, device: str,
                 **changes: Any) -> PretrainConfig:
-    """One run's settings: the preset (or the quick model), the rule, rate and seed."""
-    sizes = dict(QUICK if opts.quick else PRESETS[opts.preset])
-    if not opts.quick:
-        sizes.update({key: getattr(opts, key) for key in SIZE_OPTIONS
-                      if getattr(opts, key) is not None})
-    return PretrainConfig.make(**{**sizes, "corpus": opts.corpus, "attention": rule, "lr": lr,
-                                  "seed": seed, "device": device, **changes})
+    """One run's settings: ``sizes``, the rule, rate and seed."""
+    return PretrainConfig.make(**{**sizes(opts), "corpus": opts.corpus, "attention": rule,
+                                  "lr": lr, "seed": seed, "device": device, **changes})
 
 
 def run_name(stage: str, rule: str, seed: int | None = None, lr: float | None = None) -> str:
@@ -319,7 +377,7 @@ def variant_cells(opts: PretrainOptions, exe: Execution, lr: float) -> list[Cell
                      base_config(opts, "softmax", lr, s, exe.device, **changes),
                      group=("variants", variant, s), label=f"softmax {VARIANT_WORDS[variant]}")
                 for s in range(opts.variant_seeds)]
-    tokens = (opts.tokens or PRESETS[opts.preset]["tokens"]) * BUDGET_FACTOR
+    tokens = sizes(opts)["tokens"] * BUDGET_FACTOR
     out += [Cell(f"variants/budget_x{BUDGET_FACTOR}_seed{s}",
                  base_config(opts, "softmax", lr, s, exe.device, tokens=tokens),
                  group=("budget", s), label=f"softmax at {BUDGET_FACTOR}x the tokens")
@@ -407,7 +465,7 @@ def collect(ctx: Context) -> dict[str, Any]:
                     variants.append({**run_record(ctx, name, variant, "softmax"),
                                      "variant": variant})
     first = runs[0]
-    protocol = {**{k: v for k, v in (QUICK if opts.quick else PRESETS[opts.preset]).items()},
+    protocol = {**sizes(opts), "quick_lr": QUICK_LR if opts.quick else None,
                 "tokens": first["tokens"], "parameters": first["parameters"],
                 "corpus": opts.corpus, "data": first["data"], "gu_eps": GU_EPS,
                 "sink_rate": SINK_RATE, "loss_margin": LOSS_MARGIN, "ladder": list(LADDER),

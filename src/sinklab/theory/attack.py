@@ -41,6 +41,11 @@ from sinklab.task import CONTENT_START, encode, targets
 
 KINDS = ("bos", "pre", "trigger", "post")
 STEP_START, STEP_END = 0.5, 0.01  # sign-step sizes of the first and last step (geometric decay)
+# What ``sinklab worst`` allows (``sinklab.theory.bounds.worst_runs``): the attack's memory does
+# not grow with either, its time grows in proportion to both; 100,000 steps is 1,000 times the
+# default, hours for a 1x1 model on a CPU.
+MAX_STEPS = 100_000
+MAX_RESTARTS = 1_000
 BATCH_BYTES = 200e6  # the memory one forward and backward pass may use, roughly
 MAX_BATCH = 2048  # sequences per pass: larger batches only run slower on a CPU's caches
 
@@ -261,12 +266,28 @@ def _attack(model: AttentionStack, cfg: RunConfig, steps: int, restarts: int, se
                      seed=seed, n_starts=n_starts, error=found.error, witness=found.witness)
 
 
-def _step_sizes(steps: int) -> list[float]:
-    """The sign-step sizes, ``STEP_START`` to ``STEP_END`` geometrically over ``steps``."""
-    if steps == 1:
-        return [STEP_START]
-    ratio = STEP_END / STEP_START
-    return [STEP_START * ratio ** (t / (steps - 1)) for t in range(steps)]
+@dataclass(frozen=True)
+class StepSizes(Sequence[float]):
+    """The sign-step sizes, ``STEP_START`` to ``STEP_END`` geometrically over ``steps``, each
+    computed when asked for: a list of them would hold every step's size, so that the memory
+    grew with the steps (32 GB for a billion)."""
+
+    steps: int
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __getitem__(self, t: int) -> float:  # type: ignore[override]
+        if not 0 <= t < self.steps:
+            raise IndexError(f"step {t} is not one of 0..{self.steps - 1}")
+        if self.steps == 1:
+            return STEP_START
+        return STEP_START * (STEP_END / STEP_START) ** (t / (self.steps - 1))
+
+
+def _step_sizes(steps: int) -> StepSizes:
+    """The sign-step sizes of ``steps`` steps (``StepSizes``)."""
+    return StepSizes(steps)
 
 
 def _objectives(runs: Tensor, pairs: Tensor, d_model: int, n_starts: int
@@ -327,7 +348,7 @@ def _linf(e: Tensor) -> Tensor:
 
 
 def _ascend(net: AttentionStack, j: Tensor, i: Tensor, m: Tensor, s: Tensor, content: Tensor,
-            etas: list[float], residual: bool, per_coordinate: bool = True
+            etas: Sequence[float], residual: bool, per_coordinate: bool = True
             ) -> tuple[Tensor, Tensor]:
     """Projected sign-gradient ascent on s (y_im - target_im), or with ``per_coordinate``
     false on row i's L-inf error, one run per sequence of contents (B, T, d - 3) with the

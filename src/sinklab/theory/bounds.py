@@ -22,13 +22,15 @@ they depend on, so a rerun only renders.
 certificate's float64 range (``certify.check_range``), before any work; after it, every certified
 bound is checked against the attacked and sampled errors of the same rows
 (``certify.check_sound``), so an unsound number never comes out as certified. ``worst_runs``
-is ``sinklab worst``: it checks every run folder first (a diverged run is refused), then
-measures each.
+is ``sinklab worst``: it checks its options (at most ``attack.MAX_STEPS`` steps and
+``attack.MAX_RESTARTS`` restarts) and every run folder first (a language-model run, a diverged
+run, a sink attack whose restarts would not fit in memory are refused), then measures each.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import math
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -36,10 +38,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from sinklab.config import RunConfig, build_run_config, check_count
+from sinklab.config import RunConfig, build_run_config
 from sinklab.errors import ConfigError, SinklabError
 from sinklab.model import AttentionStack
 from sinklab.plugins import check_run
+from sinklab.pretrain.runconfig import KIND as LM_KIND
+from sinklab.runs import folders, limits
 from sinklab.runs.files import read_json
 from sinklab.task import encode
 from sinklab.theory import attack, certify, sink
@@ -154,11 +158,83 @@ def worst_case(model: AttentionStack, cfg: RunConfig, *, steps: int, restarts: i
     return out
 
 
-def worst_run(run: Path) -> tuple[RunConfig, AttentionStack]:
+# What ``sinklab worst`` measures, for the sentences that refuse anything else.
+ACCEPTED = ("sinklab worst takes finished run folders of `sinklab train` and the toy-model "
+            "run folders inside a study's folder (such as runs/NAME of sinklab reproduce or "
+            "sinklab zoo)")
+
+
+def check_task_run(run: Path) -> None:
+    """Refused, in one sentence naming ``run`` and what ``sinklab worst`` takes, where ``run``
+    is a language-model run (``sinklab pretrain``'s, whose config has ``"kind": "pretrain"``)
+    or a sinklab folder of another kind than a run (a study's, a --seeds folder of runs)."""
+    kind = folders.kind_of(run) if run.is_dir() else None
+    if kind == LM_KIND:
+        raise Refused(f"{run} is a sinklab pretrain folder, whose runs are language models, "
+                      f"not models of the trigger task; {ACCEPTED}.")
+    if kind == "runs":
+        raise Refused(f"{run} is a sinklab folder of seed runs (sinklab train --seeds), not a "
+                      f"run folder; give its seed folders ({run / 'seed0'}, ...).")
+    if kind is not None and kind != "run":
+        raise Refused(f"{run} is a sinklab {folders.describe(kind)}, not a run folder; "
+                      f"{ACCEPTED}.")
+    try:
+        config = json.loads((run / "config.json").read_text())
+    except (OSError, ValueError):  # no readable config: load_model names what is wrong
+        return
+    if isinstance(config, dict) and config.get("kind") == LM_KIND:
+        raise Refused(f"{run} holds a language-model run (sinklab pretrain), not a model of "
+                      f"the trigger task; {ACCEPTED}.")
+
+
+def sink_attack_rows(seq_len: int) -> int:
+    """The (row, trigger position) pairs ``sink.attack_sink`` searches: every pre row with the
+    trigger at L - 1, and every post row under every trigger position before it."""
+    return (seq_len - 2) + (seq_len - 3) * (seq_len - 2) // 2
+
+
+def sink_attack_bytes(model: AttentionStack, cfg: RunConfig, restarts: int) -> int:
+    """An estimate of the memory ``sink.attack_sink`` takes with ``restarts`` starts: it
+    searches every pair's starts as one batch of sequences (``attack.batch_bytes`` each, in
+    float64), so its memory grows with the restarts."""
+    L = cfg.task.seq_len
+    return sink_attack_rows(L) * restarts * attack.batch_bytes(model, L, torch.float64)
+
+
+def check_restarts(run: Path, model: AttentionStack, cfg: RunConfig, restarts: int) -> None:
+    """ConfigError, in one sentence naming ``--restarts``, ``run`` and the most restarts that
+    fit, where the sink attack of a certifiable softmax model (``worst_case``) would need more
+    memory than the limit (``sinklab.runs.limits``); the other attacks work in chunks of a
+    fixed size, whatever the restarts."""
+    if cfg.model.attention != "softmax":
+        return
+    try:
+        certify.folded(model, cfg)
+    except certify.NotCertifiable:  # no certificate, so no sink attack
+        return
+    need = limits.RUN_BYTES + sink_attack_bytes(model, cfg, restarts)
+    limit = limits.memory_limit()
+    if need <= limit:
+        return
+    most = (limit - limits.RUN_BYTES) // sink_attack_bytes(model, cfg, 1)
+    allowed = (f"give --restarts {most:,} or fewer" if most >= 1 else
+               "it does not fit even with one restart")
+    raise ConfigError(f"--restarts={restarts!r} is too many for {run}: the sink attack of a "
+                      f"1x1 softmax model searches the starts of all "
+                      f"{sink_attack_rows(cfg.task.seq_len)} of its (row, trigger position) "
+                      f"pairs at once, about "
+                      f"{limits.format_bytes(need)} of memory, more than the limit of "
+                      f"{limits.format_bytes(limit)} ({limits.MEMORY_ENV} sets it); {allowed}.")
+
+
+def worst_run(run: Path, restarts: int | None = None) -> tuple[RunConfig, AttentionStack]:
     """The config and model of a finished run folder that ``worst_case`` may measure, checked
-    before any work; one sentence naming the folder for a run whose summary says it diverged,
-    whose weights are not finite, or (1-layer, 1-head softmax or ReLU) whose weights are beyond
-    the certificate's float64 range (``certify.check_range``)."""
+    before any work; one sentence naming the folder for a language-model run or a folder that
+    is not a run (``check_task_run``), a run whose summary says it diverged, whose weights are
+    not finite, or (1-layer, 1-head softmax or ReLU) whose weights are beyond the certificate's
+    float64 range (``certify.check_range``), and with ``restarts``, a sink attack that would
+    not fit in memory (``check_restarts``)."""
+    check_task_run(run)
     check_run(run)  # a plugin's rule, not loaded now: one sentence naming --plugin
     cfg, model = load_model(run)
     summary = read_json(run / "summary.json")
@@ -168,6 +244,8 @@ def worst_run(run: Path) -> tuple[RunConfig, AttentionStack]:
                       "no error or certificate of them would mean anything; give finished runs "
                       "that did not diverge.")
     check_finite(model, str(run))
+    if restarts is not None:
+        check_restarts(run, model, cfg, restarts)
     try:
         f = certify.folded(model, cfg)
     except certify.NotCertifiable:  # no certificate to go out of range
@@ -182,12 +260,17 @@ def worst_runs(runs: Sequence[Path], *, steps: int, restarts: int, seconds: floa
     to print: its shape and ||W_Q W_K^T||, per row type the sampled error, the attack's lower
     bound and the certified upper bound (or why there is none), the certificate's gap and, for
     ReLU, its largest non-trigger score."""
-    check_count("--attack-steps", steps)
-    check_count("--restarts", restarts)
+    for flag, value, most in (("--attack-steps", steps, attack.MAX_STEPS),
+                              ("--restarts", restarts, attack.MAX_RESTARTS)):
+        if not (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= most):
+            # the attack's time grows in proportion to both; its memory does not
+            raise ConfigError(f"{flag}={value!r} is not allowed: it must be an integer from 1 "
+                              f"to {most:,}, since the attack's time grows in proportion to "
+                              "it.")
     if not 0 < seconds <= 3600:
         raise ConfigError(f"--certify-seconds={seconds!r} is not allowed: it must be a number "
                           "of seconds in (0, 3600].")
-    checked = [(Path(run), *worst_run(Path(run))) for run in runs]
+    checked = [(Path(run), *worst_run(Path(run), restarts)) for run in runs]
     for run, cfg, model in checked:
         rec = worst_case(model, cfg, steps=steps, restarts=restarts, seconds=seconds,
                          name=str(run))
