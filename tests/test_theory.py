@@ -472,6 +472,8 @@ def test_theory_only_reads_the_reproduce_folder_it_is_given(tmp_path, capsys, ti
     (["--save-every", "-1"], "--save-every=-1 is not allowed"),
     (["--certify-seconds", "0"], "--certify-seconds=0.0 is not allowed"),
     (["--certify-seconds", "1e9"], "--certify-seconds=1000000000.0 is not allowed"),
+    (["--attack-steps", "1000000000"], "--attack-steps=1000000000 is not allowed: it must be an "
+                                       "integer from 1 to 100,000"),
 ])
 def test_theory_bad_input_is_one_sentence(tmp_path, capsys, extra, message):
     code, _, err = run_cli(capsys, "theory", "--out", str(tmp_path / "t"), *extra)

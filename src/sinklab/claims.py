@@ -419,9 +419,28 @@ def rate_heterogeneity(counts: Sequence[tuple[int, int]]) -> float | None:
         overall = sum(s.sum(axis=axis) for s in samples) / total
         return sum(s.shape[axis] * (m - overall) ** 2 for s, m in zip(samples, means))
 
-    res = _stats().permutation_test(groups, spread, permutation_type="independent",
-                                    n_resamples=PERMUTATIONS, alternative="greater",
-                                    vectorized=True, rng=np.random.default_rng(0))
+    if min(g.size for g in groups) >= 2:
+        res = _stats().permutation_test(groups, spread, permutation_type="independent",
+                                        n_resamples=PERMUTATIONS, alternative="greater",
+                                        vectorized=True, rng=np.random.default_rng(0))
+        return float(res.pvalue)
+    # scipy's "independent" shuffles need two or more units in every setting; a setting of one
+    # seed (a quick run) gets the same null, the outcomes shuffled among the settings' slots,
+    # as pairings of the outcomes with fixed setting labels
+    labels = np.concatenate([np.full(g.size, i) for i, g in enumerate(groups)])
+    sizes = np.array([g.size for g in groups], dtype=float)
+    onehot = (labels[:, None] == np.arange(len(groups))[None, :]).astype(float)  # (n, G)
+
+    def paired(outcomes: np.ndarray, _labels: np.ndarray, axis: int = -1) -> np.ndarray:
+        outcomes = np.moveaxis(outcomes, axis, -1)  # (..., n)
+        means = (outcomes @ onehot) / sizes  # (..., G)
+        overall = outcomes.sum(axis=-1, keepdims=True) / total
+        return (sizes * (means - overall) ** 2).sum(axis=-1)
+
+    res = _stats().permutation_test((np.concatenate(groups), labels), paired,
+                                    permutation_type="pairings", n_resamples=PERMUTATIONS,
+                                    alternative="greater", vectorized=True,
+                                    rng=np.random.default_rng(0))
     return float(res.pvalue)
 
 

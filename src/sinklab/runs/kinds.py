@@ -125,4 +125,26 @@ def describe(summaries: list[dict[str, Any]], seconds: float) -> str:
     plateau = sum(s["status"] == "plateau" for s in summaries)
     stops = f", plateau {plateau}/{len(summaries)}" if plateau else ""
     return (f"reached the stop rule {converged}/{len(summaries)}{stops}, steps {step_text}, "
-            f"{seconds:.0f} s{extra}")
+            f"{_sinks(summaries)}{seconds:.0f} s{extra}")
+
+
+def _span(values: list[Any], text: Any = str) -> str:
+    low, high = min(values), max(values)
+    return text(low) if low == high else f"{text(low)} to {text(high)}"
+
+
+def _sinks(summaries: list[dict[str, Any]]) -> str:
+    """'sink heads 1/1 (BOS mass 1 - 2.30e-04), ': what a finished task run's heads do at
+    non-trigger rows, so the log shows the sink as each run ends (the most-BOS head's mass)."""
+    from sinklab.metrics import mass_text  # torch: runs finish where torch is loaded already
+
+    kept = [s for s in summaries if s.get("status") != "diverged"
+            and s.get("bos_mass_nontrigger") is not None]
+    if not kept:
+        return ""
+    heads = kept[0]["n_layers"] * kept[0]["n_heads"]
+    most = [max(max(layer) for layer in s["bos_mass_nontrigger"]) for s in kept]
+    sinks = [s["sink_heads"] for s in kept]
+    count = f"{min(sinks)}" if min(sinks) == max(sinks) else f"{min(sinks)}-{max(sinks)}"
+    return (f"sink heads {count} of {heads} (most-BOS head's "
+            f"non-trigger BOS mass {_span(most, mass_text)}), ")

@@ -60,7 +60,7 @@ CONFIGS: dict[str, tuple[int, int]] = {"1x1": (1, 1), "2x2": (2, 2)}
 # are read from.
 LR = {"1x1": 1e-3, "2x2": 3e-4}
 STEPS = {"1x1": 3000, "2x2": 6000}
-QUICK_STEPS = {"1x1": 600, "2x2": 300}
+QUICK_STEPS = {"1x1": 1500, "2x2": 300}
 LOG_EVERY = 10
 
 

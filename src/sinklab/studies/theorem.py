@@ -56,17 +56,19 @@ from sinklab.theory import verdicts
 RULES = ("softmax", "relu")
 GAPS = tuple(float(c) for c in range(0, 17))  # logit gaps of the softmax sink family
 RELU_SIZES = ((4, 4), (5, 7), (16, 16), (33, 12), (64, 32), (128, 64))  # (seq_len, d_model)
-DEFAULT_SEEDS, QUICK_SEEDS = 3, 2
+DEFAULT_SEEDS, QUICK_SEEDS = 3, 1  # quick: one model per rule to certify, within ~2 minutes
 DENIED_STEPS = 10_000  # the denied-sink runs' step cap; they stop earlier on a plateau
 QUICK_DENIED_STEPS = 1200
 PLAIN_STEPS, QUICK_PLAIN_STEPS = 30_000, 100  # step caps of the plain multi-layer stacks
-SAVE_EVERY, QUICK_SAVE_EVERY = 50, 200  # checkpoint interval of the frontier runs
+SAVE_EVERY, QUICK_SAVE_EVERY = 50, 250  # checkpoint interval of the frontier runs
 CERTIFY_SECONDS, QUICK_CERTIFY_SECONDS = 30.0, 2.0  # time cap of one model's certificate
 ATTACK_STEPS, QUICK_ATTACK_STEPS = 100, 20  # projected-gradient steps of the attacks
 ATTACK_RESTARTS = 8  # random starts per (trigger, row) of the attacks on final models
 CHECKPOINT_ATTACK_STEPS = 30  # the cheap attack at every checkpoint (trigger at L - 1)
 DENIED_RESTARTS = 4  # random starts per (trigger, row) of the attacks on denied-sink runs
-WORST_GAPS, QUICK_WORST_GAPS = GAPS[::2], (4.0, 8.0, 12.0)  # family gaps certified
+WORST_GAPS, QUICK_WORST_GAPS = GAPS[::2], (4.0, 12.0)  # family gaps certified (a slope needs 2)
+QUICK_EPS = (0.01, 0.1)  # quick: a cap where one layer could still solve it, and one where not
+QUICK_PLAIN_RESTARTS = 1  # quick: the attack on the plain stacks (100 steps: a smoke test)
 HEAD_SEQUENCES, QUICK_HEAD_SEQUENCES = 1000, 200  # test sequences of the head measurements
 
 # The bounds and levels the claims are decided at (the report quotes them from the records).
@@ -128,9 +130,10 @@ class TheoryOptions:
         "help": f"time cap of one model's certified bound, in seconds; the report gives the gap "
                 f"left when it is reached (default: {CERTIFY_SECONDS:g}; "
                 f"{QUICK_CERTIFY_SECONDS:g} with --quick)", "metavar": "S"})
-    eps: tuple[float, ...] = field(default=verdicts.DENIED_EPS, metadata={
+    eps: tuple[float, ...] | None = field(default=None, metadata={
         "help": "BOS share caps 1 - eps to train with, each eps in (0, 1) (default: "
-                f"{','.join(f'{e:g}' for e in verdicts.DENIED_EPS)})", "metavar": "E1,E2,..."})
+                f"{','.join(f'{e:g}' for e in verdicts.DENIED_EPS)}; "
+                f"{','.join(f'{e:g}' for e in QUICK_EPS)} with --quick)", "metavar": "E1,E2,..."})
     reproduce: Path | None = field(default=None, metadata={
         "help": "a finished `sinklab reproduce` folder whose runs the frontier and the head "
                 "measurements read (only read; default: train the reproduction's runs in this "
@@ -163,6 +166,12 @@ class TheoryOptions:
             if getattr(self, name) is None:
                 setattr(self, name, quick if self.quick else full)
             check_count(named(self, name), getattr(self, name))
+        from sinklab.theory import attack  # torch: not for the help texts
+
+        if self.attack_steps > attack.MAX_STEPS:  # the attacks' time grows with it (no memory)
+            raise ConfigError(f"{named(self, 'attack_steps')}={self.attack_steps!r} is not "
+                              f"allowed: it must be an integer from 1 to {attack.MAX_STEPS:,}, "
+                              "since the attacks' time grows in proportion to it.")
         if self.plain_grid_seeds is None:
             self.plain_grid_seeds = verdicts.QUICK_PLAIN_GRID_SEEDS if self.quick \
                 else verdicts.PLAIN_GRID_SEEDS
@@ -180,6 +189,9 @@ class TheoryOptions:
                 and 0 < self.certify_seconds <= 3600):
             raise ConfigError(f"{named(self, 'certify_seconds')}={self.certify_seconds!r} is "
                               "not allowed: it must be a number of seconds in (0, 3600].")
+        if self.eps is None:
+            self.eps = QUICK_EPS if self.quick else verdicts.DENIED_EPS
+        self.eps = tuple(self.eps)
         eps_given = named(self, "eps")
         if not self.eps:
             raise ConfigError(f"{eps_given} needs at least one value in (0, 1).")
@@ -605,12 +617,14 @@ def collect(ctx: Context) -> dict[str, Any]:
     worst = worst_records(ctx)
     ctx.log("theory: where the plain-target stacks sink")
     n_plain = verdicts.QUICK_PLAIN_SEQUENCES if opts.quick else verdicts.PLAIN_SEQUENCES
+    plain_restarts = QUICK_PLAIN_RESTARTS if opts.quick else verdicts.PLAIN_ATTACK_RESTARTS
     plain = ctx.cached("plain", {"seeds": opts.seeds, "plain_steps": opts.plain_steps,
                                  "grid_seeds": opts.plain_grid_seeds, "sequences": n_plain,
                                  "attack_steps": opts.attack_steps,
-                                 "restarts": verdicts.PLAIN_ATTACK_RESTARTS},
+                                 "restarts": plain_restarts},
                        lambda: stacks.plain_collect(ctx, opts.seeds, opts.plain_steps, n_plain,
-                                                    opts.plain_grid_seeds, opts.attack_steps))
+                                                    opts.plain_grid_seeds, opts.attack_steps,
+                                                    plain_restarts))
     return {
         "protocol": protocol(opts, ctx.exe), "thresholds": thresholds(),
         "worst": worst, "plain": plain,

@@ -195,7 +195,8 @@ def _untrained(cfg: RunConfig, device: torch.device) -> AttentionStack:
 
 
 def plain_records(ctx: Context, seeds: int, n_sequences: int = PLAIN_SEQUENCES,
-                  attack_steps: int = 100) -> list[dict[str, Any]]:
+                  attack_steps: int = 100, restarts: int = PLAIN_ATTACK_RESTARTS
+                  ) -> list[dict[str, Any]]:
     """One row per plain-target run (seeds ``PLAIN_FIRST_SEED`` on): how it stopped, its errors
     (the test set's, from ``summary.json``, the best training batch of its log, and the
     attack's worst case over every input: ``attacked``, the largest error per row type), and
@@ -213,7 +214,7 @@ def plain_records(ctx: Context, seeds: int, n_sequences: int = PLAIN_SEQUENCES,
                 best = theory.floor(read_log(ctx.out / name / "metrics.jsonl"))["best_linf"]
                 cfg, model = load_model(ctx.out / name)
                 batch = theory.all_triggers_batch(cfg, n_sequences, seed=0, dtype=torch.float32)
-                found = attack(model, cfg, steps=attack_steps, restarts=PLAIN_ATTACK_RESTARTS,
+                found = attack(model, cfg, steps=attack_steps, restarts=restarts,
                                per_coordinate=False)
                 before = plain_measure(_untrained(cfg, batch.x.device), batch)
                 rows.append({
@@ -250,12 +251,13 @@ def grid_records(ctx: Context, seeds: int) -> list[dict[str, Any]]:
 
 def plain_collect(ctx: Context, seeds: int, max_steps: int,
                   n_sequences: int = PLAIN_SEQUENCES, grid_seeds: int = 0,
-                  attack_steps: int = 100) -> dict[str, Any]:
+                  attack_steps: int = 100, restarts: int = PLAIN_ATTACK_RESTARTS
+                  ) -> dict[str, Any]:
     """What the report's plain-target section reads, as ``records["plain"]``: the protocol, the
     protocol search (``grid``: its grid, one row per point, the choice per shape and rule; None
     without search seeds), the test sequences' count, one row per run and one per (experiment,
     rule)."""
-    runs = plain_records(ctx, seeds, n_sequences, attack_steps)
+    runs = plain_records(ctx, seeds, n_sequences, attack_steps, restarts)
     grid = None
     if grid_seeds:
         points = grid_points(grid_records(ctx, grid_seeds))
@@ -263,5 +265,5 @@ def plain_collect(ctx: Context, seeds: int, max_steps: int,
                 "seeds": grid_seeds, "rule": PLAIN_CHOICE_RULE, "points": points,
                 "choice": plain_choice(points)}
     return {"protocol": plain_protocol(seeds, max_steps), "sequences": n_sequences,
-            "grid": grid, "attack": {"steps": attack_steps, "restarts": PLAIN_ATTACK_RESTARTS},
+            "grid": grid, "attack": {"steps": attack_steps, "restarts": restarts},
             "runs": runs, "groups": plain_groups(runs)}
