@@ -122,7 +122,9 @@ def test_a_declared_study_gets_its_subcommand_and_runs(tiny, tmp_path, capsys):
     # what was decided, a few lines, then the report's path
     first = render.headline([cl.Claim.from_dict(c) for c in result["claims"]])
     assert first[0] == "Decided: this study names no primary claim."
-    assert captured.out == "\n".join([*first, f"wrote {out / 'REPORT.md'}"]) + "\n"
+    *said, took = captured.out.splitlines()  # its last line: the time it took
+    assert said == [*first, f"wrote {out / 'REPORT.md'}"]
+    assert took.startswith("took ") and took.endswith(" of CPU time on 1 worker(s)"), took
     assert result["options"] == {"seeds": 3, "steps": 6, "rules": ["relu"], "fancy": False}
     assert [r["name"] for r in result["records"]["runs"]] == [f"runs/relu_seed{s}"
                                                              for s in range(3)]

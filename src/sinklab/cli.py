@@ -14,7 +14,8 @@ points of the group ``sinklab.rules`` load attention rules of one's own before t
 
 ``main(argv)`` returns the exit status, so tests call it in-process. Every error that reaches
 it is one sentence on stderr (``sinklab: error: ...``): bad input, a file system error or a
-refused folder return 2, a diverged training run or failed sweep cell 1, an interrupt 130, and an
+refused folder return 2, a diverged training run or failed sweep cell 1, an interrupt 130 (Ctrl-C
+or SIGTERM, which ``main`` turns into the same KeyboardInterrupt), and an
 error inside sinklab itself 3. ``--debug`` (or ``SINKLAB_DEBUG=1``) also prints the traceback.
 """
 
@@ -26,10 +27,14 @@ import errno
 import os
 import re
 import shlex
+import signal
 import sqlite3
 import sys
+import threading
+import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -75,7 +80,7 @@ raise the limits. --executor ray: a local Ray instance's object store is a quart
 SINKLAB_MAX_MEMORY (at most 2 GiB), and Ray gets SINKLAB_RAY_START_S seconds (default 120) to
 start or connect.
 Exit status: 0 done, 1 a run diverged or a sweep cell failed, 2 bad input or a refused folder,
-3 an error inside sinklab, 130 interrupted."""
+3 an error inside sinklab, 130 interrupted (Ctrl-C or SIGTERM)."""
 
 
 PLUGIN_HELP = ("load attention rules of your own from MODULE first: a .py file or an importable "
@@ -388,8 +393,46 @@ def cmd_plot(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
-def cmd_study(study: Any, args: argparse.Namespace, argv: list[str]) -> int:
+@dataclass(frozen=True)
+class Usage:
+    """Seconds of wall time and of CPU time at a moment: this process's and its children's
+    (worker processes count once they have ended and were waited for)."""
+
+    wall: float
+    cpu: float
+
+    @classmethod
+    def now(cls) -> Usage:
+        t = os.times()
+        return cls(time.perf_counter(), t.user + t.system + t.children_user + t.children_system)
+
+
+def duration(seconds: float) -> str:
+    """42 -> '42 s', 102 -> '1 min 42 s', 3725 -> '1 h 02 min'."""
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    total = round(seconds)
+    if total < 60:
+        return f"{total} s"
+    if total < 3600:
+        return f"{total // 60} min {total % 60:02d} s"
+    return f"{total // 3600} h {total % 3600 // 60:02d} min"
+
+
+def took(started: Usage, result: dict[str, Any], executor: str) -> str:
+    """The line a study ends with: its wall and CPU time, and the workers that trained."""
+    now = Usage.now()
+    meta = result.get("meta", {})
+    workers = f" on {meta['workers']} worker(s)" if meta.get("runs_trained") else ""
+    elsewhere = " (Ray's workers not counted)" if executor == "ray" else ""
+    return (f"took {duration(now.wall - started.wall)} of wall time, "
+            f"{duration(now.cpu - started.cpu)} of CPU time{elsewhere}{workers}")
+
+
+def cmd_study(study: Any, args: argparse.Namespace, argv: list[str],
+              started: Usage | None = None) -> int:
     """Run a study: its options from the flags, --config and overrides (``studies.base``)."""
+    started = started or Usage.now()
     flags = {f.name: getattr(args, f"opt_{f.name}") for f in option_fields(study.options)}
     opts = build_options(study, args.config, args.overrides, flags)
     exe = Execution(workers=getattr(args, "workers", None), device=args.device,
@@ -403,6 +446,9 @@ def cmd_study(study: Any, args: argparse.Namespace, argv: list[str]) -> int:
     for line in headline([Claim.from_dict(c) for c in result["claims"]]):
         print(line)
     print(f"wrote {Path(args.out) / study.report}")
+    for line in getattr(opts, "closing_lines", list)():  # the study's last word (pretrain --quick)
+        print(line)
+    print(took(started, result, exe.executor))
     return 0
 
 
@@ -545,6 +591,29 @@ COMMANDS = {  # in the order ``sinklab --help`` lists them, after the studies
 }
 
 
+@contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM (``kill``, a scheduler's stop) ends the command as Ctrl-C does: as a
+    KeyboardInterrupt, so that worker pools are shut down, temporary files removed and the
+    same sentence says what is kept. A second SIGTERM ends it at once. Only the main thread may
+    set a handler (tests call ``main`` from others too); the previous one comes back after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    restore = signal.SIG_DFL if previous is None else previous  # None: set outside Python
+
+    def interrupt(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, restore)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, restore)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
@@ -560,13 +629,15 @@ def main(argv: list[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else EXIT_INPUT
     debug = args.debug or os.environ.get(DEBUG_ENV, "").strip().lower() not in (
         "", "0", "false", "no", "off")
+    started = Usage.now()
     try:
-        from sinklab.plugins import load_all  # torch: a plugin registers torch rules
+        with terminate_as_interrupt():
+            from sinklab.plugins import load_all  # torch: a plugin registers torch rules
 
-        load_all(args.plugins_first + getattr(args, "plugins", []))
-        if args.command in COMMANDS:
-            return COMMANDS[args.command].run(args, argv)
-        return cmd_study(studies.get(args.command), args, argv)
+            load_all(args.plugins_first + getattr(args, "plugins", []))
+            if args.command in COMMANDS:
+                return COMMANDS[args.command].run(args, argv)
+            return cmd_study(studies.get(args.command), args, argv, started)
     except KeyboardInterrupt as exc:  # a study may say exactly what it keeps
         kept = str(exc) if isinstance(exc, Interrupted) and str(exc) else \
             "finished runs are kept on disk"

@@ -94,6 +94,13 @@ def ray_object_store_bytes() -> int:
     return max(RAY_STORE_MIN, min(memory_limit() // RAY_STORE_SHARE, RAY_STORE_MAX))
 
 
+def check_settings() -> None:
+    """Read the limit settings (``SINKLAB_MAX_MEMORY``, ``SINKLAB_MAX_CELLS``) once, so that a
+    value that is not allowed is refused, naming it, before a command plans or prints anything."""
+    memory_limit()
+    cell_limit()
+
+
 def cell_limit() -> int:
     text = os.environ.get(CELLS_ENV)
     if not text:
@@ -221,8 +228,11 @@ def workers_that_fit(job_bytes: list[int], workers: int, explicit: bool) -> int:
     while fitting > 1 and need(fitting) > limit:
         fitting -= 1
     if explicit and fitting < wanted:
-        raise ConfigError(f"--workers {workers} needs about {format_bytes(need(wanted))} of "
-                          f"memory (each worker about {format_bytes(WORKER_BYTES)} plus its "
+        # named as the user gave it: more workers than jobs start only as many as there are jobs
+        needs = "needs" if wanted == workers else \
+            f"would run {wanted:,} jobs side by side, which need"
+        raise ConfigError(f"--workers {workers} {needs} about {format_bytes(need(wanted))} "
+                          f"of memory (each worker about {format_bytes(WORKER_BYTES)} plus its "
                           f"job), more than the limit of {format_bytes(limit)} ({MEMORY_ENV}); "
                           f"use --workers {fitting} or fewer.")
     return fitting

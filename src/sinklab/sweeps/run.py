@@ -236,6 +236,10 @@ def exit_with_parent(parent: int, poll_s: float = 0.5) -> None:
 
 def _worker_init(parent: int) -> None:
     exit_with_parent(parent)
+    # tqdm's default lock is a process-shared semaphore, registered with the driver's
+    # resource tracker: a worker stopped by an interrupt would leave it behind, and Python
+    # warns of "leaked semaphore objects". A worker's bars (none are shown) need a thread lock.
+    tqdm.set_lock(threading.RLock())
 
     torch.set_num_threads(1)
 
