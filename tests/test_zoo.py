@@ -466,7 +466,8 @@ def test_zoo_on_ray_stores_what_the_local_executor_stores(tmp_path, capsys, tiny
     assert code == 0, err
     local = {r["name"]: r["metrics"] for r in Store.read(tmp_path / "local").rows()}
     remote = {r["name"]: r["metrics"] for r in Store.read(tmp_path / "ray").rows()}
-    assert len(local) == 2 * 2 * 3 and local.keys() == remote.keys()  # screen, fresh, removed
+    # per configuration and rule: screen, fresh, BOS removed and capped
+    assert len(local) == 2 * 2 * (2 + len(zoo.denials(True))) and local.keys() == remote.keys()
     for name in local:
         assert remote[name]["linf_error"] == pytest.approx(local[name]["linf_error"], rel=1e-6)
         assert remote[name]["steps"] == local[name]["steps"]
