@@ -197,7 +197,7 @@ def test_pooled_rates_show_their_parts_and_heterogeneity():
 def test_heterogeneity_with_a_setting_of_one_seed():
     """A quick run has one seed per setting: scipy's independent shuffles refuse a sample of
     one, so the same null is drawn as pairings; the p-values are the exact ones."""
-    assert claims.rate_heterogeneity([(1, 1), (0, 1)]) == 1.0  # one shuffle's spread equals the other
+    assert claims.rate_heterogeneity([(1, 1), (0, 1)]) == 1.0  # both shuffles spread alike
     assert claims.rate_heterogeneity([(3, 3), (0, 3)]) == pytest.approx(0.1)  # 2 of C(6, 3) tables
     # the zero lands in the one-seed setting with probability 1/6 (Monte Carlo, seeded)
     assert claims.rate_heterogeneity([(5, 5), (0, 1)]) == pytest.approx(1 / 6, abs=0.01)

@@ -66,8 +66,8 @@ class ReproduceOptions:
                 "--quick)",
         "metavar": "N"})
     quick: bool = field(default=False, metadata={
-        "help": f"smoke test, about a minute: {QUICK_SEEDS} seed, multi-layer runs capped at "
-                f"{QUICK_MAX_STEPS} steps"})
+        "help": f"smoke test, under half a minute on two idle cores: {QUICK_SEEDS} seed, "
+                f"multi-layer runs capped at {QUICK_MAX_STEPS} steps"})
 
     def __post_init__(self) -> None:
         if self.seeds is None:

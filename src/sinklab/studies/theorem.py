@@ -144,9 +144,9 @@ class TheoryOptions:
     d_model: int = field(default=16, metadata={
         "help": "width of both constructions (default: 16; at least 4)", "metavar": "N"})
     quick: bool = field(default=False, metadata={
-        "help": f"smoke test, about two minutes: {QUICK_SEEDS} seed (one 1x1 softmax and one "
-                f"ReLU model attacked and certified, the sink it forces bounded), denied-sink "
-                f"runs of {QUICK_DENIED_STEPS} steps at eps "
+        "help": f"smoke test, about a minute on two idle cores: {QUICK_SEEDS} seed (one 1x1 "
+                "softmax and one ReLU model attacked and certified, the sink it forces bounded), "
+                f"denied-sink runs of {QUICK_DENIED_STEPS} steps at eps "
                 f"{','.join(f'{e:g}' for e in QUICK_EPS)}, plain stacks of "
                 f"{QUICK_PLAIN_STEPS} steps without their protocol search, a quick "
                 "reproduction"})

@@ -136,11 +136,12 @@ class ZooOptions:
         "help": f"seeds per learning rate of the search (default: {DEFAULT_SCREEN}; "
                 f"{QUICK_SCREEN} with --quick); the fresh seeds come after them", "metavar": "N"})
     quick: bool = field(default=False, metadata={
-        "help": f"smoke test, about a minute: {' and '.join(QUICK_RULES)} (unless --rules says "
-                f"otherwise), {QUICK_SCREEN} screening and {QUICK_SEEDS} fresh seed, the middle "
-                f"starting rate only, BOS removed and capped at {QUICK_CAPS[0]:g}, at most "
-                f"{QUICK_CAP['1x1']:,} (1x1, enough for softmax and ReLU to reach the stop rule) "
-                f"and {QUICK_CAP['2x2']} (2x2) steps"})
+        "help": f"smoke test, under half a minute on two idle cores: "
+                f"{' and '.join(QUICK_RULES)} (unless --rules says otherwise), {QUICK_SCREEN} "
+                f"screening and {QUICK_SEEDS} fresh seed, the middle starting rate only, BOS "
+                f"removed and capped at {QUICK_CAPS[0]:g}, at most {QUICK_CAP['1x1']:,} (1x1, "
+                f"enough for softmax and ReLU to reach the stop rule) and {QUICK_CAP['2x2']} "
+                "(2x2) steps"})
     rules: tuple[str, ...] | None = field(default=None, metadata={
         "help": "attention rules, separated by commas (default: sinklab's own rules, "
                 "`sinklab rules`; with --quick "
