@@ -428,6 +428,7 @@ def test_an_overflowing_bisection_keeps_its_upper_end(monkeypatch):
                                          "sampled": bounds.sampled_errors(model, cfg, n=500)})
 
 
+@pytest.mark.slow  # seconds: the full suite runs it, make test-fast does not
 def test_a_certificate_below_an_attained_error_is_never_reported(monkeypatch):
     """The last line of defence, inside worst_case (so the theory study has it too): a model
     at a huge scale that the range check lets through (switched off here) and whose
@@ -612,6 +613,7 @@ def test_sink_family_bounds_hold_in_exact_arithmetic():
                     assert Decimal(rc.upper) <= exact * Decimal(1.002)
 
 
+@pytest.mark.slow  # seconds: the full suite runs it, make test-fast does not
 def test_a_bound_that_is_not_a_number_is_unknown_never_below(monkeypatch):
     """Where a box's bound (and its point value) is NaN for one objective, as an overflow
     would make it, that objective's boxes are +inf, never dropped: every row's upper bound is

@@ -69,6 +69,7 @@ def stop(proc: subprocess.Popen) -> None:
             pipe.close()
 
 
+@pytest.mark.slow  # seconds: the full suite runs it, make test-fast does not
 def test_a_writer_that_has_just_taken_the_lock_is_named_by_pid(tmp_path):
     # the moment between a writer's taking the lock and writing its holder file: the second
     # writer waits for the name (two sweeps started together once met it here)

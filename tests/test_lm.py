@@ -223,6 +223,7 @@ def test_pipeline_on_a_tiny_bert_encoder(tmp_path, capsys, tiny_bert):
     assert not (out / "figures" / "fig_lm_gu_random.png").exists()
 
 
+@pytest.mark.slow  # seconds: the full suite runs it, make test-fast does not
 def test_pipeline_on_a_tiny_gpt2(tmp_path, capsys, tiny_gpt2):
     out = tmp_path / "lm"
     code, _, err = run_cli(capsys, "lm", "--model", str(tiny_gpt2), "--out", str(out),

@@ -154,6 +154,7 @@ def _logging(path: Path) -> bool:
     return path.is_file() and path.stat().st_size > 0
 
 
+@pytest.mark.slow  # seconds: the full suite runs it, make test-fast does not
 def test_sigterm_ends_a_training_run_as_an_interrupt(tmp_path):
     out = tmp_path / "run"
     done = _stopped_by_sigterm(tmp_path, ["train", "train.max_steps=1000000", "--out", str(out)],

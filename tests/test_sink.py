@@ -359,6 +359,7 @@ def test_an_attack_beyond_a_bound_refuses_the_certified_sink(models):
         sink.check_attack(rec, found, "the family")
 
 
+@pytest.mark.slow  # seconds: the full suite runs it, make test-fast does not
 def test_sinklab_worst_prints_the_certified_sink_of_a_softmax_run(tmp_path, capsys):
     from sinklab.cli import main
     from sinklab.theory.bounds import worst_run

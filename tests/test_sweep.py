@@ -515,6 +515,7 @@ def test_a_real_local_ray_starts_with_the_store_it_was_given(monkeypatch):
 # ---------------------------------------------------------------------------- report
 
 
+@pytest.mark.slow  # seconds: the full suite runs it, make test-fast does not
 def test_report_gathers_every_result_into_markdown_and_a_self_contained_page(
         tmp_path, capsys, monkeypatch):
     import re

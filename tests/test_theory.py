@@ -174,6 +174,7 @@ def test_denied_sink_models_respect_the_denial(bos):
     torch.testing.assert_close(denied.sum(-1), torch.ones(64, 2, 16))
 
 
+@pytest.mark.slow  # seconds: the full suite runs it, make test-fast does not
 def test_no_sink_no_solution_for_softmax_but_relu_needs_none():
     budget = 1200  # ReLU reaches the stop rule in about 700 steps
     soft, relu = (train_runs([theory.denied_config(rule, "removed", None, 0, budget)],
