@@ -7,6 +7,7 @@ import torch
 
 from sinklab import metrics
 from sinklab.attention import causal_mask, relu, softmax
+from sinklab.report import markdown as md
 
 
 def sink_weights(seq_len=8, trigger=4):
@@ -226,7 +227,7 @@ def test_a_metric_registered_anywhere_reaches_summaries_the_store_and_results(tm
             assert value == run["test_bos_mean"] == pytest.approx(
                 run["bos_mass_nontrigger"][0][0])
             line = next(r for r in rows if r.split()[0] == row["name"])
-            assert line.endswith("  " + metrics.mass_text(value))  # a mass, as masses print
+            assert line.endswith("  " + md.mass_text(value))  # a mass, as masses print
         store.close()
         csv_head = (tmp_path / "sw" / "results.csv").read_text().splitlines()[0]
         assert "test_bos_mean" in csv_head.split(",")

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from sinklab import metrics
+from sinklab.report import markdown as md
 from sinklab.runs.files import read_json
 from sinklab.sweeps.store import SHARES, Store, metrics_of
 from test_cli import run_cli
@@ -125,12 +126,12 @@ def test_an_older_store_in_percent_is_read_and_upgraded_as_shares(sweep, tmp_pat
     (0.995, "1 - 5.00e-03"), (1.00003, "1 + 3.00e-05"), (2.55, "2.55"), (0.0099, "9.90e-03"),
 ])
 def test_a_bos_mass_prints_with_three_significant_digits(mass, text):
-    assert metrics.mass_text(mass) == text
+    assert md.mass_text(mass) == text
 
 
 def test_a_bos_mass_never_reads_as_exactly_one_or_zero_unless_it_is():
     for mass in (1 - 1e-12, 1 - 1e-5, 0.99, 0.989999, 0.5, 0.011, 1e-3, 1e-9, 1e-300):
-        text = metrics.mass_text(mass)
+        text = md.mass_text(mass)
         assert text not in ("0", "1", "1.0", "0.0", "0.00", "1.00")
         if text.startswith("1 - "):  # what it says is the mass to 3 significant digits
             assert float(text[4:]) == pytest.approx(1 - mass, rel=5e-3)
@@ -139,7 +140,7 @@ def test_a_bos_mass_never_reads_as_exactly_one_or_zero_unless_it_is():
     # a certified lower bound (sinklab worst) prints the same way, from its 1 - b
     from sinklab.theory import sink
 
-    assert sink.mass_text({"off": 4e-05}) == metrics.mass_text(1 - 4e-05) == "1 - 4.00e-05"
+    assert sink.mass_text({"off": 4e-05}) == md.mass_text(1 - 4e-05) == "1 - 4.00e-05"
     assert sink.mass_text(0.479) == "0.521" and sink.mass_text(None) == sink.VACUOUS
 
 
@@ -148,7 +149,7 @@ def test_train_prints_each_heads_bos_mass_so(tmp_path, capsys):
                              "model.n_heads=2", "--out", str(tmp_path / "run"))
     assert code == 0, err
     masses = read_json(tmp_path / "run" / "summary.json")["bos_mass_nontrigger"]
-    texts = ", ".join(metrics.mass_text(v) for v in masses[0])
+    texts = ", ".join(md.mass_text(v) for v in masses[0])
     assert f"  non-trigger BOS mass [layer][head]: [[{texts}]]\n" in out
 
 
@@ -197,7 +198,7 @@ def test_results_by_counts_cells_by_status_and_writes_its_csv(sweep, tmp_path, c
     assert relu[:5] == ["relu", "2", "1", "0", "1"]
     assert softmax[:5] == ["softmax", "2", "2", "0", "0"]
     done = [r["metrics"]["bos_max"] for r in rows if r["overrides"]["model.attention"] == "relu"]
-    assert relu[header.index("bos_max")] == metrics.mass_text(done[0])  # the done cell alone
+    assert relu[header.index("bos_max")] == md.mass_text(done[0])  # the done cell alone
 
     target = tmp_path / "by.csv"
     for _ in range(2):  # a CSV this command wrote may be written again

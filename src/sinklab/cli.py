@@ -43,6 +43,7 @@ from sinklab import __version__, studies
 from sinklab.claims import Claim
 from sinklab.config import SECTIONS, check_count, config_from_cli
 from sinklab.errors import Interrupted, ResultsError, SinklabError
+from sinklab.report import markdown as md
 from sinklab.runs import folders, limits
 from sinklab.studies.base import (
     Execution,
@@ -328,8 +329,7 @@ def _add_study(sub: Any, common: argparse.ArgumentParser, study: Any) -> None:
 
 
 def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
-    from sinklab.metrics import mass_text  # torch: not for the help texts
-    from sinklab.train import train_runs
+    from sinklab.train import train_runs  # torch: not for the help texts
 
     cfg = config_from_cli(args.overrides, args.config)
     check_count("--seeds", args.seeds)
@@ -363,7 +363,7 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
             "stopped on a plateau at" if summary["status"] == "plateau" else \
             "stopped without converging at"
         # 3 significant digits, never an exact-looking 1 or 0 (0.99996 is "1 - 4.00e-05")
-        bos = "[" + ", ".join("[" + ", ".join(mass_text(v) for v in layer) + "]"
+        bos = "[" + ", ".join("[" + ", ".join(md.mass_text(v) for v in layer) + "]"
                               for layer in summary["bos_mass_nontrigger"]) + "]"
         n_heads = summary["n_layers"] * summary["n_heads"]
         print(f"{name}: {verb} {summary['steps']} steps (last batch L∞ "

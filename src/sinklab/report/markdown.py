@@ -61,3 +61,18 @@ def fixed(value: float | None, digits: int = 2) -> str:
     if value is None or not math.isfinite(value):
         return "n/a"
     return f"{value:.{digits}f}"
+
+
+def mass_text(mass: float, off: float | None = None) -> str:
+    """A BOS mass (or any weight) for the terminal, with 3 significant digits and never shown
+    as exactly 1 or 0 unless it is: ``1 - 4.00e-05`` within 0.01 of 1 (``off``, 1 - mass, where
+    it is known more precisely than ``mass``), ``4.00e-05`` below 0.01, else ``0.521``."""
+    if off is None:
+        off = 1.0 - mass
+    if mass != mass or mass in (0.0, 1.0) or abs(mass) == float("inf"):
+        return f"{mass:g}"  # nan, inf, exactly 0 or 1
+    if 0 < off < 0.01:
+        return f"1 - {off:.2e}"
+    if -0.01 < off < 0:  # a row that need not sum to 1 can put a little more than 1 on BOS
+        return f"1 + {-off:.2e}"
+    return f"{mass:.2e}" if abs(mass) < 0.01 else f"{mass:.3g}"

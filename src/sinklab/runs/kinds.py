@@ -24,6 +24,7 @@ from typing import Any
 from sinklab.config import RunConfig, build_run_config
 from sinklab.pretrain import runconfig as pretrain_settings
 from sinklab.pretrain.runconfig import PretrainConfig
+from sinklab.report import markdown as md
 from sinklab.runs import limits
 
 Config = RunConfig | PretrainConfig
@@ -136,8 +137,6 @@ def _span(values: list[Any], text: Any = str) -> str:
 def _sinks(summaries: list[dict[str, Any]]) -> str:
     """'sink heads 1/1 (BOS mass 1 - 2.30e-04), ': what a finished task run's heads do at
     non-trigger rows, so the log shows the sink as each run ends (the most-BOS head's mass)."""
-    from sinklab.metrics import mass_text  # torch: runs finish where torch is loaded already
-
     kept = [s for s in summaries if s.get("status") != "diverged"
             and s.get("bos_mass_nontrigger") is not None]
     if not kept:
@@ -147,4 +146,4 @@ def _sinks(summaries: list[dict[str, Any]]) -> str:
     sinks = [s["sink_heads"] for s in kept]
     count = f"{min(sinks)}" if min(sinks) == max(sinks) else f"{min(sinks)}-{max(sinks)}"
     return (f"sink heads {count} of {heads} (most-BOS head's "
-            f"non-trigger BOS mass {_span(most, mass_text)}), ")
+            f"non-trigger BOS mass {_span(most, md.mass_text)}), ")

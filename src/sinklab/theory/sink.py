@@ -75,9 +75,9 @@ import torch
 from scipy.optimize import linprog
 from torch import Tensor
 
-from sinklab import metrics
 from sinklab.config import RunConfig
 from sinklab.model import AttentionStack
+from sinklab.report import markdown as md
 from sinklab.task import BOS, CONTENT_START, TRIGGER, encode
 from sinklab.theory import attack, certify
 
@@ -423,12 +423,12 @@ def _minima(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def mass_text(bound: dict[str, float | None] | float | None) -> str:
-    """A BOS-mass lower bound in words, as every BOS mass is printed (``metrics.mass_text``):
-    1 - off for a strong one, else the mass."""
+    """A BOS-mass lower bound in words, as every BOS mass is printed
+    (``report.markdown.mass_text``): 1 - off for a strong one, else the mass."""
     off = bound["off"] if isinstance(bound, dict) else bound
     if off is None or off >= 1:
         return VACUOUS
-    return metrics.mass_text(_bos(off), off)
+    return md.mass_text(_bos(off), off)
 
 
 def sink_lines(record: dict[str, Any]) -> list[str]:
