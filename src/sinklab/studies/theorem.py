@@ -172,10 +172,7 @@ class TheoryOptions:
             check_count(named(self, name), getattr(self, name))
         from sinklab.theory import attack  # torch: not for the help texts
 
-        if self.attack_steps > attack.MAX_STEPS:  # the attacks' time grows with it (no memory)
-            raise ConfigError(f"{named(self, 'attack_steps')}={self.attack_steps!r} is not "
-                              f"allowed: it must be an integer from 1 to {attack.MAX_STEPS:,}, "
-                              "since the attacks' time grows in proportion to it.")
+        attack.check_budget(named(self, "attack_steps"), self.attack_steps, attack.MAX_STEPS)
         if self.plain_grid_seeds is None:
             self.plain_grid_seeds = verdicts.QUICK_PLAIN_GRID_SEEDS if self.quick \
                 else verdicts.PLAIN_GRID_SEEDS

@@ -204,10 +204,11 @@ def list_results(folder: Path, status: str | None, where: list[str],
         store.close()
     if folders.writer(folder) is None:  # no sweep is running: "running" rows were left by one
         rows = [{**r, "status": "pending"} if r["status"] == "running" else r for r in rows]
-    counts = {s: sum(r["status"] == s for r in rows) for s in STATUSES}
-    if by is not None and by not in grid_keys(rows):
+    counts = _counts(rows)
+    keys = grid_keys(rows)
+    if by is not None and by not in keys:
         raise ConfigError(f"--by {by!r} is not a grid key of this sweep: choose one of "
-                          f"{', '.join(grid_keys(rows))}.")
+                          f"{', '.join(keys)}.")
     rows = select(rows, status, where)
     groups = group(rows, by) if by is not None else []
     if csv_path is not None:

@@ -36,6 +36,7 @@ from torch import Tensor
 
 from sinklab import kernels
 from sinklab.config import RunConfig
+from sinklab.errors import ConfigError
 from sinklab.model import AttentionStack
 from sinklab.task import CONTENT_START, encode, targets
 
@@ -264,6 +265,15 @@ def _attack(model: AttentionStack, cfg: RunConfig, steps: int, restarts: int, se
         found.offer(j[winners], i[winners], whole)
     return WorstCase(seq_len=seq_len, triggers=chosen, steps=steps, restarts=restarts,
                      seed=seed, n_starts=n_starts, error=found.error, witness=found.witness)
+
+
+def check_budget(flag: str, value: Any, most: int) -> None:
+    """ConfigError, in one sentence naming ``flag`` as the user gave it, unless ``value`` is an
+    integer from 1 to ``most`` (``MAX_STEPS``, ``MAX_RESTARTS``): the attack's time grows in
+    proportion to its steps and restarts, its memory does not."""
+    if not (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= most):
+        raise ConfigError(f"{flag}={value!r} is not allowed: it must be an integer from 1 to "
+                          f"{most:,}, since the attack's time grows in proportion to it.")
 
 
 @dataclass(frozen=True)

@@ -260,13 +260,8 @@ def worst_runs(runs: Sequence[Path], *, steps: int, restarts: int, seconds: floa
     to print: its shape and ||W_Q W_K^T||, per row type the sampled error, the attack's lower
     bound and the certified upper bound (or why there is none), the certificate's gap and, for
     ReLU, its largest non-trigger score."""
-    for flag, value, most in (("--attack-steps", steps, attack.MAX_STEPS),
-                              ("--restarts", restarts, attack.MAX_RESTARTS)):
-        if not (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= most):
-            # the attack's time grows in proportion to both; its memory does not
-            raise ConfigError(f"{flag}={value!r} is not allowed: it must be an integer from 1 "
-                              f"to {most:,}, since the attack's time grows in proportion to "
-                              "it.")
+    attack.check_budget("--attack-steps", steps, attack.MAX_STEPS)
+    attack.check_budget("--restarts", restarts, attack.MAX_RESTARTS)
     if not 0 < seconds <= 3600:
         raise ConfigError(f"--certify-seconds={seconds!r} is not allowed: it must be a number "
                           "of seconds in (0, 3600].")
