@@ -72,7 +72,7 @@ def reproduce(out: Path, cpu_folder: Path | None) -> None:
 def pretrain_both(out: Path) -> None:
     from sinklab.pretrain.runconfig import PretrainConfig
     from sinklab.pretrain.training import train
-    from sinklab.studies.pretraining import PRESETS
+    from sinklab.studies.pretrain import PRESETS
 
     print("pretrain rule  device  val loss  sink rate  tokens/s")
     for rule in ("softmax", "relu"):

@@ -34,7 +34,7 @@ from sinklab.pretrain import data
 from sinklab.pretrain.network import LanguageModel, rotary_tables, rotate
 from sinklab.pretrain.runconfig import MLP_RATIO, PretrainConfig
 from sinklab.pretrain.training import BETAS, shape
-from sinklab.studies.pretraining import NEW_RULES, PRESETS, RULES
+from sinklab.studies.pretrain import NEW_RULES, PRESETS, RULES
 
 
 def matmul_peak(size: int = 2048, tries: int = 5) -> float:

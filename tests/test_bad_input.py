@@ -93,11 +93,11 @@ def rule_file(tmp: Path, name: str, row_kind: str, body: str) -> Path:
 
 
 def tiny_model(tmp: Path, kind: str, tokenizer: bool = True, cut: bool = False) -> Path:
-    """A tiny random Hugging Face model folder (``tests/tiny_models``), without its tokenizer
+    """A tiny random Hugging Face model folder (``tests/helpers.py``), without its tokenizer
     files or with its weights cut short on request."""
-    import tiny_models
+    import helpers
 
-    folder = tiny_models.folder(kind, tmp / kind)
+    folder = helpers.hf_folder(kind, tmp / kind)
     if not tokenizer:
         for name in ("tokenizer.json", "tokenizer_config.json"):
             (folder / name).unlink()

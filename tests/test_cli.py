@@ -9,15 +9,9 @@ import sys
 
 import pytest
 
-from sinklab.cli import main
+from helpers import run_cli
 from sinklab.runs import folders
 from sinklab.runs.files import read_json, read_log
-
-
-def run_cli(capsys, *argv):
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_train_writes_the_run_folder(tmp_path, capsys):
@@ -94,7 +88,7 @@ def is_png(path) -> bool:
 
 
 def test_plot_draws_finished_runs_and_leaves_them_finished(tmp_path, capsys):
-    from test_faults import holder, stop
+    from helpers import holder, stop
 
     run, seeds = tmp_path / "run", tmp_path / "seeds"
     tiny = ["train.max_steps=2", "eval.n_sequences=8"]
@@ -173,7 +167,7 @@ def test_rules_lists_the_registry(capsys):
 
 def test_import_has_no_side_effects(tmp_path):
     code = ("import os, sys; os.chdir(sys.argv[1]); import sinklab, sinklab.cli, "
-            "sinklab.studies.reproduction; print(sorted(os.listdir('.')))")
+            "sinklab.studies.reproduce; print(sorted(os.listdir('.')))")
     result = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True,
                             text=True, check=True)
     assert result.stdout.strip() == "[]" and result.stderr == ""

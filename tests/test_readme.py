@@ -62,9 +62,9 @@ def test_readme_names_the_command_behind_the_reproduction():
 
 def test_readme_and_usage_quote_the_default_seeds_as_computed():
     """What README and docs/usage.md say `make reproduce` trains follows the default, which the
-    claims' design decides (reproduction.decisive_seeds): a changed design changes these pages."""
-    from sinklab.claims import seeds_all_agreeing
-    from sinklab.studies import reproduction as rp
+    claims' design decides (reproduce.decisive_seeds): a changed design changes these pages."""
+    from sinklab.stats import seeds_all_agreeing
+    from sinklab.studies import reproduce as rp
 
     seeds, configs = rp.DEFAULT_SEEDS, len(rp.EXPERIMENTS)
     models = seeds * configs * len(rp.RULES)

@@ -28,8 +28,9 @@ sign test, its interval the order-statistic bound (exact for every continuous di
 skewed seeds do not make it overconfident); an estimate with a bootstrap distribution computed
 elsewhere (a real model's heads and probes) is tested by that distribution. No decision is made
 below `MIN_N` units or on values that are all equal. `DECISION_RULES` states every rule in one
-sentence, built from the module's constants so that no number is written twice. All statistics
-come from scipy.stats.
+sentence, built from the constants (`ALPHA`, `R0`, `MIN_N`, `POWER` of `sinklab.stats`) so that
+no number is written twice. The intervals, tests, power and corrections themselves live in
+`sinklab.stats`, from scipy.stats.
 """
 
 from __future__ import annotations
@@ -37,35 +38,34 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
-from functools import lru_cache
 from typing import Any
 
 import numpy as np
 
-
-def nan_mean(values: np.ndarray, axis: int) -> np.ndarray:
-    """The mean over ``axis`` of the finite entries (nan where there are none), without
-    numpy's warning for an empty slice."""
-    ok = np.isfinite(values)
-    count = ok.sum(axis)
-    total = np.where(ok, values, 0.0).sum(axis)
-    return np.where(count > 0, total / np.maximum(count, 1), np.nan)
-
-
-def _stats() -> Any:
-    """scipy.stats, imported at first use: importing it takes about a second, which every
-    sinklab command would otherwise pay at start-up (the studies import this module)."""
-    from scipy import stats  # scipy: not for the help texts (see above)
-
-    return stats
-
-
-ALPHA = 0.05  # level of every test; every bound is one-sided at 1 - ALPHA
-R0 = 0.7  # the rate a claim about "most seeds" must be shown to exceed (exact binomial test)
-MIN_N = 5  # no decision on fewer units than this
-POWER = 0.8  # power asked of a sample size suggestion
-MAX_SEEDS = 200  # largest n a power search considers
-PERMUTATIONS = 9999  # resamples of a heterogeneity permutation test
+from sinklab.stats import (
+    ALPHA,
+    CONFIDENCE,
+    MAX_SEEDS,
+    MIN_N,
+    POWER,
+    R0,
+    as_values,
+    benjamini_hochberg,
+    binomial_p,
+    check_count,
+    check_finite,
+    check_rate,
+    clopper_pearson,
+    fisher,
+    holm,
+    median_bounds,
+    one_sided_lower,
+    one_sided_upper,
+    rate_heterogeneity,
+    seeds_to_show,
+    sign_p,
+    value_heterogeneity,
+)
 
 # kinds of claim
 CHECK, EMPIRICAL, DESCRIPTIVE = "check", "empirical", "descriptive"
@@ -87,372 +87,7 @@ STANDINGS = (DISCRIMINATING, NON_DISCRIMINATING, CONTROL_UNDECIDED)
 
 HOLM, BH = "holm", "benjamini-hochberg"
 
-CONFIDENCE = f"{1 - ALPHA:.0%}"  # "95%", the level of every one-sided bound
 SEEDS = ("seed", "seeds")  # the unit a claim is over, singular and plural
-
-
-# --------------------------------------------------------------------------- input checks
-
-
-def _check_count(k: int, n: int, name: str = "k") -> None:
-    """Raise ValueError unless 0 <= k <= n are integers."""
-    if isinstance(k, bool) or isinstance(n, bool):
-        raise ValueError(f"{name} and n must be integers, not booleans (got {k!r}, {n!r}).")
-    if int(k) != k or int(n) != n:
-        raise ValueError(f"{name} and n must be whole numbers (got {k!r}, {n!r}).")
-    if n < 0:
-        raise ValueError(f"n must be at least 0 (got {n}).")
-    if not 0 <= k <= n:
-        raise ValueError(f"{name} must lie between 0 and n = {n} (got {k}).")
-
-
-def _check_alpha(alpha: float) -> None:
-    """Raise ValueError unless 0 < alpha < 1."""
-    if not 0.0 < alpha < 1.0:
-        raise ValueError(f"alpha must lie strictly between 0 and 1 (got {alpha}).")
-
-
-def _check_rate(r: float, name: str = "r0") -> None:
-    """Raise ValueError unless 0 < r < 1."""
-    if not (isinstance(r, (int, float)) and 0.0 < r < 1.0):
-        raise ValueError(f"{name} must be a rate strictly between 0 and 1 (got {r!r}).")
-
-
-def _check_finite(x: float, name: str) -> None:
-    """Raise ValueError unless x is a finite number."""
-    if not math.isfinite(x):
-        raise ValueError(f"{name} must be a finite number (got {x!r}).")
-
-
-def _as_values(values: Iterable[float]) -> np.ndarray:
-    """The per-unit values as a 1-d float64 array; ValueError if any is not finite."""
-    arr = np.asarray(list(values), dtype=np.float64)
-    if arr.ndim != 1:
-        raise ValueError(f"values must be one number per seed (got shape {arr.shape}).")
-    if not np.all(np.isfinite(arr)):
-        raise ValueError("values must all be finite numbers (a seed gave nan or inf).")
-    return arr
-
-
-# --------------------------------------------------------------------------- intervals
-
-
-def clopper_pearson(k: int, n: int, level: float = 1 - ALPHA) -> tuple[float, float]:
-    """Two-sided exact (Clopper-Pearson) interval of a rate from k successes in n trials.
-
-    The bounds are beta quantiles at (1 - level)/2 on each side; the lower bound is 0 when
-    k = 0 and the upper bound 1 when k = n. With no trials (n = 0) the interval is [0, 1].
-    """
-    _check_count(k, n)
-    _check_alpha(1 - level)
-    if n == 0:
-        return (0.0, 1.0)
-    tail = (1 - level) / 2
-    lo = 0.0 if k == 0 else float(_stats().beta.ppf(tail, k, n - k + 1))
-    hi = 1.0 if k == n else float(_stats().beta.ppf(1 - tail, k + 1, n - k))
-    return (lo, hi)
-
-
-def one_sided_lower(k: int, n: int, alpha: float = ALPHA) -> float:
-    """One-sided Clopper-Pearson lower bound of a rate at level 1 - alpha (k of n successes).
-
-    It is 0 when k = 0 and alpha**(1/n) when every trial succeeds (k = n); n = 0 gives 0. It
-    exceeds r0 exactly when the one-sided exact binomial test rejects rate <= r0 at alpha.
-    """
-    _check_count(k, n)
-    _check_alpha(alpha)
-    if k == 0:
-        return 0.0
-    if k == n:
-        return float(alpha ** (1 / n))
-    return float(_stats().beta.ppf(alpha, k, n - k + 1))
-
-
-def one_sided_upper(k: int, n: int, alpha: float = ALPHA) -> float:
-    """One-sided Clopper-Pearson upper bound of a rate at level 1 - alpha (k of n successes).
-
-    It is 1 when k = n and 1 - alpha**(1/n) when no trial succeeds (k = 0); n = 0 gives 1.
-    """
-    _check_count(k, n)
-    _check_alpha(alpha)
-    if k == n:
-        return 1.0
-    if k == 0:
-        return float(1 - alpha ** (1 / n))
-    return float(_stats().beta.ppf(1 - alpha, k + 1, n - k))
-
-
-def binomial_p(k: int, n: int, r0: float, greater: bool) -> float:
-    """One-sided exact binomial p-value of k of n against the rate r0: P(X >= k) when
-    ``greater`` (evidence that the rate exceeds r0), else P(X <= k); 1 when n = 0."""
-    _check_count(k, n)
-    _check_rate(r0)
-    if n == 0:
-        return 1.0
-    binom = _stats().binom
-    return float(min(1.0, binom.sf(k - 1, n, r0) if greater else binom.cdf(k, n, r0)))
-
-
-@lru_cache(maxsize=1024)
-def order_rank(n: int, alpha: float = ALPHA) -> int | None:
-    """The rank j (1-based) of the order statistic X_(j) that is a one-sided lower bound of the
-    median at level 1 - alpha, the largest j with P(Binom(n, 1/2) >= j) >= 1 - alpha (X_(n+1-j)
-    is the upper bound); None when even the minimum is not (n too small: 0.5**n > alpha)."""
-    _check_count(0, n)
-    _check_alpha(alpha)
-    if n == 0 or 0.5**n > alpha:
-        return None
-    c = int(_stats().binom.ppf(alpha, n, 0.5))  # smallest c with cdf(c) >= alpha
-    if _stats().binom.cdf(c, n, 0.5) > alpha:
-        c -= 1
-    return c + 1
-
-
-def median_bounds(values: Sequence[float], alpha: float = ALPHA) -> tuple[float, float]:
-    """One-sided lower and upper bounds of the median at level 1 - alpha each (together a
-    two-sided 1 - 2 alpha interval), from order statistics: exact for every continuous
-    distribution and conservative with ties; (-inf, inf) when n is too small for any."""
-    arr = np.sort(_as_values(values))
-    j = order_rank(arr.size, alpha)
-    if j is None:
-        return (-math.inf, math.inf)
-    return (float(arr[j - 1]), float(arr[arr.size - j]))
-
-
-def sign_p(values: np.ndarray, threshold: float, above: bool) -> float:
-    """One-sided sign-test p-value that the median lies above (``above``) or below the
-    threshold: P(Binom(n, 1/2) >= the count strictly on that side); values equal to the
-    threshold count against."""
-    side = int(np.sum(values > threshold if above else values < threshold))
-    return binomial_p(side, int(values.size), 0.5, greater=True)
-
-
-# --------------------------------------------------------------------------- Fisher's test
-
-
-def fisher(k1: int, n1: int, k2: int, n2: int) -> float:
-    """Two-sided Fisher exact p-value of k1 of n1 against k2 of n2 (the 2x2 table of counts).
-
-    A table with an empty row or column carries no evidence: its p-value is 1.
-    """
-    _check_count(k1, n1, "k1")
-    _check_count(k2, n2, "k2")
-    successes = k1 + k2
-    if n1 == 0 or n2 == 0 or successes in (0, n1 + n2):
-        return 1.0
-    table = [[k1, n1 - k1], [k2, n2 - k2]]
-    return float(_stats().fisher_exact(table, alternative="two-sided").pvalue)
-
-
-_FISHER_TIE = 1e-7  # relative tolerance under which two tables count as equally likely
-
-
-@lru_cache(maxsize=4096)
-def fisher_pvalue_table(n1: int, n2: int) -> np.ndarray:
-    """Two-sided Fisher exact p-values of every outcome: entry [a, b] is fisher(a, n1, b, n2).
-
-    Computed at once from the hypergeometric null: given a + b successes in all, the p-value sums
-    the null probabilities of the tables with the same margins that are no more likely than
-    (a, b). The result has shape (n1 + 1, n2 + 1) and is read-only (it is cached).
-    """
-    if min(n1, n2) < 0:
-        raise ValueError(f"group sizes must be at least 0 (got {n1} and {n2}).")
-    if n2 > n1:  # the test is symmetric in the two groups; keep the smaller one on axis 1
-        return fisher_pvalue_table(n2, n1).T
-    a = np.arange(n1 + 1)[:, None, None]
-    b = np.arange(n2 + 1)[None, :, None]
-    b_alt = np.arange(n2 + 1)[None, None, :]  # the other tables with the same margins
-    a_alt = a + b - b_alt
-    valid = (a_alt >= 0) & (a_alt <= n1)
-    pmf = _stats().hypergeom.pmf(
-        np.arange(n1 + 1)[:, None],
-        n1 + n2,
-        np.arange(n1 + 1)[:, None] + np.arange(n2 + 1)[None, :],
-        n1,
-    )
-    observed = pmf[:, :, None]
-    alt = np.where(valid, pmf[np.clip(a_alt, 0, n1), np.broadcast_to(b_alt, a_alt.shape)], 0.0)
-    pvalues = np.minimum(np.where(alt <= observed * (1 + _FISHER_TIE), alt, 0.0).sum(axis=2), 1.0)
-    pvalues.setflags(write=False)
-    return pvalues
-
-
-def fisher_power(n1: int, p1: float, n2: int, p2: float, alpha: float = ALPHA) -> float:
-    """Exact power of the two-sided Fisher test at `alpha` with n1 and n2 seeds at rates p1, p2.
-
-    It sums Binom(n1, p1)(a) * Binom(n2, p2)(b) over every outcome (a, b) whose p-value is
-    below alpha.
-    """
-    _check_alpha(alpha)
-    for p, name in ((p1, "p1"), (p2, "p2")):
-        if not 0.0 <= p <= 1.0:
-            raise ValueError(f"{name} must be a rate between 0 and 1 (got {p}).")
-    pvalues = fisher_pvalue_table(n1, n2)
-    weights = (
-        _stats().binom.pmf(np.arange(n1 + 1), n1, p1)[:, None]
-        * _stats().binom.pmf(np.arange(n2 + 1), n2, p2)[None, :]
-    )
-    return float(weights[pvalues < alpha].sum())
-
-
-# --------------------------------------------------------------------------- sample sizes
-
-
-def binomial_power(n: np.ndarray | int, p: float, r0: float, alpha: float = ALPHA) -> np.ndarray:
-    """Exact power of the one-sided binomial test of rate > r0 at level alpha, with n trials at
-    the true rate p (n may be an array): the chance that the count reaches the smallest k whose
-    p-value P(X >= k | r0) is below alpha."""
-    _check_rate(r0)
-    _check_alpha(alpha)
-    binom = _stats().binom
-    n = np.atleast_1d(np.asarray(n, dtype=np.int64))
-    ks = np.arange(int(n.max()) + 2)[None, :]
-    pvalues = binom.sf(ks - 1, n[:, None], r0)
-    reject = (pvalues < alpha) & (ks <= n[:, None])
-    crit = np.where(reject.any(axis=1), reject.argmax(axis=1), n + 1)
-    return binom.sf(crit - 1, n, p)
-
-
-def seeds_to_show(p: float, r0: float, start: int, alpha: float = ALPHA) -> int | None:
-    """Fewest n from ``start`` (and at least MIN_N) up to MAX_SEEDS at which the one-sided exact
-    binomial test of rate > r0 at alpha has power >= POWER when the true rate is p; None when p
-    <= r0 (no number could show it) or none up to MAX_SEEDS does."""
-    if p <= r0:
-        return None
-    ns = np.arange(max(start, MIN_N, 1), MAX_SEEDS + 1)
-    if ns.size == 0:
-        return None
-    ok = np.nonzero(binomial_power(ns, p, r0, alpha) >= POWER)[0]
-    return int(ns[ok[0]]) if ok.size else None
-
-
-def seeds_all_agreeing(m: int, r0: float = R0, alpha: float = ALPHA) -> int | None:
-    """Fewest seeds n at which n of n agreeing decide a rate claim against r0 when it is one of
-    m claims corrected by Holm: the smallest n with r0**n < alpha / m (None past MAX_SEEDS)."""
-    if m < 1:
-        raise ValueError(f"the number of primary claims must be at least 1 (got {m}).")
-    _check_rate(r0)
-    for n in range(1, MAX_SEEDS + 1):
-        if r0**n < alpha / m:
-            return n
-    return None
-
-
-# --------------------------------------------------------------------------- corrections
-
-
-def holm(pvalues: Sequence[float]) -> list[float]:
-    """Holm's step-down adjusted p-values (family-wise error at the nominal level)."""
-    p = np.asarray(pvalues, dtype=np.float64)
-    m = p.size
-    if m == 0:
-        return []
-    order = np.argsort(p, kind="stable")
-    adjusted = np.maximum.accumulate((m - np.arange(m)) * p[order])
-    out = np.empty(m)
-    out[order] = np.minimum(adjusted, 1.0)
-    return [float(x) for x in out]
-
-
-def benjamini_hochberg(pvalues: Sequence[float]) -> list[float]:
-    """Benjamini-Hochberg adjusted p-values (false discovery rate at the nominal level), the
-    same as scipy.stats.false_discovery_control."""
-    if len(pvalues) == 0:
-        return []
-    return [float(x) for x in _stats().false_discovery_control(np.asarray(pvalues, float))]
-
-
-# --------------------------------------------------------------------------- competing risks
-
-
-def cumulative_incidence(times: Sequence[float], causes: Sequence[str | None]
-                         ) -> dict[str, list[tuple[float, float]]]:
-    """Aalen-Johansen cumulative incidence of each cause: units that end at ``times[i]`` of
-    ``causes[i]``, or are censored there (cause None: still going when watching stopped).
-
-    For each cause c, the steps [(t, F_c(t))] at the times some unit ended of c, F_c(t) = sum
-    over end times s <= t of S(s-) d_c(s) / n(s): S the Kaplan-Meier probability of no end of
-    any cause before s, d_c(s) the units ending of c at s, n(s) the units still at risk at s
-    (ending or censored at s or later; a unit censored at s counts as at risk at s). Without
-    censoring F_c(t) is the share of units that ended of c by t; the F_c sum to 1 - S."""
-    if len(times) != len(causes):
-        raise ValueError("give one cause (or None) per time.")
-    t = np.asarray(times, dtype=np.float64)
-    if t.size and not np.isfinite(t).all():
-        raise ValueError("every time must be finite.")
-    kinds = sorted({c for c in causes if c is not None})
-    curves: dict[str, list[tuple[float, float]]] = {c: [] for c in kinds}
-    total = {c: 0.0 for c in kinds}
-    survival = 1.0
-    for when in np.unique(t):
-        at = t == when
-        at_risk = int((t >= when).sum())
-        ended = [c for c, here in zip(causes, at) if here and c is not None]
-        if not ended:
-            continue
-        for cause in kinds:
-            d = ended.count(cause)
-            if d:
-                total[cause] += survival * d / at_risk
-                curves[cause].append((float(when), total[cause]))
-        survival *= 1 - len(ended) / at_risk
-    return curves
-
-
-# --------------------------------------------------------------------------- heterogeneity
-
-
-def rate_heterogeneity(counts: Sequence[tuple[int, int]]) -> float | None:
-    """Permutation p-value that the settings' rates differ (the chi-square statistic of the
-    settings x outcome table, its null from PERMUTATIONS shuffles of the outcomes among the
-    settings, seeded); 1.0 when every outcome is the same, None with fewer than two settings."""
-    if len(counts) < 2:
-        return None
-    groups = [np.r_[np.ones(k), np.zeros(n - k)] for k, n in counts if n > 0]
-    total = sum(g.size for g in groups)
-    if len(groups) < 2 or np.ptp(np.concatenate(groups)) == 0:
-        return 1.0
-
-    def spread(*samples: np.ndarray, axis: int = -1) -> np.ndarray:
-        # between-setting sum of squares of the rates: the chi-square statistic for fixed margins
-        means = [s.mean(axis=axis) for s in samples]
-        overall = sum(s.sum(axis=axis) for s in samples) / total
-        return sum(s.shape[axis] * (m - overall) ** 2 for s, m in zip(samples, means))
-
-    if min(g.size for g in groups) >= 2:
-        res = _stats().permutation_test(groups, spread, permutation_type="independent",
-                                        n_resamples=PERMUTATIONS, alternative="greater",
-                                        vectorized=True, rng=np.random.default_rng(0))
-        return float(res.pvalue)
-    # scipy's "independent" shuffles need two or more units in every setting; a setting of one
-    # seed (a quick run) gets the same null, the outcomes shuffled among the settings' slots,
-    # as pairings of the outcomes with fixed setting labels
-    labels = np.concatenate([np.full(g.size, i) for i, g in enumerate(groups)])
-    sizes = np.array([g.size for g in groups], dtype=float)
-    onehot = (labels[:, None] == np.arange(len(groups))[None, :]).astype(float)  # (n, G)
-
-    def paired(outcomes: np.ndarray, _labels: np.ndarray, axis: int = -1) -> np.ndarray:
-        outcomes = np.moveaxis(outcomes, axis, -1)  # (..., n)
-        means = (outcomes @ onehot) / sizes  # (..., G)
-        overall = outcomes.sum(axis=-1, keepdims=True) / total
-        return (sizes * (means - overall) ** 2).sum(axis=-1)
-
-    res = _stats().permutation_test((np.concatenate(groups), labels), paired,
-                                    permutation_type="pairings", n_resamples=PERMUTATIONS,
-                                    alternative="greater", vectorized=True,
-                                    rng=np.random.default_rng(0))
-    return float(res.pvalue)
-
-
-def value_heterogeneity(parts: Sequence[np.ndarray]) -> float | None:
-    """Kruskal-Wallis p-value that the settings' values differ in location; 1.0 when every value
-    is the same, None with fewer than two settings."""
-    parts = [p for p in parts if p.size]
-    if len(parts) < 2:
-        return None
-    if np.ptp(np.concatenate(parts)) == 0:
-        return 1.0
-    return float(_stats().kruskal(*parts).pvalue)
 
 
 # --------------------------------------------------------------------------- decision rules
@@ -717,7 +352,7 @@ def _parts_of_counts(parts: Sequence[tuple[str, int, int]]) -> tuple[int, int, l
     """Pooled k and n of per-setting counts, the parts as records, the heterogeneity p-value
     and the per-setting counts in words."""
     for _setting, k, n in parts:
-        _check_count(k, n)
+        check_count(k, n)
     k = sum(p[1] for p in parts)
     n = sum(p[2] for p in parts)
     het = rate_heterogeneity([(p[1], p[2]) for p in parts])
@@ -731,14 +366,14 @@ def _parts_of_counts(parts: Sequence[tuple[str, int, int]]) -> tuple[int, int, l
 def _rate(key: str, sentence: str, k: int | None, n: int | None, what: str, r0: float,
           above: bool, unit: tuple[str, str], parts: Sequence[tuple[str, int, int]] | None
           ) -> Claim:
-    _check_rate(r0)
+    check_rate(r0)
     records = het = None
     pooled = ""
     if parts is not None:
         k, n, records, het, pooled = _parts_of_counts(parts)
     if k is None or n is None:
         raise ValueError("give k and n, or the parts to pool them from.")
-    _check_count(k, n)
+    check_count(k, n)
     lo, hi = one_sided_lower(k, n), one_sided_upper(k, n)
     bound = (f"rate >= {lo:.2f}" if above else f"rate <= {hi:.2f}") + f" (one-sided {CONFIDENCE})"
     one, many = unit
@@ -783,8 +418,8 @@ def rate_differs(
 
     Fisher's exact test, two-sided: supported when p < ALPHA, otherwise undetermined (never
     contradicted: a non-significant test does not show the rates equal)."""
-    _check_count(k1, n1, "k1")
-    _check_count(k2, n2, "k2")
+    check_count(k1, n1, "k1")
+    check_count(k2, n2, "k2")
     if n2 == 0:
         raise ValueError("their sample must have at least one seed or model (n2 >= 1).")
     p = fisher(k1, n1, k2, n2)
@@ -808,8 +443,8 @@ def _values_of(values: Iterable[float] | None,
     if parts is None:
         if values is None:
             raise ValueError("give the values, or the parts to pool them from.")
-        return _as_values(values), None, None, ""
-    arrays = [(s, _as_values(v)) for s, v in parts]
+        return as_values(values), None, None, ""
+    arrays = [(s, as_values(v)) for s, v in parts]
     het = value_heterogeneity([a for _, a in arrays])
     records = [{"setting": s, "n": int(a.size), "median": float(np.median(a)) if a.size else None}
                for s, a in arrays]
@@ -864,7 +499,7 @@ def _median_claim(key: str, sentence: str, arr: np.ndarray, low: float, high: fl
 def _one_side(key: str, sentence: str, values: Iterable[float] | None, threshold: float,
               up: bool, unit: tuple[str, str], what: str,
               parts: Sequence[tuple[str, Iterable[float]]] | None) -> Claim:
-    _check_finite(threshold, "threshold")
+    check_finite(threshold, "threshold")
     arr, records, het, pooled = _values_of(values, parts)
     test = (f"one-sided sign test that the median over {unit[1]} is "
             f"{'above' if up else 'below'} {threshold:.4g}")
@@ -894,8 +529,8 @@ def median_in_range(key: str, sentence: str, values: Iterable[float] | None, low
                     parts: Sequence[tuple[str, Iterable[float]]] | None = None,
                     rule: str = "median_in_range") -> Claim:
     """'The median over seeds (or ``unit``) lies in [low, high]' (rule 'median_in_range')."""
-    _check_finite(low, "low")
-    _check_finite(high, "high")
+    check_finite(low, "low")
+    check_finite(high, "high")
     if high < low:
         raise ValueError(f"the range must have low <= high (got [{low}, {high}]).")
     arr, records, het, pooled = _values_of(values, parts)
@@ -909,8 +544,8 @@ def median_within(key: str, sentence: str, values: Iterable[float] | None, refer
                   tolerance: float, unit: tuple[str, str] = SEEDS, what: str = "",
                   parts: Sequence[tuple[str, Iterable[float]]] | None = None) -> Claim:
     """'The median over seeds matches the reference within tolerance' (rule 'median_within')."""
-    _check_finite(reference, "reference")
-    _check_finite(tolerance, "tolerance")
+    check_finite(reference, "reference")
+    check_finite(tolerance, "tolerance")
     if tolerance < 0:
         raise ValueError(f"tolerance must be at least 0 (got {tolerance}).")
     return median_in_range(key, sentence, values, reference - tolerance, reference + tolerance,
@@ -928,11 +563,11 @@ def bootstrap_claim(key: str, sentence: str, estimate: float, resampled: Sequenc
     high'), decided by a bootstrap distribution of the estimate computed elsewhere (``how``
     names it, e.g. a two-level bootstrap over heads and probes); ``n`` is the number of the
     outer units resampled (rule 'bootstrap')."""
-    _check_finite(estimate, "estimate")
+    check_finite(estimate, "estimate")
     if not (math.isfinite(low) or math.isfinite(high)) or high < low:
         raise ValueError(f"give a threshold or a band [low, high] with low <= high (got "
                          f"[{low}, {high}]).")
-    draws = _as_values(resampled)
+    draws = as_values(resampled)
     if draws.size < 2:
         raise ValueError(f"the bootstrap distribution must have at least 2 draws (got "
                          f"{draws.size}).")
@@ -964,7 +599,7 @@ def bootstrap_claim(key: str, sentence: str, estimate: float, resampled: Sequenc
 def check(key: str, sentence: str, value: float, bound: float, what: str) -> Claim:
     """A check of sinklab's own computation (rule 'check'): verified when value <= bound,
     failed otherwise (a nan value fails). n = 1."""
-    _check_finite(bound, "bound")
+    check_finite(bound, "bound")
     ok = value <= bound
     return Claim(key=key, sentence=sentence, data=f"{what} = {value:.3g}",
                  test=f"deterministic comparison, no sampling: {what} <= {bound:.3g}",
@@ -974,7 +609,7 @@ def check(key: str, sentence: str, value: float, bound: float, what: str) -> Cla
 
 def check_all(key: str, sentence: str, k: int, n: int, what: str) -> Claim:
     """A check over n cases (rule 'check'): verified when all n pass (k = n >= 1)."""
-    _check_count(k, n)
+    check_count(k, n)
     return Claim(key=key, sentence=sentence, data=f"{k} of {n} {what}",
                  test=f"every one of the {n} cases passes", n=n, rule="check", kind=CHECK,
                  outcome=VERIFIED if n > 0 and k == n else FAILED,

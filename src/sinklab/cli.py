@@ -39,19 +39,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from sinklab import __version__, studies
+from sinklab import __version__, heavy, studies
+from sinklab import formats as md
 from sinklab.claims import Claim
 from sinklab.config import SECTIONS, check_count, config_from_cli
 from sinklab.errors import Interrupted, ResultsError, SinklabError
-from sinklab.report import markdown as md
 from sinklab.runs import folders, limits
-from sinklab.studies.base import (
-    Execution,
-    build_options,
-    option_fields,
-    render_docs,
-    run_study,
-)
+from sinklab.studies.options import build_options, option_fields
+from sinklab.studies.study import Execution
 
 EXIT_INPUT, EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_INTERNAL = 2, 1, 130, 3
 DEBUG_ENV = "SINKLAB_DEBUG"
@@ -329,8 +324,7 @@ def _add_study(sub: Any, common: argparse.ArgumentParser, study: Any) -> None:
 
 
 def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
-    from sinklab.train import train_runs  # torch: not for the help texts
-
+    train_runs = heavy("train").train_runs
     cfg = config_from_cli(args.overrides, args.config)
     check_count("--seeds", args.seeds)
     limits.check_cells(args.seeds, f"--seeds {args.seeds}")
@@ -382,9 +376,7 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def cmd_plot(args: argparse.Namespace, argv: list[str]) -> int:
-    from sinklab.plots import plot_runs  # matplotlib: not for the help texts
-
-    for run, figure in plot_runs([Path(r) for r in args.runs]):
+    for run, figure in heavy("plots").plot_runs([Path(r) for r in args.runs]):
         if figure is None:
             print(f"sinklab: left out: {run} diverged, so it has no maps to draw.",
                   file=sys.stderr)
@@ -431,7 +423,8 @@ def took(started: Usage, result: dict[str, Any], executor: str) -> str:
 
 def cmd_study(study: Any, args: argparse.Namespace, argv: list[str],
               started: Usage | None = None) -> int:
-    """Run a study: its options from the flags, --config and overrides (``studies.base``)."""
+    """Run a study: its options from the flags, --config and overrides
+    (``sinklab.studies.options``), run by ``sinklab.studies.runner``."""
     started = started or Usage.now()
     flags = {f.name: getattr(args, f"opt_{f.name}") for f in option_fields(study.options)}
     opts = build_options(study, args.config, args.overrides, flags)
@@ -439,11 +432,11 @@ def cmd_study(study: Any, args: argparse.Namespace, argv: list[str],
                     executor=getattr(args, "executor", "local"),
                     ray_address=getattr(args, "ray_address", None))
     command = "sinklab " + " ".join(shlex.quote(a) for a in argv)
-    result = run_study(study, Path(args.out), opts, exe,
-                       docs=Path(args.docs) if args.docs else None, command=command)
-    from sinklab.studies.render import headline  # jinja2: not for the help texts
-
-    for line in headline([Claim.from_dict(c) for c in result["claims"]]):
+    result = heavy("studies.runner").run_study(
+        study, Path(args.out), opts, exe, docs=Path(args.docs) if args.docs else None,
+        command=command)
+    claims = [Claim.from_dict(c) for c in result["claims"]]
+    for line in heavy("studies.render").headline(claims):
         print(line)
     print(f"wrote {Path(args.out) / study.report}")
     for line in getattr(opts, "closing_lines", list)():  # the study's last word (pretrain --quick)
@@ -453,11 +446,10 @@ def cmd_study(study: Any, args: argparse.Namespace, argv: list[str],
 
 
 def cmd_sweep(args: argparse.Namespace, argv: list[str]) -> int:
-    from sinklab.sweeps.run import SweepOptions, run_sweep  # torch: not for the help texts
-
-    opts = SweepOptions(executor=args.executor, workers=args.workers,
-                        ray_address=args.ray_address, retry_failed=args.retry_failed)
-    counts = run_sweep(args.spec, args.out, opts)
+    sweeps = heavy("sweeps.run")
+    opts = sweeps.SweepOptions(executor=args.executor, workers=args.workers,
+                               ray_address=args.ray_address, retry_failed=args.retry_failed)
+    counts = sweeps.run_sweep(args.spec, args.out, opts)
     if counts["failed"]:
         print(f"sinklab: error: {counts['failed']} of {sum(counts.values())} cells failed (their "
               f"reasons: `sinklab results {args.out} --status failed`); `--retry-failed` runs "
@@ -467,17 +459,15 @@ def cmd_sweep(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def cmd_results(args: argparse.Namespace, argv: list[str]) -> int:
-    from sinklab.sweeps.listing import list_results  # torch: not for the help texts
-
+    list_results = heavy("sweeps.listing").list_results
     return list_results(Path(args.dir), args.status, args.where,
                         Path(args.csv) if args.csv else None, args.by)
 
 
 def cmd_report(args: argparse.Namespace, argv: list[str]) -> int:
-    from sinklab.report.gather import run_report  # torch: not for the help texts
-
     command = "sinklab " + " ".join(shlex.quote(a) for a in argv)
-    result = run_report(Path(args.dir), Path(args.out) if args.out else None, command)
+    result = heavy("report").run_report(
+        Path(args.dir), Path(args.out) if args.out else None, command)
     for kind, folder in result["found"]:
         print(f"  {kind:9s} {folder}")
     for reason in result["skipped"]:
@@ -487,10 +477,9 @@ def cmd_report(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def cmd_worst(args: argparse.Namespace, argv: list[str]) -> int:
-    from sinklab.theory.bounds import worst_runs  # torch: not for the help texts
-
     # the options, then every RUN (a diverged run, weights beyond the certificate's range) are
     # checked before any run is measured
+    worst_runs = heavy("theory.bounds").worst_runs
     for line in worst_runs([Path(run) for run in args.runs], steps=args.attack_steps,
                            restarts=args.restarts, seconds=args.certify_seconds):
         print(line, flush=True)
@@ -499,7 +488,7 @@ def cmd_worst(args: argparse.Namespace, argv: list[str]) -> int:
 
 def cmd_render(args: argparse.Namespace, argv: list[str]) -> int:
     for docs in args.docs:
-        name, same = render_docs(Path(docs))
+        name, same = heavy("studies.render").render_docs(Path(docs))
         print(f"wrote {docs} ({name}): the claims decided again from its records are "
               + ("the ones recorded" if same else "not the ones recorded; the report now says "
                  "what the code decides"))
@@ -515,9 +504,9 @@ def _shown(module: str) -> str:
 
 
 def cmd_rules(args: argparse.Namespace, argv: list[str]) -> int:
-    from sinklab.attention import RULES  # torch: the rules are torch functions
+    rules = heavy("attention").RULES
 
-    for name, info in sorted(RULES.items()):
+    for name, info in sorted(rules.items()):
         learned = "learned parameters" if info.parameters else "no parameters"
         origin = "" if info.module == "sinklab" else f"; plugin {_shown(info.module)}"
         print(f"{name:10s} rows: {info.row_kind}; {learned}{origin}. {info.description}")
@@ -632,9 +621,9 @@ def main(argv: list[str] | None = None) -> int:
     started = Usage.now()
     try:
         with terminate_as_interrupt():
-            from sinklab.plugins import load_all  # torch: a plugin registers torch rules
+            plugins = heavy("plugins")
 
-            load_all(args.plugins_first + getattr(args, "plugins", []))
+            plugins.load_all(args.plugins_first + getattr(args, "plugins", []))
             if args.command in COMMANDS:
                 return COMMANDS[args.command].run(args, argv)
             return cmd_study(studies.get(args.command), args, argv, started)

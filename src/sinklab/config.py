@@ -14,6 +14,8 @@ against the float32 range the model computes in. The rule with its arguments is 
 once on small random scores (``sinklab.attention.check_contract``): every command that trains
 builds its configs before it writes a folder, so a rule that breaks the contract (a plugin's
 rule of the wrong shape, with weight on future keys, ...) is refused in one sentence first.
+
+``EXPERIMENTS`` names the paper's 1x1, 2x2 and 4x4 shapes, the presets the studies train.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sinklab import heavy
 from sinklab.errors import ConfigError
 
 
@@ -93,6 +96,9 @@ def derive_seed(seed: int, stream: str) -> int:
 TARGETS = ("auto", "plain", "residual")
 BOS_MODES = ("visible", "removed", "capped", "ablated")
 BLOCKS = ("attention", "standard")
+# The paper's three shapes by name, (n_layers, n_heads): the presets its experiments train
+# (``sinklab reproduce``), and the shapes of the theory study's stacks.
+EXPERIMENTS: dict[str, tuple[int, int]] = {"1x1": (1, 1), "2x2": (2, 2), "4x4": (4, 4)}
 
 
 @dataclass
@@ -166,18 +172,17 @@ class ModelConfig:
     attention_args: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        # torch: the rules are torch functions, and this module also serves the help texts
-        from sinklab.attention import PLUGIN_HINT, RULES, check_contract, rule_info
+        attention = heavy("attention")
 
         _check_finite(self, "model")
-        _check(self.attention in RULES,
+        _check(self.attention in attention.RULES,
                f"model.attention={self.attention!r} is not a known attention rule: choose one of "
-               f"{', '.join(sorted(RULES))} ({PLUGIN_HINT}).")
+               f"{', '.join(sorted(attention.RULES))} ({attention.PLUGIN_HINT}).")
         _check(isinstance(self.attention_args, dict),
                f"model.attention_args={self.attention_args!r} is not allowed: it must be a table "
                "of the rule's keyword arguments, e.g. [model.attention_args] temperature = 2.0.")
         try:
-            self.attention_args = rule_info(self.attention).check_kwargs(
+            self.attention_args = attention.rule_info(self.attention).check_kwargs(
                 self.attention_args, ARGS_KEY + ".")
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
@@ -197,7 +202,7 @@ class ModelConfig:
         # and arguments), so that a plugin's rule that breaks the contract is refused here,
         # before a run, sweep or study folder is written, not half-way through its training.
         try:
-            check_contract(self.attention, self.attention_args,
+            attention.check_contract(self.attention, self.attention_args,
                            per_row=self.bos in ("removed", "ablated"))
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
@@ -459,7 +464,7 @@ def check_file_types(table: dict[str, Any], where: str, rules: list[str],
     in ``rules``): one sentence naming ``where`` (e.g. "config file 'x.toml'"), the key (after
     ``prefix``, e.g. "base."), the value with ``at(key)`` (e.g. " (line 4)") and what to write
     instead. Keys that are not settings are left to ``build_run_config`` to refuse."""
-    from sinklab.attention import RULES, rule_info  # torch: see ModelConfig.__post_init__
+    attention = heavy("attention")
 
     def check(key: str, value: Any, annotation: Any, none_word: str = "auto") -> None:
         problem = file_string_problem(key, value, annotation, none_word)
@@ -476,8 +481,8 @@ def check_file_types(table: dict[str, Any], where: str, rules: list[str],
         for name, value in fields_.items():
             key = f"{section}.{name}"
             if key == ARGS_KEY and isinstance(value, dict):
-                for rule in dict.fromkeys(r for r in rules if r in RULES):
-                    declared = rule_info(rule).kwargs
+                for rule in dict.fromkeys(r for r in rules if r in attention.RULES):
+                    declared = attention.rule_info(rule).kwargs
                     for arg, given in value.items():
                         if arg in declared:
                             check(f"{ARGS_KEY}.{arg}", given, declared[arg].type, "none")
@@ -580,11 +585,11 @@ def _coerce_args(raw: Any, rule: str) -> Any:
     """The rule's keyword arguments from a file or the command line, each coerced to the type
     the rule declares; names it does not declare (and a rule that does not exist) are left for
     ``ModelConfig`` to refuse in one sentence."""
-    from sinklab.attention import RULES, rule_info  # torch: see ModelConfig.__post_init__
+    attention = heavy("attention")
 
-    if not isinstance(raw, dict) or rule not in RULES:
+    if not isinstance(raw, dict) or rule not in attention.RULES:
         return raw
-    declared = rule_info(rule).kwargs
+    declared = attention.rule_info(rule).kwargs
     return {name: coerce(f"{ARGS_KEY}.{name}", value, declared[name].type)
             if name in declared else value for name, value in raw.items()}
 

@@ -58,7 +58,7 @@ import torch
 from torch import Tensor, nn
 
 from sinklab import kernels
-from sinklab.attention import build_rule, causal_mask
+from sinklab.attention import build_rule, causal_mask, mix_values, seen_patterns
 from sinklab.config import ModelConfig
 from sinklab.first_key import cap_first, cap_first_mass
 from sinklab.hooks import PER_HEAD, Hooks
@@ -83,9 +83,9 @@ class ModelOutput:
     def seen(self) -> list[Tensor]:
         """Each layer's pattern as its heads' outputs see it: times the share its rule's gate
         passes (``passed``), the pattern itself where nothing is scaled down. Sinks are read
-        from these, so a gate that closes per dimension reads like a headwise one."""
-        return [p if share is None else p * share[..., None]
-                for p, share in zip(self.patterns, self.passed or [None] * len(self.patterns))]
+        from these, so a gate that closes per dimension reads like a headwise one
+        (``sinklab.attention.seen_patterns``)."""
+        return seen_patterns(self.patterns, self.passed)
 
 
 def _hook_rows(hooks: Hooks, name: str, rows: Tensor, n_members: int, n_heads: int) -> Tensor:
@@ -206,12 +206,11 @@ class Attention(nn.Module):
         v = hook("attn.v", torch.einsum("ebkd,ehdf->ebkhf", x, self.w_v))
         mixed = torch.einsum("ebhqk,ebkhf->ebqhf", pattern, v)  # (E, B, Q, H, d)
         passed = None
-        if own is not None and q is not None:
-            mixed_out = self.rule.mix(mixed, own, x, q)
-            # a measurement, not part of the loss: no graph
-            share = self.rule.passed(mixed.detach(), mixed_out.detach())
-            passed = None if share is None else share.transpose(2, 3)
-            mixed = mixed_out
+        if own is not None and q is not None:  # the value side, as every model applies it
+            rows = own.view(*mixed.shape[:-1], -1).transpose(2, 3)  # (E, B, H, Q, K)
+            mixed, passed = mix_values(self.rule, mixed.transpose(2, 3), rows, x,
+                                       q.transpose(2, 3))
+            mixed = mixed.transpose(2, 3)  # (E, B, Q, H, d)
         result = hook("attn.result", torch.einsum("ebqhf,ehfg->ebqhg", mixed, self.w_o))
         return result.sum(dim=3), passed
 

@@ -125,8 +125,8 @@ def targets(x: Tensor, trigger: Tensor, residual: bool) -> Tensor:
 
 
 # The two helpers below form every number with the same operations, in the same order, as the
-# task's first version did (a frozen copy in tests/test_task.py checks it), so the targets keep
-# every bit whatever the layout they are written to.
+# task's first version did (a frozen copy in tests/engine/test_task.py checks it), so the targets
+# keep every bit whatever the layout they are written to.
 
 
 def _trigger_means(x: Tensor, trigger: Tensor, *, weights: Tensor | None = None,

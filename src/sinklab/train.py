@@ -284,7 +284,7 @@ class MemberAdam:
         v.copy_(torch.where(on, new_v, v))
 
 
-def _shared(cfg: RunConfig) -> dict[str, Any]:
+def ensemble_part(cfg: RunConfig) -> dict[str, Any]:
     """The part of a config that ensemble members must share (all but seed and lr)."""
     d = cfg.to_dict()
     d["train"] = {k: v for k, v in d["train"].items() if k not in ("seed", "lr")}
@@ -295,9 +295,9 @@ def check_compatible(cfgs: Sequence[RunConfig]) -> None:
     """Raise ConfigError unless the configs differ only in ``train.seed`` and ``train.lr``."""
     if not cfgs:
         raise ConfigError("an ensemble needs at least one run config.")
-    first = _shared(cfgs[0])
+    first = ensemble_part(cfgs[0])
     for cfg in cfgs[1:]:
-        if _shared(cfg) != first:
+        if ensemble_part(cfg) != first:
             raise ConfigError("ensemble members may differ only in train.seed and train.lr.")
 
 

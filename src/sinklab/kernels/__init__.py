@@ -16,7 +16,7 @@ for this machine's vector instructions and cached under ``$SINKLAB_CACHE`` (defa
 ``~/.cache/sinklab``). Where there is no compiler, the build fails, or ``SINKLAB_KERNEL=0``, the
 model uses PyTorch's operators; ``engine()`` says which one a configuration gets, and every run's
 summary records it. The two engines compute the same mathematics in a different floating-point
-order: ``tests/test_kernels.py`` compares gradients and 200 training steps.
+order: ``tests/engine/test_kernels.py`` compares gradients and 200 training steps.
 """
 
 from __future__ import annotations
@@ -37,10 +37,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from sinklab.attention import rule_info
+from sinklab.attention import registry
 
 SOURCE = Path(__file__).with_name("attention.c")
-RULES = {"softmax": 0, "relu": 1}  # the rules the kernel computes (default arguments), by code
 MAX_SIZE = 16  # seq_len and d_model must each fit in one 16-lane vector
 FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-shared", "-fPIC")
 ENV = "SINKLAB_KERNEL"
@@ -101,6 +100,14 @@ def _library(seq_len: int, d_model: int) -> ctypes.CDLL | None:
     return lib
 
 
+def kernel_code(rule: str) -> int | None:
+    """The code the kernel computes the rule ``rule`` by (at its default keyword arguments),
+    as its registration records it (``RuleInfo.kernel_code``: softmax 0, ReLU 1); None for a
+    rule the kernel does not compute, or no rule of that name."""
+    info = registry.RULES.get(rule)
+    return None if info is None else info.kernel_code
+
+
 def engine(rule: str, seq_len: int, d_model: int, device: torch.device | str = "cpu",
            dtype: torch.dtype = torch.float32, rule_args: dict[str, Any] | None = None) -> str:
     """``"kernel"`` when this configuration's attention runs on the fused kernel, else
@@ -109,7 +116,8 @@ def engine(rule: str, seq_len: int, d_model: int, device: torch.device | str = "
     (``SINKLAB_KERNEL=0`` or ``disabled()``)."""
     usable = (not _disabled and os.environ.get(ENV, "1") != "0"
               and torch.device(device).type == "cpu" and dtype == torch.float32
-              and rule in RULES and not rule_info(rule).non_default(rule_args or {})
+              and kernel_code(rule) is not None
+              and not registry.rule_info(rule).non_default(rule_args or {})
               and 1 <= seq_len <= MAX_SIZE and 1 <= d_model <= MAX_SIZE)
     return "kernel" if usable and _library(seq_len, d_model) is not None else "pytorch"
 
@@ -178,7 +186,7 @@ class FusedAttention(torch.autograd.Function):
         weights = torch.empty_like(scores)
         q = x.new_empty(eb, n_heads, seq, d)
         v = torch.empty_like(q)
-        _by_members(lib.sinklab_attention_forward, n_members, batch, (n_heads, RULES[rule]),
+        _by_members(lib.sinklab_attention_forward, n_members, batch, (n_heads, kernel_code(rule)),
                     (x, a, m, out, scores, weights, q, v))
         ctx.save_for_backward(x, a, m, scores, weights, q, v)
         ctx.rule = rule
@@ -194,7 +202,8 @@ class FusedAttention(torch.autograd.Function):
         g = g.contiguous()
         gx, ga, gm = torch.empty_like(x), torch.empty_like(a), torch.empty_like(m)
         _by_members(_library(seq, d).sinklab_attention_backward, n_members, batch,
-                    (a.shape[1], RULES[ctx.rule]), (x, a, m, scores, weights, q, v, g, gx, ga, gm))
+                    (a.shape[1], kernel_code(ctx.rule)),
+                    (x, a, m, scores, weights, q, v, g, gx, ga, gm))
         return gx, ga, gm, None
 
 
@@ -217,7 +226,7 @@ class TrainStep:
         self.model, self.opt = model, opt
         self.n_members, self.n_layers = model.n_members, len(model.blocks)
         self.n_heads, self.seq_len, self.d_model = model.cfg.n_heads, seq_len, model.d_model
-        self.rule, self.residual = RULES[model.cfg.attention], int(model.residual)
+        self.rule, self.residual = kernel_code(model.cfg.attention), int(model.residual)
         self.lib = _library(seq_len, model.d_model)
         shape = (self.n_layers, self.n_members, self.n_heads, self.d_model, self.d_model)
         ref = opt.flat

@@ -8,7 +8,7 @@
     trigger_heads  trigger-conditional heads found by a permutation test
     head_sets      sets of heads against random control sets, two-level (heads x probes)
                    bootstrap (numpy only)
-    survey, edits  the computation of ``sinklab lm`` (declared in ``sinklab.studies.real_models``)
+    survey, edits  the computation of ``sinklab lm`` (declared in ``sinklab.studies.lm``)
 
 Needs the extra ``sinklab[lm]``. The names researchers use are reachable here
 (``sinklab.lm.load``, ``sinklab.lm.run_with_cache``, ``sinklab.lm.interventions``); they are

@@ -38,7 +38,6 @@ import torch
 from torch import Tensor
 
 from sinklab import metrics
-from sinklab.claims import nan_mean
 from sinklab.hooks import Hooks
 from sinklab.lm import capture, trigger_heads
 from sinklab.lm import interventions as iv
@@ -52,6 +51,7 @@ from sinklab.lm.settings import (
     SINK_TOKENS,
     band_label,
 )
+from sinklab.stats import nan_mean
 
 
 def compared_from(window: int) -> int:
@@ -79,8 +79,9 @@ class Settings:
 
 
 class Stages(Protocol):
-    """Where finished stages are kept (``studies.base.Stages``): ``keep(name, compute)`` gives
-    the stage's kept result, or computes it and keeps it, returned as it will be read back."""
+    """Where finished stages are kept (``sinklab.studies.study.Stages``): ``keep(name,
+    compute)`` gives the stage's kept result, or computes it and keeps it, returned as it will be
+    read back."""
 
     def keep(self, name: str, compute: Callable[[], Any]) -> Any: ...
 

@@ -122,7 +122,7 @@ def two_level(values: np.ndarray, draws: int, seed: int = 0) -> np.ndarray:
     the heads with replacement crossed with the probes with replacement, and its mean's
     deviation from the estimate is divided by the draw's own standard error over the outer unit
     (the heads; the probes when there is one head) and scaled by the estimate's. Studentizing
-    keeps a skewed set of head effects from narrowing the bounds (tests/test_lm_units.py
+    keeps a skewed set of head effects from narrowing the bounds (tests/lm/test_lm_units.py
     measures the coverage); values that do not vary give the plain draws."""
     arr = _check(values)
     rng = np.random.default_rng(seed)

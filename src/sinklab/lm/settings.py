@@ -1,6 +1,15 @@
 """The numbers of ``sinklab lm``'s protocol that its options, help texts and records name, in a
 module without torch: the probes' defaults, the metrics' threshold sweeps, the trigger-head
-finder's settings and the interventions' settings."""
+finder's settings and the interventions' settings; and ``SurveySettings``, what one run of
+``sinklab.lm.survey`` is asked to do."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sinklab.lm.sources import ProbeTexts
 
 # ------------------------------------------------------------------------------ probes
 
@@ -58,3 +67,23 @@ def needs_text(tokens: int, prefix: list[str]) -> str:
     front = f" ({tokens} with {' '.join(prefix)} in front)" if prefix else ""
     return f"not measured: needs texts of at least {content} token{'' if content == 1 else 's'}" \
         f"{front}"
+
+
+# ------------------------------------------------------------------- a survey's settings
+
+
+@dataclass(frozen=True)
+class SurveySettings:
+    """What ``sinklab.lm.survey`` reads of a run: the natural probe texts, the probes' sizes
+    and the interventions' settings (checked by whoever builds it: ``sinklab lm``'s options),
+    and the device the models run on (``auto``, ``cpu``, ``cuda:N``)."""
+
+    texts: ProbeTexts  # the natural probes, each cut to n_tokens
+    n_tokens: int  # content tokens per probe at most; random probes have exactly this many
+    n_random: int  # random-token probes
+    batch_size: int  # probes per forward pass
+    n_intervene: int  # the first natural probes the interventions run on (0: none)
+    ablate_heads: int  # the sink heads: the heads with the most first-token mass
+    cap_eps: float  # the caps leave at most 1 - cap_eps of a row on the first token
+    window: int  # StreamingLLM's window of recent tokens
+    device: str = "auto"

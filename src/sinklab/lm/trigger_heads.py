@@ -51,10 +51,10 @@ from typing import Any
 import numpy as np
 from scipy import sparse, stats
 
-from sinklab import claims
 from sinklab.errors import LMError
 from sinklab.lm import head_sets, settings
 from sinklab.lm import loading as lm
+from sinklab.stats import ALPHA, CONFIDENCE
 
 N_PERM = 10_000  # permutations when n_perm is left unset (more when the correction needs them)
 HEADROOM = 2  # ... at least enough that a lone head at the floor has adjusted p <= alpha / this
@@ -302,7 +302,7 @@ def _exceed(null: np.ndarray, observed: np.ndarray) -> np.ndarray:
 
 def scan(arrays: dict[str, np.ndarray], tokens: np.ndarray, positions: np.ndarray,
          probes: np.ndarray, decode: Callable[[int], str] | None = None,
-         n_perm: int | None = None, alpha: float = claims.ALPHA, method: str = "holm",
+         n_perm: int | None = None, alpha: float = ALPHA, method: str = "holm",
          within: str = "position", seed: int = 0, min_count: int = settings.MIN_COUNT,
          min_position: int = settings.MIN_POSITION, dormant_level: float = settings.DORMANT_LEVEL,
          dormant_share: float = settings.DORMANT_SHARE) -> TriggerScan:
@@ -463,13 +463,13 @@ def targeted_effect(loss_change: np.ndarray, is_trigger: np.ndarray,
     lo, hi = (math.nan, math.nan)
     if len(diff) >= 2:
         draws = head_sets.two_level(diff[None, :], settings.BOOTSTRAP_DRAWS, seed=seed)
-        lo, hi = (float(q) for q in np.quantile(draws, [claims.ALPHA, 1 - claims.ALPHA]))
+        lo, hi = (float(q) for q in np.quantile(draws, [ALPHA, 1 - ALPHA]))
     nan = math.nan
     return {
         "trigger_mean": float(mean_at.mean()) if len(diff) else nan,
         "other_mean": float(mean_other.mean()) if len(diff) else nan,
         "difference": float(diff.mean()) if len(diff) else nan,
-        "interval": [lo, hi], "confidence": claims.CONFIDENCE,
+        "interval": [lo, hi], "confidence": CONFIDENCE,
         "n_probes": int(used.sum()), "n_probes_dropped": int((~used).sum()),
         "n_trigger_positions": int(n_at[used].sum()),
         "n_other_positions": int(n_other[used].sum()),

@@ -42,7 +42,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from sinklab.attention import ParamRule, build_rule, causal_mask
+from sinklab.attention import ParamRule, build_rule, causal_mask, mix_values, seen_patterns
 from sinklab.hooks import Hooks
 from sinklab.pretrain.runconfig import MLP_RATIO, POSITIONS
 
@@ -95,9 +95,9 @@ class LMOutput:
     passed: list[Tensor | None] = field(default_factory=list)
 
     def seen(self) -> list[Tensor]:
-        """Each layer's pattern as its heads' outputs see it (times a gate's passed share)."""
-        return [p if share is None else p * share[..., None]
-                for p, share in zip(self.patterns, self.passed or [None] * len(self.patterns))]
+        """Each layer's pattern as its heads' outputs see it (times a gate's passed share,
+        ``sinklab.attention.seen_patterns``)."""
+        return seen_patterns(self.patterns, self.passed)
 
 
 def rotary_tables(seq_len: int, d_head: int, device: torch.device, dtype: torch.dtype
@@ -206,14 +206,12 @@ class LMAttention(nn.Module):
             v = hook("attn.v", v.transpose(1, 2)).transpose(1, 2)  # seen as (B, K, H, d_head)
         mixed = pattern @ v  # (B, H, Q, d_head)
         passed = None
-        if self.value_side:
-            # sinklab's value-side layout: (members, batch, query, head, d_head)
-            before = mixed.transpose(1, 2)[None]
-            after = self.rule.mix(before, own.transpose(1, 2).reshape(batch, seq * heads, -1),
-                                  x[None], q.transpose(1, 2)[None])
-            share = self.rule.passed(before.detach(), after.detach())
-            passed = None if share is None else share[0].transpose(1, 2)
-            mixed = after[0].transpose(1, 2)
+        if self.value_side:  # as every model applies it, with a members axis of one
+            out, share = mix_values(self.rule, mixed[None], own[None], x[None], q[None])
+            # the one member taken in the rule's layout (1, B, Q, H, d_head), so that the
+            # gradient reaches ``mix`` laid out as it gave its values: the same sums, bit for bit
+            mixed = out.transpose(2, 3)[0].transpose(1, 2)  # (B, H, Q, d_head)
+            passed = None if share is None else share[0]
         merged = mixed.transpose(1, 2).reshape(batch, seq, d)  # heads concatenated
         if hooks is not None and hooks.wants(self.names["attn.result"]):
             w_o = self.w_o.weight.view(d, heads, dh).permute(1, 2, 0)  # (H, d_head, d_model)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sinklab import heavy
 from sinklab.config import check_device
 from sinklab.errors import ConfigError
 from sinklab.runs import limits
@@ -135,15 +136,14 @@ class ModelSettings:
         _need(isinstance(self.attention, str), "model", self, "attention", "give a rule's name")
         _need(isinstance(self.attention_args, dict), "model", self, "attention_args",
               "give a table of the rule's keyword arguments")
-        # torch: the rule is built to be checked; the help texts do not build one
-        from sinklab.attention import build_rule, check_contract, rule_info
+        attention = heavy("attention")
 
         try:
-            info = rule_info(self.attention)
+            info = attention.rule_info(self.attention)
             self.attention_args = info.check_kwargs(dict(self.attention_args),
                                                     prefix="model.attention_args.")
-            check_contract(self.attention, self.attention_args)
-            build_rule(self.attention, 1, self.n_heads, self.d_model, self.d_head,
+            attention.check_contract(self.attention, self.attention_args)
+            attention.build_rule(self.attention, 1, self.n_heads, self.d_model, self.d_head,
                        **self.attention_args)
         except ValueError as exc:  # an unknown rule, a bad argument, a broken contract
             raise ConfigError(str(exc)) from None

@@ -118,23 +118,12 @@ def read_marker(folder: Path) -> dict[str, Any] | None:
 class CorruptMarker(ResultsError):
     """A marker that is not valid JSON: nothing in it says whose the folder is. The message
     says how to get the folder back (``marker_remedy``); a study rebuilds its own folder's
-    marker from the finished runs inside (``sinklab.studies.base``)."""
+    marker from the finished runs inside (``sinklab.studies.runner``)."""
 
     def __init__(self, folder: Path, detail: str) -> None:
         super().__init__(f"{folder / MARKER} is corrupted (not valid JSON: {detail}), so "
                          f"sinklab cannot tell what {folder} holds; {marker_remedy(folder)}.")
         self.folder, self.detail = folder, detail
-
-
-def marker_is_corrupt(folder: Path) -> bool:
-    """Whether ``folder`` has a marker file that is not valid JSON."""
-    try:
-        read_marker(folder)
-    except CorruptMarker:
-        return True
-    except ResultsError:
-        return False
-    return False
 
 
 def store_origin(folder: Path) -> str | None:
@@ -510,3 +499,10 @@ def finished_runs(path: Path) -> list[Path]:
             raise ResultsError(f"{run} holds a run that has not finished (it has no completion "
                                "record), so it has no maps to draw.")
     return runs
+
+
+def model_digest(path: Any) -> str:
+    """The SHA-256 of a finished run's model, from its completion record: what a cached
+    evaluation of the model depends on besides its settings (the zoo's and the extensions')."""
+    marker = read_marker(path) or {}
+    return marker["complete"]["files"]["model.pt"]["sha256"]

@@ -23,6 +23,7 @@ import os
 import re
 from typing import Any
 
+from sinklab import heavy
 from sinklab.config import RunConfig
 from sinklab.errors import ConfigError
 
@@ -139,7 +140,7 @@ def run_bytes(cfg: RunConfig, members: int = 1) -> int:
     """Training ``members`` models of ``cfg`` as one ensemble and evaluating them: the
     weights with Adam's state, one step's activations kept for backward and their gradients,
     a block of the data stream's inputs and targets, and the evaluation on the test set."""
-    from sinklab.task import TrainStream  # torch: this module also serves the help texts
+    task = heavy("task")
 
     t, d, m = cfg.task.seq_len, cfg.task.d_model, cfg.model
     b = cfg.train.batch_size
@@ -148,7 +149,7 @@ def run_bytes(cfg: RunConfig, members: int = 1) -> int:
     heads = members * m.n_layers * b * m.n_heads * t * d  # per layer: q, k, v, head outputs
     mlp = members * m.n_layers * b * t * 4 * d * (m.block == "standard")
     step = 8 * scores + 10 * heads + 6 * mlp + 3 * members * b * t * d
-    step += 2 * TrainStream.BLOCK * members * b * t * d  # the stream's x and y for a block
+    step += 2 * task.TrainStream.BLOCK * members * b * t * d  # the stream's x and y for a block
     return (RUN_BYTES + FLOAT * (params + step)
             + forward_bytes(cfg, cfg.eval.n_sequences, members))
 

@@ -17,6 +17,10 @@ that older protocol) can be adopted (``--reuse DIR``) instead of trained again:
 
     sinklab extensions --out results/extensions                 # 3 seeds
     sinklab extensions --reuse results/ext-old --out results/ext   # adopt finished runs
+
+This module is the study's declaration (its options, its runs and ``STUDY``), light enough for
+the help texts; what is read from the runs, the claims and the figures are in
+``sinklab.studies.extensions_analysis``.
 """
 
 from __future__ import annotations
@@ -25,35 +29,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from sinklab import claims as cl
-from sinklab.claims import Claim
-from sinklab.config import (
-    RunConfig,
-    TaskConfig,
-    build_run_config,
-    check_count,
-)
-from sinklab.definitions import SINK_HEAD_THRESHOLD
+from sinklab.config import RunConfig, build_run_config, check_count
 from sinklab.runs import limits
-from sinklab.runs.files import read_log
-from sinklab.studies import zoo as zoo_study
-from sinklab.studies.base import (
-    Cell,
-    Context,
-    Execution,
-    FigureSpec,
-    Study,
-    check_reuse,
-    named,
-)
+from sinklab.studies.options import named
+from sinklab.studies.study import Cell, Execution, Study
 
 RULES = ("softmax", "relu")
-# What the theorem predicts of each rule: softmax must sink to solve the task, ReLU need not
-# (its all-zero rows output zero), so a softmax seed has a sink head at a rate above r0 and a
-# ReLU seed at a rate below 1 - r0, each with the other rule as its control.
-EXPECTS_SINK = {"softmax": True, "relu": False}
 CONFIGS: dict[str, tuple[int, int]] = {"1x1": (1, 1), "2x2": (2, 2)}
 # The protocol of the extensions' runs: one rate per configuration (the middle of the grid the
 # zoo used to screen), a fixed budget and fine training logs, which the sink-emergence curves
@@ -62,29 +43,18 @@ LR = {"1x1": 1e-3, "2x2": 3e-4}
 STEPS = {"1x1": 3000, "2x2": 6000}
 QUICK_STEPS = {"1x1": 1500, "2x2": 300}
 LOG_EVERY = 10
+SEQ_LENS = (8, 16, 32, 64, 128)
+QUICK_SEQ_LENS = (8, 16, 32)
+FREQUENCIES = ((0.0, 1), (0.25, 1), (0.5, 1), (0.9, 1), (0.0, 2), (0.0, 4), (0.5, 4))
+QUICK_FREQUENCIES = ((0.0, 1), (0.5, 1), (0.0, 3))
+BLOCKS = ("attention", "standard")
+DEFAULT_SEEDS, QUICK_SEEDS = 3, 1
+PRIMARY = ("seq_len.softmax.sink", "seq_len.relu.sink")  # the theorem's prediction, both rules
 
 
 def steps(config: str, quick: bool) -> int:
     """The step budget of every run in ``config``."""
     return (QUICK_STEPS if quick else STEPS)[config]
-SEQ_LENS = (8, 16, 32, 64, 128)
-QUICK_SEQ_LENS = (8, 16, 32)
-FREQUENCIES = ((0.0, 1), (0.25, 1), (0.5, 1), (0.9, 1), (0.0, 2), (0.0, 4), (0.5, 4))
-QUICK_FREQUENCIES = ((0.0, 1), (0.5, 1), (0.0, 3))
-EVAL_LENGTHS = (16, 32, 64)
-BLOCKS = ("attention", "standard")
-# The shared test set of the trigger-frequency sweep: a third of the sequences without a
-# trigger, the rest with 1-4 triggers (so half of all sequences have several).
-MIXED = TaskConfig(no_trigger_prob=1 / 3, max_triggers=4)
-MIXED_SEQUENCES = 1500
-SINK_STEP_LEVELS = (0.5, 0.9)  # first step with the most sinking head at this BOS weight
-ERROR_DROP = 0.1  # first step with the training batch L∞ below this
-MOVED = 0.5  # a sink "moved" when a head puts this much of a non-trigger row on the query itself
-# An error on a condition the model was not trained on (a longer sequence, several triggers)
-# "stays" when it is within this factor of the same model's error on the condition it was.
-GENERALISE_FACTOR = 2.0
-DEFAULT_SEEDS, QUICK_SEEDS = 3, 1
-CACHE_VERSION = 1
 
 
 @dataclass
@@ -144,7 +114,7 @@ def setting_name(task: dict[str, Any], model: dict[str, Any]) -> str:
     return "".join(parts)
 
 
-def _frequency_task(p: float, k: int) -> dict[str, Any]:
+def frequency_task(p: float, k: int) -> dict[str, Any]:
     return {"no_trigger_prob": p, "max_triggers": k}
 
 
@@ -185,7 +155,7 @@ def cells(opts: ExtensionsOptions, exe: Execution) -> list[Cell]:
                                     f"L={n}"))
             for p, k in frequencies(opts):
                 result.append(_cell(opts, exe, "trigger", "1x1", rule, seed,
-                                    _frequency_task(p, k), {}, f"no-trigger {p:g}, <= {k}"))
+                                    frequency_task(p, k), {}, f"no-trigger {p:g}, <= {k}"))
             for config in block_configs(opts):
                 for block in BLOCKS:
                     result.append(_cell(opts, exe, "block", config, rule, seed, {},
@@ -193,601 +163,8 @@ def cells(opts: ExtensionsOptions, exe: Execution) -> list[Cell]:
     return result
 
 
-# ------------------------------------------------------------------- evaluations (cached)
-
-
-def _max_head(values: Any) -> float:
-    return float(np.max(values))
-
-
-def _cached(ctx: Context, what: str, name: str, compute: Any) -> Any:
-    """``compute(path)`` for the run ``name``, kept in ``cache/`` with the model it read."""
-    path = ctx.out / name
-    settings = {"version": CACHE_VERSION, "model": zoo_study.model_digest(path),
-                "lengths": list(EVAL_LENGTHS), "mixed_sequences": MIXED_SEQUENCES}
-    return ctx.cached(f"ext_{what}_{name.removeprefix('runs/')}", settings,
-                      lambda: {"value": compute(path)})["value"]
-
-
-# ------------------------------------------------------------------------------ records
-
-
-def is_sink(run: dict[str, Any]) -> bool:
-    """A sink head: non-trigger BOS weight (absolute) at least ``SINK_HEAD_THRESHOLD``."""
-    return run["bos_max"] >= SINK_HEAD_THRESHOLD
-
-
-def _run(ctx: Context, name: str) -> dict[str, Any]:
-    s = ctx.summary(name)
-    return {"seed": s["seed"], "converged": s["converged"], "steps": s["steps"],
-            "test_linf": s["linf_error"], "mse": s["mse"],
-            "linf_nontrigger": s["linf_nontrigger"], "linf_trigger": s["linf_trigger"],
-            "bos_max": _max_head(s["bos_mass_nontrigger"]), "sink_heads": s["sink_heads"]}
-
-
-def first_step(log: list[dict[str, Any]], key: str, test: Any) -> int | None:
-    """The first logged step whose value passes ``test``, or None."""
-    return next((row["step"] for row in log if test(row[key])), None)
-
-
-def emergence(path: Path) -> dict[str, Any]:
-    """A run's training curve (most sinking head's BOS weight, batch L∞) and its landmarks."""
-    log = read_log(path / "metrics.jsonl")
-    for row in log:
-        row["bos_max"] = _max_head(row["bos_mass_nontrigger"])
-    result = {"step": [r["step"] for r in log], "bos_max": [r["bos_max"] for r in log],
-              "train_linf": [r["train_linf"] for r in log],
-              "error_drop_step": first_step(log, "train_linf", lambda v: v < ERROR_DROP)}
-    for level in SINK_STEP_LEVELS:
-        result[f"bos{level:g}_step"] = first_step(log, "bos_max", lambda v, t=level: v >= t)
-    return result
-
-
-def fate(run: dict[str, Any]) -> str:
-    """What one seed's heads do at non-trigger rows: keep a sink on BOS ("sink"), put their row
-    on the query itself ("self"), or neither ("none")."""
-    if is_sink(run):
-        return "sink"
-    return "self" if run["self_max"] >= MOVED else "none"
-
-
-def _group(rows: list[dict[str, Any]], **keys: Any) -> list[dict[str, Any]]:
-    return [r for r in rows if all(r[k] == v for k, v in keys.items())]
-
-
-def _summary(rows: list[dict[str, Any]], keys: dict[str, Any], values: tuple[str, ...]
-             ) -> dict[str, Any]:
-    """One setting of a sweep over its seeds: per-seed lists of ``values``, the counts."""
-    return {**keys, "n": len(rows), "converged": sum(r["converged"] for r in rows),
-            "sinks": sum(is_sink(r) for r in rows),
-            **{v: [r[v] for r in rows] for v in values}}
-
-
-def _median(values: list[int | None]) -> dict[str, Any]:
-    known = [v for v in values if v is not None]
-    return {"median": float(np.median(known)) if known else None, "known": len(known),
-            "n": len(values)}
-
-
-def _protocol(opts: ExtensionsOptions, exe: Execution) -> dict[str, Any]:
-    cfg = run_config("1x1", "softmax", 0, opts, exe.device)
-    return {"lr": LR, "steps": {c: steps(c, opts.quick) for c in CONFIGS},
-            "tol": cfg.train.tol, "eval_sequences": cfg.eval.n_sequences,
-            "train_trigger_min": cfg.task.train_trigger_min,
-            "eval_trigger": cfg.task.eval_trigger, "seq_len": cfg.task.seq_len,
-            "log_every": cfg.train.log_every, "sink_head": SINK_HEAD_THRESHOLD,
-            "moved": MOVED, "generalise_factor": GENERALISE_FACTOR, "error_drop": ERROR_DROP,
-            "sink_step_levels": list(SINK_STEP_LEVELS), "eval_lengths": list(EVAL_LENGTHS),
-            "mixed": {"no_trigger_prob": MIXED.no_trigger_prob,
-                      "max_triggers": MIXED.max_triggers, "sequences": MIXED_SEQUENCES},
-            "seq_lens": list(seq_lens(opts)), "frequencies": [list(f) for f in frequencies(opts)],
-            "block_configs": list(block_configs(opts))}
-
-
-def collect(ctx: Context) -> dict[str, Any]:
-    """Every sweep's runs (one row per run and seed) and each setting over its seeds."""
-    opts = ctx.opts
-    from sinklab import measure  # torch: the declaration also serves the help texts
-
-    seeds = range(opts.seeds)
-    seq, trig, block, length, emerge, curves = [], [], [], [], [], []
-    for rule in RULES:
-        for n in seq_lens(opts):
-            for s in seeds:
-                seq.append({"rule": rule, "seq_len": n,
-                            **_run(ctx, run_name("1x1", rule, s, {"seq_len": n}))})
-        for p, k in frequencies(opts):
-            for s in seeds:
-                name = run_name("1x1", rule, s, _frequency_task(p, k))
-                trig.append({"rule": rule, "no_trigger_prob": p, "max_triggers": k,
-                             **_run(ctx, name), **{f"mixed_{key}": v for key, v in _cached(
-                                 ctx, "mixed", name, lambda path: measure.mixed_evaluation(
-                                     path, MIXED, MIXED_SEQUENCES)).items()}})
-        for config in block_configs(opts):
-            for b in BLOCKS:
-                for s in seeds:
-                    name = run_name(config, rule, s, model={"block": b})
-                    row = {"config": config, "rule": rule, "block": b, **_run(ctx, name),
-                           "self_max": measure.self_mass(ctx.out / name)}
-                    block.append({**row, "fate": fate(row)})
-            # the paper's models (attention blocks at L = 16): tested longer, and their curves
-            for s in seeds:
-                name = run_name(config, rule, s)
-                base = _run(ctx, name)
-                for t in _cached(ctx, "lengths", name,
-                                 lambda path: measure.length_evaluation(path, EVAL_LENGTHS)):
-                    length.append({"config": config, "rule": rule, "seed": s,
-                                   "converged": base["converged"], **t})
-                e = emergence(ctx.out / name)
-                curves.append({"config": config, "rule": rule, "seed": s, "step": e["step"],
-                               "bos_max": e["bos_max"], "train_linf": e["train_linf"]})
-                emerge.append({"config": config, "rule": rule, "seed": s,
-                               "converged": base["converged"], "steps": base["steps"],
-                               "bos_step0": e["bos_max"][0] if e["bos_max"] else None,
-                               **{k: v for k, v in e.items()
-                                  if k.endswith("_step") and k != "step"}})
-    values = ("seed", "steps", "test_linf", "linf_nontrigger", "linf_trigger", "bos_max",
-              "sink_heads")
-    mixed = ("mixed_linf_none", "mixed_linf_one", "mixed_linf_several", "mixed_bos_max")
-    return {
-        "protocol": _protocol(opts, ctx.exe),
-        "seq_len": seq, "trigger": trig, "block": block, "length": length,
-        "emergence": emerge, "curves": curves,
-        "seq_len_groups": [_summary(_group(seq, rule=r, seq_len=n), {"rule": r, "seq_len": n},
-                                    values) for r in RULES for n in seq_lens(opts)],
-        "trigger_groups": [_summary(_group(trig, rule=r, no_trigger_prob=p, max_triggers=k),
-                                    {"rule": r, "no_trigger_prob": p, "max_triggers": k},
-                                    values + mixed)
-                           for r in RULES for p, k in frequencies(opts)],
-        "block_groups": [_block_group(_group(block, config=c, rule=r, block=b),
-                                      {"config": c, "rule": r, "block": b}, values)
-                         for c in block_configs(opts) for r in RULES for b in BLOCKS],
-        "emergence_groups": [_emergence_group(_group(emerge, config=c, rule=r), c, r)
-                             for c in block_configs(opts) for r in RULES],
-    }
-
-
-def _block_group(rows: list[dict[str, Any]], keys: dict[str, Any], values: tuple[str, ...]
-                 ) -> dict[str, Any]:
-    return {**_summary(rows, keys, values + ("self_max", "fate")),
-            "fates": {f: sum(r["fate"] == f for r in rows) for f in ("sink", "self", "none")}}
-
-
-def _emergence_group(rows: list[dict[str, Any]], config: str, rule: str) -> dict[str, Any]:
-    return {"config": config, "rule": rule, "n": len(rows),
-            "converged": sum(r["converged"] for r in rows),
-            "bos_step0": [r["bos_step0"] for r in rows],
-            **{f"bos{level:g}_step": _median([r[f"bos{level:g}_step"] for r in rows])
-               for level in SINK_STEP_LEVELS},
-            "error_drop_step": _median([r["error_drop_step"] for r in rows]),
-            "stop_step": _median([r["steps"] for r in rows])}
-
-
-# ------------------------------------------------------------------------------- claims
-#
-# Each empirical claim below is one prediction, pooled over the replicate settings that share it
-# (``parts``: per-setting counts and a heterogeneity test), and carries its control: the same
-# test run on the setting that differs in the one factor the claim is about (the other rule for
-# a claim about the rule). Where no setting can come out the other way the claim is descriptive.
-
-PRIMARY = ("seq_len.softmax.sink", "seq_len.relu.sink")  # the theorem's prediction, both rules
-RULE_NAMES = {"softmax": "softmax", "relu": "ReLU"}
-Parts = list[tuple[str, int, int]]
-
-
-def _other(rule: str) -> str:
-    return next(r for r in RULES if r != rule)
-
-
-def _seeds(rule: str, where: str, start: bool = True) -> str:
-    """'Softmax seeds trained at L = 8 to 128', capitalised to ``start`` a sentence."""
-    words = f"{RULE_NAMES[rule]} seeds {where}"
-    return words[0].upper() + words[1:] if start else words
-
-
-def _rate(key: str, sentence: str, parts: Parts, what: str, above: bool) -> Claim:
-    """The pooled rate claim: above r0 (``above``) or below 1 - r0."""
-    build = cl.rate_at_least if above else cl.rate_at_most
-    return build(key, sentence, None, None, what, parts=parts)
-
-
-def _controlled(key: str, sentence: str, what: str, above: bool, parts: Parts,
-                control: Parts, setting: str) -> Claim:
-    """The pooled rate claim with its control: the same test on the ``control`` parts."""
-    claim = _rate(key, sentence, parts, what, above)
-    test = _rate(f"{key}.control", f"the same test on {setting}", control, what, above)
-    return cl.with_control(claim, test, setting)
-
-
-def _count(rows: list[dict[str, Any]], test: Any) -> tuple[int, int]:
-    return sum(bool(test(r)) for r in rows), len(rows)
-
-
-def _parts(settings: list[tuple[str, list[dict[str, Any]]]], test: Any) -> Parts:
-    """(setting, k, n) per setting: k of its n rows pass ``test``."""
-    return [(name, *_count(rows, test)) for name, rows in settings]
-
-
-def _reached(settings: list[tuple[str, list[dict[str, Any]]]]) -> tuple[int, int]:
-    rows = [r for _, rows in settings for r in rows]
-    return _count(rows, lambda r: r["converged"])
-
-
-SINK_WHAT = f"have a sink head (non-trigger BOS weight >= {SINK_HEAD_THRESHOLD:g})"
-
-
-def sink_claim(key: str, rule: str, where: str,
-               settings: dict[str, list[tuple[str, list[dict[str, Any]]]]]) -> Claim:
-    """The theorem's prediction for ``rule`` pooled over ``settings[rule]`` (setting, rows): a
-    softmax seed has a sink head at a rate above r0, a ReLU seed at a rate below 1 - r0; the
-    control is the other rule through the same test, in the same settings. The sentence says
-    how many of the seeds reached the stop rule."""
-    above = EXPECTS_SINK[rule]
-    k, n = _reached(settings[rule])
-    rate = f"above {cl.R0:g}" if above else f"below {1 - cl.R0:.2g}"
-    sentence = (f"{_seeds(rule, where)} have a sink head at a rate {rate} ({k} of {n} reached "
-                f"the stop rule)")
-    other = _other(rule)
-    return _controlled(key, sentence, SINK_WHAT, above, _parts(settings[rule], is_sink),
-                       _parts(settings[other], is_sink),
-                       f"the {RULE_NAMES[other]} seeds {where}")
-
-
-def _errors(rows: list[dict[str, Any]], tol: float) -> str:
-    """The test L∞ over ``rows`` in words: median, range and how many exceed the tolerance."""
-    if not rows:
-        return "no seeds"
-    values = np.array([r["test_linf"] for r in rows])
-    return (f"test L∞ median {np.median(values):.3g} (range {values.min():.3g} to "
-            f"{values.max():.3g}), above the tolerance {tol:g} in {int(np.sum(values > tol))} "
-            f"of {values.size}")
-
-
-def solves_claim(key: str, rule: str, where: str,
-                 settings: list[tuple[str, list[dict[str, Any]]]], tol: float) -> Claim:
-    """How many seeds reached the stop rule, with their test errors: the protocol's outcome,
-    descriptive (there is nothing for a control to differ in)."""
-    k, n = _reached(settings)
-    per = ", ".join(f"{name}: {_count(rows, lambda r: r['converged'])[0]}/{len(rows)}"
-                    for name, rows in settings)
-    rows = [r for _, rows in settings for r in rows]
-    data = (f"{k} of {n} seeds reached the stop rule (a training batch's L∞ below {tol:g}); "
-            f"per setting {per}; {_errors(rows, tol)}")
-    return cl.descriptive(key, f"{k} of {n} {_seeds(rule, where, False)} reached the stop "
-                          "rule", data, n=n, estimate=k / n if n else None)
-
-
-def _within(ratio_of: float | None, base: float | None) -> bool:
-    """Whether an error stays within ``GENERALISE_FACTOR`` of the base error (two zeros do)."""
-    if ratio_of is None or base is None:
-        return False
-    return ratio_of <= GENERALISE_FACTOR * base
-
-
-def keeps_several(run: dict[str, Any]) -> bool:
-    """Whether a run's L∞ on the mixed set's sequences with several triggers stays within
-    ``GENERALISE_FACTOR`` of its L∞ on those with one."""
-    return _within(run["mixed_linf_several"], run["mixed_linf_one"])
-
-
-def _trigger_claims(records: dict[str, Any], opts: ExtensionsOptions) -> list[Claim]:
-    """Sink heads pooled over the trigger settings; several triggers split by whether training
-    had as many triggers as the mixed test set (a different prediction for ReLU)."""
-    out: list[Claim] = []
-    f = GENERALISE_FACTOR
-    most = records["protocol"]["mixed"]["max_triggers"]
-
-    def settings(rule: str, seen: bool | None = None) -> list[tuple[str, list[dict[str, Any]]]]:
-        return [(f"P(no trigger) {p:g}, <= {k}",
-                 _group(records["trigger"], rule=rule, no_trigger_prob=p, max_triggers=k))
-                for p, k in frequencies(opts) if seen is None or (k >= most) == seen]
-
-    where = f"trained at {len(frequencies(opts))} trigger frequencies"
-    by_rule = {r: settings(r) for r in RULES}
-    for rule in RULES:
-        out.append(sink_claim(f"trigger.{rule}.sink", rule, where, by_rule))
-    what = (f"keep their L∞ on the mixed set's sequences with several triggers within {f:g}x "
-            f"their L∞ on those with one")
-    fewer = " or ".join(str(k) for k in sorted({k for _, k in frequencies(opts) if k < most}))
-    unseen = {r: _parts(settings(r, seen=False), keeps_several) for r in RULES}
-    seen = {r: _parts(settings(r, seen=True), keeps_several) for r in RULES}
-    unseen_where = (f"trained with at most {fewer} trigger(s) per sequence (fewer than the "
-                    f"mixed set's up to {most})")
-    seen_where = (f"trained with up to {most} triggers per sequence (as many as the mixed set "
-                  "has)")
-    if unseen["softmax"]:
-        for rule in RULES:
-            above = rule == "softmax"
-            other = _other(rule)
-            rate = f"above {cl.R0:g}" if above else f"below {1 - cl.R0:.2g}"
-            out.append(_controlled(
-                f"trigger.{rule}.several_unseen",
-                f"{_seeds(rule, unseen_where)} keep their error on several triggers within "
-                f"{f:g}x their error on one at a rate {rate}", what, above, unseen[rule],
-                unseen[other], f"the {RULE_NAMES[other]} seeds {unseen_where}"))
-    if seen["relu"]:
-        # the factor here is training with several triggers: the control is the ReLU seeds
-        # trained with fewer, through the same test (softmax passes it either way: below)
-        out.append(_controlled(
-            "trigger.relu.several_seen",
-            f"{_seeds('relu', seen_where)} keep their error on several triggers within "
-            f"{f:g}x their error on one at a rate above {cl.R0:g}", what, True, seen["relu"],
-            unseen["relu"], f"the ReLU seeds {unseen_where}"))
-        k, n, kf, nf, kr, nr = (sum(q[i] for q in parts) for parts in (
-            seen["softmax"], unseen["softmax"], seen["relu"]) for i in (1, 2))
-        out.append(cl.as_descriptive(
-            _rate("trigger.softmax.several_seen", "", seen["softmax"], what, True),
-            f"{k} of {n} {_seeds('softmax', seen_where, False)} keep their error on several "
-            f"triggers within {f:g}x their error on one (descriptive; the settings a control "
-            f"could come from: {kf} of {nf} softmax seeds trained with fewer triggers and {kr} "
-            f"of {nr} ReLU seeds trained alike do so)"))
-    return out
-
-
-def _length_claims(records: dict[str, Any], opts: ExtensionsOptions) -> list[Claim]:
-    """The L = 16 models at longer lengths, over the seeds that reached the stop rule there."""
-    out: list[Claim] = []
-    p = records["protocol"]
-    tol, f, trained = p["tol"], GENERALISE_FACTOR, p["seq_len"]
-
-    def seeds_of(rule: str) -> list[tuple[str, list[list[dict[str, Any]]]]]:
-        """Per configuration, each seed's tests (the seeds that reached the stop rule)."""
-        result = []
-        for config in block_configs(opts):
-            rows = _group(records["length"], config=config, rule=rule)
-            ids = sorted({r["seed"] for r in rows if r["converged"]})
-            result.append((config, [[r for r in rows if r["seed"] == s] for s in ids]))
-        return result
-
-    def base(tests: list[dict[str, Any]], key: str) -> float:
-        return next(t[key] for t in tests
-                    if t["seq_len"] == trained and t["trigger"] == p["eval_trigger"])
-
-    def parts(rule: str, test: Any) -> Parts:
-        return [(config, sum(bool(test(s)) for s in seeds), len(seeds))
-                for config, seeds in seeds_of(rule)]
-
-    def carried(key: str) -> Any:
-        return lambda tests: all(_within(t[key], base(tests, key)) for t in tests)
-
-    def below_tol(tests: list[dict[str, Any]]) -> bool:
-        return all(t["linf_nontrigger"] <= tol for t in tests)
-
-    lengths = ", ".join(str(n) for n in p["eval_lengths"])
-    where = (f"trained at L = {trained} that reached the stop rule there, tested at L = "
-             f"{lengths}")
-    what = (f"keep their non-trigger L∞ within {f:g}x their L = {trained} value at each tested "
-            f"length and trigger position")
-    counts = {r: parts(r, carried("linf_nontrigger")) for r in RULES}
-    for rule in RULES:
-        above = not EXPECTS_SINK[rule]  # ReLU's all-zero rows do not see the length
-        other = _other(rule)
-        rate = f"above {cl.R0:g}" if above else f"below {1 - cl.R0:.2g}"
-        out.append(_controlled(
-            f"length.{rule}.nontrigger",
-            f"{_seeds(rule, where)} keep their non-trigger L∞ within {f:g}x their L = "
-            f"{trained} value at a rate {rate}", what, above, counts[rule], counts[other],
-            f"the {RULE_NAMES[other]} seeds {where}"))
-    for key, test, what in (
-            ("tol", below_tol, f"keep their non-trigger L∞ below the stop tolerance {tol:g} at "
-                               "each tested length and trigger position"),
-            ("trigger", carried("linf_trigger"),
-             f"keep their trigger-row L∞ within {f:g}x their L = {trained} value at each tested "
-             "length and trigger position")):
-        both = {r: parts(r, test) for r in RULES}
-        for rule in RULES:
-            other = _other(rule)
-            k, n = (sum(q[i] for q in both[rule]) for i in (1, 2))
-            ko, no = (sum(q[i] for q in both[other]) for i in (1, 2))
-            out.append(cl.as_descriptive(
-                _rate(f"length.{rule}.{key}", "", both[rule], what, True),
-                f"{k} of {n} {_seeds(rule, where, False)} {what} (descriptive; the same "
-                f"count for the {RULE_NAMES[other]} seeds: {ko} of {no})"))
-    return out
-
-
-def _emergence_claims(records: dict[str, Any], opts: ExtensionsOptions) -> list[Claim]:
-    """When the sink forms in the L = 16 runs' training logs, pooled over the configurations."""
-    level, low = max(SINK_STEP_LEVELS), min(SINK_STEP_LEVELS)
-
-    def settings(rule: str) -> list[tuple[str, list[dict[str, Any]]]]:
-        return [(config, _group(records["emergence"], config=config, rule=rule))
-                for config in block_configs(opts)]
-
-    def first(r: dict[str, Any]) -> bool:
-        sink, drop = r[f"bos{level:g}_step"], r["error_drop_step"]
-        return sink is not None and drop is not None and sink < drop
-
-    def half(r: dict[str, Any]) -> bool:
-        return r[f"bos{low:g}_step"] is not None
-
-    where = f"trained at L = {records['protocol']['seq_len']}"
-    return [
-        _controlled(
-            "emergence.softmax.sink_first",
-            f"{_seeds('softmax', where)} form the sink before the error drops at a rate above "
-            f"{cl.R0:g}: the most sinking head reaches BOS weight {level:g} at an earlier "
-            f"logged step than the training batch L∞ falls below {ERROR_DROP:g}",
-            f"reach BOS weight {level:g} before the batch L∞ falls below {ERROR_DROP:g}", True,
-            _parts(settings("softmax"), first), _parts(settings("relu"), first),
-            f"the ReLU seeds {where}"),
-        _controlled(
-            "emergence.relu.bos_half",
-            f"{_seeds('relu', where)} reach BOS weight {low:g} (the most sinking head, at "
-            f"any logged training step) at a rate below {1 - cl.R0:.2g}",
-            f"reach BOS weight {low:g} at a logged step", False,
-            _parts(settings("relu"), half), _parts(settings("softmax"), half),
-            f"the softmax seeds {where}"),
-    ]
-
-
-def claims(records: dict[str, Any], opts: ExtensionsOptions) -> list[Claim]:
-    """The sweeps' claims over seeds: sink heads per sweep (pooled over its settings, the other
-    rule the control), how many seeds reached the stop rule, how errors carry over to unseen
-    lengths and trigger counts, and when the sink forms."""
-    out: list[Claim] = []
-    tol = records["protocol"]["tol"]
-    lens = seq_lens(opts)
-    where = f"trained and tested at L = {lens[0]} to {lens[-1]}"
-    seq = {r: [(f"L={n}", _group(records["seq_len"], rule=r, seq_len=n)) for n in lens]
-           for r in RULES}
-    for rule in RULES:
-        out.append(sink_claim(f"seq_len.{rule}.sink", rule, where, seq))
-    for rule in RULES:
-        out.append(solves_claim(f"seq_len.{rule}.solves", rule, where, seq[rule], tol))
-    out += _trigger_claims(records, opts)
-    configs = block_configs(opts)
-    where = f"with the standard block ({', '.join(configs)})"
-    block = {r: [(c, _group(records["block"], config=c, rule=r, block="standard"))
-                 for c in configs] for r in RULES}
-    for rule in RULES:
-        out.append(sink_claim(f"block.{rule}.sink", rule, where, block))
-    for rule in RULES:
-        out.append(solves_claim(f"block.{rule}.solves", rule, where, block[rule], tol))
-        k, n = _count([r for _, rows in block[rule] for r in rows],
-                      lambda r: r["self_max"] >= MOVED)
-        out.append(cl.descriptive(
-            f"block.{rule}.self",
-            f"{k} of {n} {_seeds(rule, where, False)} have a head that puts at least "
-            f"{MOVED:g} of its non-trigger rows on the query itself",
-            f"{k} of {n} seeds have a head with self weight >= {MOVED:g} at non-trigger rows "
-            f"(per configuration " + ", ".join(
-                f"{c}: {_count(rows, lambda r: r['self_max'] >= MOVED)[0]}/{len(rows)}"
-                for c, rows in block[rule]) + "); no setting of this study must move its "
-            "rows onto the query, so none is a control", n=n, estimate=k / n if n else None))
-    out += _length_claims(records, opts)
-    out += _emergence_claims(records, opts)
-    return out
-
-
-# ------------------------------------------------------------------------------ figures
-
-COLORS = {"softmax": "tab:blue", "relu": "tab:orange"}
-
-
-def _scatter_line(ax: Any, xs: list[Any], per_x: list[list[float]], rule: str) -> None:
-    for x, values in zip(xs, per_x):
-        ax.scatter([x] * len(values), values, color=COLORS[rule], s=10, alpha=0.6)
-    ax.plot(xs, [float(np.mean(v)) for v in per_x], color=COLORS[rule], label=rule)
-
-
-def _draw_seq_len(axes: Any, records: dict[str, Any], opts: ExtensionsOptions) -> None:
-    ax_bos, ax_err = axes[0]
-    for rule in RULES:
-        sel = [g for g in records["seq_len_groups"] if g["rule"] == rule]
-        xs = [g["seq_len"] for g in sel]
-        _scatter_line(ax_bos, xs, [g["bos_max"] for g in sel], rule)
-        _scatter_line(ax_err, xs, [g["test_linf"] for g in sel], rule)
-    for ax, title in ((ax_bos, "non-trigger BOS weight, most sinking head"),
-                      (ax_err, "test L∞ error (log)")):
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("seq_len (train and test)")
-        ax.set_title(title, fontsize=9)
-        ax.legend(fontsize=7)
-    ax_err.set_yscale("log")
-    ax_err.axhline(records["protocol"]["tol"], color="grey", ls="--", lw=0.8)
-
-
-def _draw_trigger(axes: Any, records: dict[str, Any], opts: ExtensionsOptions) -> None:
-    ax_bos, ax_err = axes[0]
-    width = 0.4
-    for i, rule in enumerate(RULES):
-        sel = [g for g in records["trigger_groups"] if g["rule"] == rule]
-        xs = np.arange(len(sel)) + (i - 0.5) * width
-        ax_bos.bar(xs, [float(np.mean(g["bos_max"])) for g in sel], width, color=COLORS[rule],
-                   label=rule)
-        ax_err.bar(xs, [float(np.mean(g["test_linf"])) for g in sel], width,
-                   color=COLORS[rule], label=rule)
-    labels = [f"p={g['no_trigger_prob']:g}\nk<={g['max_triggers']}"
-              for g in records["trigger_groups"] if g["rule"] == RULES[0]]
-    for ax, title in ((ax_bos, "non-trigger BOS weight (paper test set)"),
-                      (ax_err, "test L∞ error (paper test set, log)")):
-        ax.set_xticks(np.arange(len(labels)), labels, fontsize=7)
-        ax.set_title(title + "; p = P(no trigger), k = max triggers", fontsize=9)
-        ax.legend(fontsize=7)
-    ax_err.set_yscale("log")
-
-
-def _configs(records: dict[str, Any]) -> list[str]:
-    return list(records["protocol"]["block_configs"])
-
-
-def _grid(axes: Any) -> np.ndarray:
-    """Axes as a 2-D array (a 1 x 1 grid is handed over as one Axes)."""
-    return np.atleast_2d(np.asarray(axes, dtype=object))
-
-
-def _draw_length(axes: Any, records: dict[str, Any], opts: ExtensionsOptions) -> None:
-    for ax, config in zip(_grid(axes)[0], _configs(records)):
-        for rule in RULES:
-            tests = _group(records["length"], config=config, rule=rule)
-            for far, style in ((False, "-"), (True, ":")):
-                sel = [t for t in tests if (t["trigger"] == t["seq_len"] - 1) == far]
-                xs = sorted({t["seq_len"] for t in sel})
-                ys = [float(np.mean([t["linf_nontrigger"] for t in sel if t["seq_len"] == x]))
-                      for x in xs]
-                where = "at L - 1" if far else f"at {records['protocol']['eval_trigger']}"
-                ax.plot(xs, ys, style, marker="o", color=COLORS[rule],
-                        label=f"{rule}, trigger {where}")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("symlog", linthresh=1e-5)  # an exact zero (ReLU's off rows) stays visible
-        ax.set_ylim(bottom=0)
-        ax.set_xlabel(f"test seq_len (trained at {records['protocol']['seq_len']})")
-        ax.set_title(f"{config}: L∞ error at non-trigger rows (symlog, linear below 1e-5)",
-                     fontsize=9)
-        ax.legend(fontsize=7)
-
-
-def _draw_block(axes: Any, records: dict[str, Any], opts: ExtensionsOptions) -> None:
-    groups = records["block_groups"]
-    labels = [f"{g['config']} {g['rule']}\n{g['block']}" for g in groups]
-    for ax, key, title in ((axes[0][0], "bos_max", "BOS weight, most sinking head"),
-                           (axes[0][1], "self_max", "self weight, most self-attending head")):
-        for x, g in enumerate(groups):
-            ax.bar(x, float(np.mean(g[key])), color=COLORS[g["rule"]],
-                   alpha=1.0 if g["block"] == "attention" else 0.5)
-            ax.scatter([x] * len(g[key]), g[key], color="black", s=8)
-        ax.set_xticks(range(len(labels)), labels, fontsize=7)
-        ax.set_ylim(0, 1.05)
-        ax.set_title(f"non-trigger rows: {title}", fontsize=9)
-
-
-def _draw_emergence(axes: Any, records: dict[str, Any], opts: ExtensionsOptions) -> None:
-    for row, config in zip(_grid(axes), _configs(records)):
-        for rule in RULES:
-            for i, c in enumerate(_group(records["curves"], config=config, rule=rule)):
-                label = rule if i == 0 else None
-                row[0].plot(c["step"], c["bos_max"], color=COLORS[rule], lw=0.8, label=label)
-                row[1].plot(c["step"], c["train_linf"], color=COLORS[rule], lw=0.8, label=label)
-        row[0].set_title(f"{config}: non-trigger BOS weight (training batch, most sinking head)",
-                         fontsize=9)
-        row[1].set_title(f"{config}: training batch L∞ error (log)", fontsize=9)
-        row[1].set_yscale("log")
-        row[1].axhline(ERROR_DROP, color="grey", ls="--", lw=0.8)
-        for ax in row:
-            ax.set_xlabel("training step")
-            ax.legend(fontsize=7)
-
-
-FIGURES = (
-    FigureSpec("fig_ext_seq_len", _draw_seq_len, grid=(1, 2), size=(5.5, 3.8)),
-    FigureSpec("fig_ext_trigger", _draw_trigger, grid=(1, 2), size=(5.5, 3.8)),
-    FigureSpec("fig_ext_length", _draw_length,
-               grid=lambda records, opts: (1, len(_configs(records))), size=(5.5, 3.8)),
-    FigureSpec("fig_ext_block", _draw_block, grid=(1, 2), size=(5.5, 3.8)),
-    FigureSpec("fig_ext_emergence", _draw_emergence,
-               grid=lambda records, opts: (len(_configs(records)), 2), size=(5.5, 3.6)),
-)
-
-
 def _reuse(opts: ExtensionsOptions) -> list[Path]:
     return [opts.reuse] if opts.reuse is not None else []
-
-
-def _check(opts: ExtensionsOptions, exe: Execution, out: Path) -> None:
-    """Before anything is written: ``--reuse`` names a study's folder of sinklab's."""
-    if opts.reuse is not None:
-        check_reuse(opts.reuse, named(opts, "reuse"))
 
 
 STUDY = Study(
@@ -801,8 +178,8 @@ STUDY = Study(
                 "finished runs of the same names and settings instead of training them. Writes "
                 "runs, figures, records.json, claims.csv, one CSV per sweep and "
                 "EXTENSIONS.md. Rerunning with the same --out resumes: finished runs are kept.",
-    options=ExtensionsOptions, template="extensions.md.j2", collect=collect, cells=cells,
-    claims=claims, figures=FIGURES, primary=PRIMARY,
+    options=ExtensionsOptions, analysis="sinklab.studies.extensions_analysis",
+    template="extensions.md.j2", cells=cells, primary=PRIMARY,
     tables=("seq_len", "trigger", "block", "length", "emergence"), report="EXTENSIONS.md",
-    reuse=_reuse, check=_check, docs_example="docs/extensions.md",
+    reuse=_reuse, docs_example="docs/extensions.md",
     default_out="results/extensions")

@@ -16,7 +16,7 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from sinklab import claims, definitions
+from sinklab import definitions, stats
 
 PAPER_SOURCE = ("Ran-Milo (2026), Figs. 3-7, read off by colour (+-0.01); steps from the "
                 "authors' reference code, seed 0")
@@ -122,10 +122,10 @@ def constants() -> dict[str, Any]:
     return {
         "sink_head": definitions.SINK_HEAD_THRESHOLD, "gu_eps": definitions.GU_EPS,
         "guo_cutoff": definitions.GUO_CUTOFF, "off_row": definitions.OFF_ROW,
-        "bos_share": definitions.BOS_SHARE, "alpha": claims.ALPHA,
-        "r0": claims.R0, "power": claims.POWER, "min_n": claims.MIN_N,
-        "holm_seeds": {m: claims.seeds_all_agreeing(m) for m in range(1, 5)},
-        "confidence": claims.CONFIDENCE, "paper_source": PAPER_SOURCE,
+        "bos_share": definitions.BOS_SHARE, "alpha": stats.ALPHA,
+        "r0": stats.R0, "power": stats.POWER, "min_n": stats.MIN_N,
+        "holm_seeds": {m: stats.seeds_all_agreeing(m) for m in range(1, 5)},
+        "confidence": stats.CONFIDENCE, "paper_source": PAPER_SOURCE,
     }
 
 

@@ -21,16 +21,25 @@ Undefined names are errors (``StrictUndefined``), so a template never prints a b
 
 from __future__ import annotations
 
+import json
 import math
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import jinja2
-import numpy as np
+from jinja2.exceptions import UndefinedError
 
 from sinklab import claims as claims_mod
+from sinklab import formats as md
+from sinklab import stats
 from sinklab.claims import Claim
-from sinklab.report import markdown as md
+from sinklab.errors import ConfigError, ResultsError
+from sinklab.runs.files import jsonable, read_json, write_atomic, write_json
 from sinklab.studies import reference
+from sinklab.studies.options import options_from
+from sinklab.studies.outputs import docs_mark, marked_study
+from sinklab.studies.study import STUDIES
 
 
 def _fixed(value: Any, digits: int = 2) -> str:
@@ -48,7 +57,7 @@ def _count(value: Any) -> str:
 
 
 def _spread(values: Any, digits: int = 3, fmt: str | None = None) -> str:
-    return md.spread(list(values), digits, fmt)
+    return md.mean_sd_text(list(values), digits, fmt)
 
 
 def _interval(pair: Any, digits: int = 2) -> str:
@@ -61,12 +70,6 @@ def _interval(pair: Any, digits: int = 2) -> str:
     return f"[{lo:{comma}.{digits}f}, {hi:{comma}.{digits}f}]"
 
 
-def _median(values: Any) -> float | None:
-    """The median of the finite numbers among ``values`` (None where there are none)."""
-    kept = md.finite(list(values))
-    return float(np.median(kept)) if kept.size else None
-
-
 def _gnum(value: Any) -> str:
     """A setting in its shortest form: 0.005, 1e-08, 50000."""
     return f"{value:g}" if isinstance(value, float) else str(value)
@@ -77,7 +80,7 @@ ENV = jinja2.Environment(
     undefined=jinja2.StrictUndefined, autoescape=False, trim_blocks=True, lstrip_blocks=True,
     keep_trailing_newline=True)
 ENV.filters.update(sci=md.sci, fixed=_fixed, pct=_pct, count=_count, spread=_spread,
-                   interval=_interval, g=_gnum, median=_median)
+                   interval=_interval, g=_gnum, median=stats.finite_median)
 
 
 def _p_text(c: Claim) -> str:
@@ -158,12 +161,12 @@ def verdicts(claims: list[Claim], redecided: bool = False) -> str:
     lines = []
     if primary:
         m = len(primary)
-        need = claims_mod.seeds_all_agreeing(m)
+        need = stats.seeds_all_agreeing(m)
         when = ("named in the study's declaration after these records were made: they were "
                 "decided again from the records by `sinklab render`, so this is a re-analysis, "
                 "and a run on new seeds is what would test them as declared" if redecided else
                 "named in the study's declaration before it ran")
-        sizing = (f"; r0 = {claims_mod.R0:g} for a rate claim, at which {m} primary claim(s) "
+        sizing = (f"; r0 = {stats.R0:g} for a rate claim, at which {m} primary claim(s) "
                   f"need {need} seeds all agreeing to be supported"
                   if any(c.rule.startswith("rate_") for c in primary) else "")
         lines += [f"**Primary claims** ({when}; corrected together by Holm's method{sizing}):",
@@ -215,7 +218,7 @@ def _primary_line(c: Claim) -> str:
     else:
         words.append("not counted")
     if c.outcome == claims_mod.UNDETERMINED and c.needed is not None:
-        words.append(f"{c.needed} would support it (power {claims_mod.POWER:g}) at the "
+        words.append(f"{c.needed} would support it (power {stats.POWER:g}) at the "
                      "observed share")
     return f"- `{c.key}`: " + ", ".join(words)
 
@@ -291,3 +294,124 @@ def report(study: Any, result: dict[str, Any], claims: list[Claim], opts: Any,
     if not text.startswith(study.heading + "\n"):
         raise RuntimeError(f"the template {study.template} must begin with {study.heading!r}")
     return text
+
+
+# ------------------------------------------------------------------ rendering docs again
+
+
+# What ``run_study`` writes into records.json, which a report's records must hold to be rendered.
+RESULT_FIELDS: dict[str, tuple[type, str]] = {
+    "meta": (dict, "an object"), "options": (dict, "an object"),
+    "records": (dict, "an object"), "claims": (list, "an array")}
+
+
+def _json_kind(value: Any) -> str:
+    """What a JSON value is, in words: 'an object', 'an array', 'null', ..."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    for kind, words in ((dict, "an object"), (list, "an array"), (str, "a string")):
+        if isinstance(value, kind):
+            return words
+    return "a number"
+
+
+def result_problem(result: Any) -> str | None:
+    """Why ``result`` (a records file's JSON) is not what ``run_study`` writes, as a clause;
+    None when it has the fields every study's report needs, of the right kinds."""
+    def listed(keys: Sequence[str]) -> str:
+        names = [repr(k) for k in keys]
+        return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+    fields = listed(list(RESULT_FIELDS))
+    if not isinstance(result, dict):
+        return f"it holds {_json_kind(result)}, not an object with {fields}"
+    missing = [k for k in RESULT_FIELDS if k not in result]
+    if missing:
+        return f"it lacks {listed(missing)} (sinklab's records hold {fields})"
+    for key, (kind, words) in RESULT_FIELDS.items():
+        if not isinstance(result[key], kind):
+            return f"its {key!r} is {_json_kind(result[key])}, not {words}"
+    if not isinstance(result["meta"].get("study"), str):
+        return "its meta names no study"
+    if not isinstance(result["meta"].get("history"), list):
+        return "its meta has no history of the commands that wrote it"
+    return None
+
+
+def _report_of(docs: Path) -> tuple[str | None, bool]:
+    """The study whose report ``docs`` is by its mark (``docs_mark``), else by its first line
+    (a copy written before there was a mark), and whether it carries the mark."""
+    marked = marked_study(docs)
+    if marked is not None:
+        return marked, True
+    first = docs.read_bytes().decode("utf-8", "replace").split("\n", 1)[0].strip()
+    return next((s.name for s in STUDIES.values() if s.heading == first), None), False
+
+
+def render_docs(docs: Path) -> tuple[str, bool]:
+    """Write the report ``docs`` (a ``--docs`` copy, known by its mark or its study's heading)
+    again from the records beside it (``docs_mark``), after its template or its claims' code
+    changed: nothing is trained and its figures are left as they are; the study's ``complete``
+    adds what it adds, and the claims decided again are written into the records too. Returns
+    the study's name, and whether those claims are the ones recorded with them.
+
+    The records are checked before they are used: a file that is not records ``run_study``
+    wrote, or another study's, is refused in one sentence (for a report without the mark, whose
+    heading alone proves nothing, as not a report sinklab wrote), and so is an option in them
+    that is not allowed, named as the records' own."""
+    docs = Path(docs)
+    path = docs.with_suffix(".json")
+    foreign = (f"{docs} is not a report sinklab copied into docs (a study's heading or mark, "
+               "with its records beside it as .json); give such a report, e.g. docs/zoo.md.")
+    name, marked = _report_of(docs) if docs.is_file() else (None, False)
+    if name is None or name not in STUDIES or not (marked or path.is_file()):
+        raise ResultsError(foreign)
+    # the records are sinklab's own output: deleting them would leave nothing to render
+    remedy = (f"restore it (e.g. from git: `git checkout -- {path}`) or run the `sinklab {name}` "
+              f"command that wrote it again (the report's history names it)")
+    if not path.is_file():
+        raise ResultsError(f"{docs} is sinklab {name}'s report, but its records file {path} "
+                           f"{'is a folder' if path.is_dir() else 'does not exist'}; {remedy}.")
+    try:
+        result = read_json(path, remedy)
+    except ResultsError:
+        if marked:
+            raise
+        result = None  # not JSON beside a heading alone: a file of one's own
+    problem = result_problem(result)
+    recorded = result["meta"]["study"] if problem is None else None
+    if not marked and recorded != name:  # a heading alone, beside a file of one's own
+        raise ResultsError(f"{docs} is not a report sinklab wrote: it has no sinklab mark, and "
+                           f"{path} beside it is not records of `sinklab {name}`, whose "
+                           "heading its first line has; give a report sinklab wrote, e.g. "
+                           "docs/zoo.md.")
+    if problem is not None:
+        raise ResultsError(f"{path} is not records sinklab wrote: {problem}; {remedy}.")
+    if recorded != name:
+        raise ResultsError(f"{path} holds the records of `sinklab {recorded}`, not of `sinklab "
+                           f"{name}`, whose report {docs} is; {remedy}.")
+    study = STUDIES[name]
+    try:
+        opts = options_from(study, result["options"], f"{path}: options")
+    except ConfigError as exc:
+        raise ResultsError(f"{str(exc).rstrip('.')}; {remedy}.") from None
+    try:
+        result = {**result, "records": study.completed(result["records"], opts)}
+        claims = study.decide(result["records"], opts)
+        decided = json.loads(json.dumps(jsonable([c.to_dict() for c in claims])))
+        same = decided == result["claims"]
+        # whether the records were made by a run before the claims' code decided them this way
+        redecided = bool(result.get("redecided")) or not same
+        result = {**result, "claims": decided, "reference": reference.records(),
+                  "redecided": redecided}
+        text = report(study, result, claims, opts, docs.with_suffix("").name)
+    except (KeyError, IndexError, TypeError, AttributeError, UndefinedError) as exc:
+        # records of the right study lacking what its report reads: edited by hand, or from a
+        # sinklab whose records differ (--debug shows where)
+        raise ResultsError(f"{path} does not hold the records sinklab {name}'s report needs "
+                           f"({type(exc).__name__}: {exc}); {remedy}.") from exc
+    write_json(path, result)
+    write_atomic(docs, (text.rstrip("\n") + "\n\n" + docs_mark(name, docs) + "\n").encode())
+    return name, same

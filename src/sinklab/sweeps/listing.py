@@ -20,8 +20,8 @@ from typing import Any
 
 from sinklab.config import value_text
 from sinklab.errors import ConfigError
+from sinklab.formats import mass_text
 from sinklab.metrics import METRICS
-from sinklab.report.markdown import mass_text
 from sinklab.runs import folders
 from sinklab.runs.files import write_atomic
 from sinklab.sweeps.store import (

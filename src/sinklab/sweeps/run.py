@@ -47,27 +47,25 @@ from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 from tqdm.auto import tqdm
 
+from sinklab import kinds
 from sinklab import plugins as plugins_mod
-from sinklab.config import build_run_config
 from sinklab.errors import ConfigError, PluginError, SinklabError
 from sinklab.plugins import Plugin
-from sinklab.runs import folders, kinds, limits
+from sinklab.runs import folders, limits
 from sinklab.sweeps import spec as spec_mod
+from sinklab.sweeps.plan import Work, sizes, sweep_jobs
 from sinklab.sweeps.store import DB, Store, diverged_reason, metrics_of
-from sinklab.train import _shared, resolve_device, versions
+from sinklab.train import resolve_device, versions
 
 EXECUTORS = ("local", "ray")
-T = TypeVar("T")
-MAX_MEMBERS = 32  # cells per ensemble at most
 POOL_RETRIES = 2  # times a job whose worker process died is run again (local executor)
 RAY_RETRIES = 3  # the same, for a Ray task (Ray's own retries)
 
-Job = list[tuple[str, dict[str, Any]]]  # (cell name, config dict) of one ensemble
 
 
 @dataclass
@@ -97,9 +95,9 @@ def check_executor(executor: str, ray_address: str | None) -> None:
         ray_module()
 
 
-def runner(executor: str, jobs: list[Job], workers: int, ray_address: str | None,
-           plugins: Sequence[Plugin] = (), started: Callable[[Job], None] | None = None
-           ) -> Iterator[tuple[Job, list[dict[str, Any]]]]:
+def runner(executor: str, jobs: list[Work], workers: int, ray_address: str | None,
+           plugins: Sequence[Plugin] = (), started: Callable[[Work], None] | None = None
+           ) -> Iterator[tuple[Work, list[dict[str, Any]]]]:
     """The jobs' results as they finish, from the chosen executor; every worker loads
     ``plugins`` first. The local executor calls ``started(job)`` as a worker takes a job."""
     if executor == "ray":
@@ -110,9 +108,9 @@ def runner(executor: str, jobs: list[Job], workers: int, ray_address: str | None
 # ------------------------------------------------------------------------------ compute
 
 
-def compute(job: Job, plugins: Sequence[Plugin] = ()) -> list[dict[str, Any]]:
+def compute(job: Work, plugins: Sequence[Plugin] = ()) -> list[dict[str, Any]]:
     """Train one ensemble (cells that differ only in seed and learning rate), or one language
-    model (``sinklab.runs.kinds``), in a temporary folder (a study's language models in its
+    model (``sinklab.kinds``), in a temporary folder (a study's language models in its
     ``.partial`` folder, ``kinds.resume_dirs``, so that they resume), after loading the
     driver's ``plugins`` (``sinklab.plugins``); return each cell's summary and files, or the
     error that stopped the job."""
@@ -147,53 +145,6 @@ def compute(job: Job, plugins: Sequence[Plugin] = ()) -> list[dict[str, Any]]:
 
 
 _SCRATCH: set[Path] = set()  # the temporary folders of the jobs this process is computing
-
-
-def ensembles(items: Sequence[T], key: Callable[[T], Any], size: Callable[[list[T]], int],
-              workers: int = 1) -> list[list[T]]:
-    """The items as ensembles, the planning every sinklab command shares: grouped by ``key`` in
-    the order they come, each group cut into parts of at most ``size(group)`` items, and the
-    largest part halved until there are ``workers`` parts (or none can be halved)."""
-    groups: dict[Any, list[T]] = {}
-    for item in items:
-        groups.setdefault(key(item), []).append(item)
-    parts = []
-    for group in groups.values():
-        n = size(group)
-        parts += [group[i:i + n] for i in range(0, len(group), n)]
-    while len(parts) < workers and max((len(p) for p in parts), default=1) > 1:
-        parts.sort(key=len)
-        largest = parts.pop()
-        half = len(largest) // 2
-        parts += [largest[:half], largest[half:]]
-    return parts
-
-
-def plan_jobs(rows: list[dict[str, Any]], workers: int) -> list[Job]:
-    """Pending cells as ensembles (``ensembles``): cells whose configs differ only in seed and
-    learning rate train together (at most ``MAX_MEMBERS``, fewer when that many would not fit in
-    memory); groups are split until every worker has a job. A cell too large to train even
-    alone is a ConfigError."""
-    def shared(row: dict[str, Any]) -> str:
-        return json.dumps(_shared(build_run_config(row["config"])), sort_keys=True)
-
-    def fit(group: list[dict[str, Any]]) -> int:
-        return limits.members_that_fit(build_run_config(group[0]["config"]),
-                                       min(len(group), MAX_MEMBERS), f"cell {group[0]['name']}")
-
-    return [[(row["name"], row["config"]) for row in part]
-            for part in ensembles(rows, shared, fit, workers)]
-
-
-def _sizes(jobs: list[Job]) -> list[int]:
-    """Each job's memory (``sinklab.runs.limits.run_bytes``)."""
-    return [limits.run_bytes(build_run_config(job[0][1]), len(job)) for job in jobs]
-
-
-def _job_cost(job: Job) -> float:
-    """A job's work (``sinklab.runs.kinds.cost``): jobs start longest first, so the last ones
-    to finish are short."""
-    return kinds.cost(build_run_config(job[0][1]), len(job))
 
 
 # ---------------------------------------------------------------------------- executors
@@ -244,13 +195,13 @@ def _worker_init(parent: int) -> None:
     torch.set_num_threads(1)
 
 
-def _lost(job: Job, reason: str) -> list[dict[str, Any]]:
+def _lost(job: Work, reason: str) -> list[dict[str, Any]]:
     return [{"name": name, "error": reason} for name, _ in job]
 
 
-def run_local(jobs: list[Job], workers: int, plugins: Sequence[Plugin] = (),
-              started: Callable[[Job], None] | None = None
-              ) -> Iterator[tuple[Job, list[dict[str, Any]]]]:
+def run_local(jobs: list[Work], workers: int, plugins: Sequence[Plugin] = (),
+              started: Callable[[Work], None] | None = None
+              ) -> Iterator[tuple[Work, list[dict[str, Any]]]]:
     """Each job's results as it finishes: in this process (one worker) or in a process pool
     of spawned processes, each of which loads ``plugins`` with its first job.
 
@@ -271,10 +222,10 @@ def run_local(jobs: list[Job], workers: int, plugins: Sequence[Plugin] = (),
     while queue:
         pool = ProcessPoolExecutor(max_workers=min(workers, len(queue)), mp_context=ctx,
                                    initializer=_worker_init, initargs=(os.getpid(),))
-        lost: list[Job] = []
+        lost: list[Work] = []
         finished = False
         try:
-            futures: dict[Any, Job] = {}
+            futures: dict[Any, Work] = {}
             broken = False
             while queue or futures:
                 while queue and not broken and len(futures) < workers:  # a free worker each
@@ -348,8 +299,8 @@ def ray_start_limit() -> float:
     return value
 
 
-def run_ray(jobs: list[Job], workers: int, address: str | None,
-            plugins: Sequence[Plugin] = ()) -> Iterator[tuple[Job, list[dict[str, Any]]]]:
+def run_ray(jobs: list[Work], workers: int, address: str | None,
+            plugins: Sequence[Plugin] = ()) -> Iterator[tuple[Work, list[dict[str, Any]]]]:
     """Each job as a Ray task (one CPU) on the cluster at ``address``, or on a local Ray
     instance with ``workers`` CPUs started here and stopped afterwards (``ray_session``); each
     task loads ``plugins`` first (a file plugin travels as its text, a module must be
@@ -486,8 +437,8 @@ def _check_alive(ray: Any, waiting: int) -> None:
                       "are kept: run the same command again to run the others.")
 
 
-def _ray_results(session: ExitStack, jobs: list[Job], plugins: Sequence[Plugin]
-                 ) -> Iterator[tuple[Job, list[dict[str, Any]]]]:
+def _ray_results(session: ExitStack, jobs: list[Work], plugins: Sequence[Plugin]
+                 ) -> Iterator[tuple[Work, list[dict[str, Any]]]]:
     ray = ray_module()
     with session:  # ends the Ray session run_ray started, if it started one
         # A task whose worker process dies is run again by Ray; an error raised inside
@@ -552,9 +503,9 @@ def ray_refusal(exc: BaseException, address: str | None) -> str:
 # ------------------------------------------------------------------------------- driver
 
 
-def execute(store: Store, jobs: list[Job], executor: str, workers: int,
+def execute(store: Store, jobs: list[Work], executor: str, workers: int,
             ray_address: str | None, version: str
-            ) -> Iterator[tuple[Job, list[dict[str, Any]], tuple[int, int]]]:
+            ) -> Iterator[tuple[Work, list[dict[str, Any]], tuple[int, int]]]:
     """Run ``jobs`` and record each one's results in ``store`` as it finishes; yields the job,
     its results and (cells done, cells failed). ``results.csv`` is rewritten at the end. The
     workers load this process's plugins; the store records those whose rules the jobs use."""
@@ -564,7 +515,7 @@ def execute(store: Store, jobs: list[Job], executor: str, workers: int,
     plugins = plugins_mod.loaded()
     store.record_plugins(plugins_mod.sources(config["model"]["attention"]
                                              for job in jobs for _, config in job))
-    def running(job: Job) -> None:
+    def running(job: Work) -> None:
         store.mark_running([name for name, _ in job])
 
     # A cell is running only while a worker computes it: the local executor says when it hands
@@ -674,9 +625,9 @@ def run_sweep(spec_path: str | Path, out: str | Path, opts: SweepOptions, *,
     for device in {c.config.train.device for c in cells}:
         resolve_device(device)
     rows = [{"name": c.name, "config": c.config.to_dict()} for c in cells]
-    every = plan_jobs(rows, opts.workers or 1)  # every cell fits in memory
+    every = sweep_jobs(rows, opts.workers or 1)  # every cell fits in memory
     if opts.executor == "local" and opts.workers:  # and so do the workers asked for
-        limits.workers_that_fit(_sizes(every), opts.workers, explicit=True)
+        limits.workers_that_fit(sizes(every), opts.workers, explicit=True)
     out = Path(out)
     _adopt_legacy(out)
     folders.check_writable(out, "sweep")
@@ -700,16 +651,16 @@ def _drive(store: Store, spec: spec_mod.Spec, cells: list[spec_mod.Cell], out: P
     counts = store.counts()
     pending = store.rows("pending")
     workers = opts.workers or max(1, min(os.cpu_count() or 1, len(pending)))
-    jobs = sorted(plan_jobs(pending, workers), key=_job_cost, reverse=True)
+    jobs = sorted(sweep_jobs(pending, workers), key=lambda job: job.cost, reverse=True)
     if opts.executor == "local":
-        workers = limits.workers_that_fit(_sizes(jobs), workers, explicit=opts.workers is not None)
+        workers = limits.workers_that_fit(sizes(jobs), workers, explicit=opts.workers is not None)
     log(f"sweep: {len(cells)} cells in {out}: {counts['done']} done, {counts['failed']} "
         f"failed, {len(pending)} to run in {len(jobs)} ensembles on {opts.executor} "
         f"({workers} worker(s))" + (f"; {reset} reset to pending" if reset else ""))
     progress = Progress(len(cells), counts["done"], counts["failed"], log)
     try:
-        for _, _, outcome in execute(store, jobs, opts.executor, workers, opts.ray_address,
-                                     version):
+        for _, _, outcome in execute(store, [job.work() for job in jobs], opts.executor,
+                                     workers, opts.ray_address, version):
             progress.update(*outcome)
     finally:
         progress.close()

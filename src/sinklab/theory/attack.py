@@ -240,7 +240,7 @@ def _attack(model: AttentionStack, cfg: RunConfig, steps: int, restarts: int, se
     n_runs = len(pairs) * per_pair
     chunk = max(1, min(MAX_BATCH, int(BATCH_BYTES // batch_bytes(net, seq_len, dtype))))
     truncate = _length_free(net, cfg)
-    etas = _step_sizes(steps)
+    etas = step_sizes(steps)
     for first in range(0, n_runs, chunk):
         runs = torch.arange(first, min(first + chunk, n_runs), device=device)
         if per_coordinate:
@@ -295,7 +295,7 @@ class StepSizes(Sequence[float]):
         return STEP_START * (STEP_END / STEP_START) ** (t / (self.steps - 1))
 
 
-def _step_sizes(steps: int) -> StepSizes:
+def step_sizes(steps: int) -> StepSizes:
     """The sign-step sizes of ``steps`` steps (``StepSizes``)."""
     return StepSizes(steps)
 

@@ -1,7 +1,8 @@
-"""The theory study's worst-case sections: errors over every input, the necessity bound, norms.
+"""Worst-case errors over every input, the necessity bound and norms, measured on models.
 
-For the 1x1 models the theory study trains itself (``frontier/{rule}_seed{s}``, the paper's
-protocol with the weights saved every ``save_every`` steps), this module computes:
+For 1x1 models (the theory study's ``frontier/{rule}_seed{s}``, the paper's protocol with the
+weights saved every ``save_every`` steps, and any run ``sinklab worst`` is given), this module
+computes:
 
 - per row type and position, the error on sampled test sequences, the attack's lower bound on
   the supremum over every input (``sinklab.theory.attack``) and the certified upper bound
@@ -12,11 +13,10 @@ protocol with the weights saved every ``save_every`` steps), this module compute
   and along the sink family;
 - the worst-case error against the norm of W_Q W_K^T, for the family, the ReLU construction and
   the trained models;
-- for the denied-sink runs, what the cap forces at row 1 by arithmetic against what the attack
-  finds at the other rows.
+- for the denied-sink runs, what the cap forces at row 1 by arithmetic (``denied_floor``).
 
-The heavy parts (attacks, certificates) are kept in the study's ``cache/`` keyed by the settings
-they depend on, so a rerun only renders.
+The theory study (``sinklab.studies.theory_records``) runs these on its folders and keeps the
+heavy parts (attacks, certificates) in its ``cache/``.
 
 ``worst_case`` refuses a model whose weights are not finite, and a certifiable one beyond the
 certificate's float64 range (``certify.check_range``), before any work; after it, every certified
@@ -34,7 +34,7 @@ import json
 import math
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -46,14 +46,15 @@ from sinklab.pretrain.runconfig import KIND as LM_KIND
 from sinklab.runs import folders, limits
 from sinklab.runs.files import read_json
 from sinklab.task import encode
-from sinklab.theory import attack, certify, sink
+from sinklab.theory import attack, certify, necessity, sink
 from sinklab.theory import constructions as theory
+from sinklab.theory.rows import NotCertifiable
 from sinklab.theory.trigger import TriggerBounds
-from sinklab.theory.verdicts import CHECKPOINT_RESTARTS, ROUNDING, RULES, SAMPLED, finite, upper
-from sinklab.train import list_checkpoints, load_checkpoint, load_model
+from sinklab.train import load_model
 
-if TYPE_CHECKING:
-    from sinklab.studies.base import Context
+SAMPLED = 2000  # test sequences of the sampled errors (every trigger position)
+CHECKPOINT_RESTARTS = 2  # random starts per row of the cheap attack at every checkpoint
+ROUNDING = 1e-12  # relative: a bound and an error computed along two float64 paths may differ
 
 
 class Refused(SinklabError):
@@ -73,6 +74,12 @@ def frontier_config(rule: str, seed: int, save_every: int, device: str) -> RunCo
 
 
 # --------------------------------------------------------------------------- measurements
+
+
+def upper(value: float | None) -> float:
+    """A certified upper bound read back from a record: JSON writes an unknown (infinite) bound
+    as null, which bounds nothing."""
+    return math.inf if value is None else value
 
 
 @torch.no_grad()
@@ -126,7 +133,7 @@ def worst_case(model: AttentionStack, cfg: RunConfig, *, steps: int, restarts: i
     try:  # what certify covers: 1 x 1, softmax or relu with default arguments, BOS visible
         f = certify.folded(model, cfg)
         single = True
-    except certify.NotCertifiable as exc:
+    except NotCertifiable as exc:
         single, why = False, str(exc)
     if single and certified:
         certify.check_range(f, name)
@@ -150,7 +157,7 @@ def worst_case(model: AttentionStack, cfg: RunConfig, *, steps: int, restarts: i
     if single and rule == "relu":
         out["relu_score"] = certify.relu_max_score(model, cfg)
     if single and rule == "softmax":
-        out["necessity"] = certify.necessity(model, cfg)
+        out["necessity"] = necessity.necessity(model, cfg)
     if single and certified and rule == "softmax":  # the sink the certified errors force
         out["sink"] = sink.certified_sink(model, cfg, out["certified"], nec=out["necessity"])
         out["sink_attack"] = sink.attack_sink(model, cfg, steps=steps, restarts=restarts)
@@ -210,7 +217,7 @@ def check_restarts(run: Path, model: AttentionStack, cfg: RunConfig, restarts: i
         return
     try:
         certify.folded(model, cfg)
-    except certify.NotCertifiable:  # no certificate, so no sink attack
+    except NotCertifiable:  # no certificate, so no sink attack
         return
     need = limits.RUN_BYTES + sink_attack_bytes(model, cfg, restarts)
     limit = limits.memory_limit()
@@ -248,7 +255,7 @@ def worst_run(run: Path, restarts: int | None = None) -> tuple[RunConfig, Attent
         check_restarts(run, model, cfg, restarts)
     try:
         f = certify.folded(model, cfg)
-    except certify.NotCertifiable:  # no certificate to go out of range
+    except NotCertifiable:  # no certificate to go out of range
         return cfg, model
     certify.check_range(f, str(run))
     return cfg, model
@@ -332,7 +339,7 @@ def bound_check(record: dict[str, Any]) -> dict[str, Any]:
     per pre row i, eps_i (the larger of the attack's error and the error at X*, both errors of
     real inputs, so lower bounds on the supremum), part 1's bound (1 - b_i(X*)) w* - nu and
     part 2's (1 - b_i(X*)) D - nu with D = 1 - eps_T - nu, the value lemma with the constant 1
-    (``certify.necessity``), eps_T the trigger row's error at L - 1 (the larger of the attack's
+    (``necessity.necessity``), eps_T the trigger row's error at L - 1 (the larger of the attack's
     and the proof inputs', ``proof_errors_full``); records from before that lemma have only the
     weaker D = delta - eps_T - nu with trigger content 0 (``proof_errors``), and where both are
     there the larger D is used. Then the worst violation (bound minus error, less ``ROUNDING``
@@ -368,7 +375,7 @@ def bound_check(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def witness_form(nec: dict[str, Any]) -> dict[str, Any]:
-    """The theorem in its finite-witness form at one softmax model (``certify.necessity``'s
+    """The theorem in its finite-witness form at one softmax model (``necessity.necessity``'s
     record): from the errors at 2(d - 3) + 1 named inputs alone, X* (every content c*) and the
     proof inputs X+-_m (every non-BOS token +-e_m), at every pre row i
 
@@ -394,50 +401,6 @@ def witness_form(nec: dict[str, Any]) -> dict[str, Any]:
     return {"inputs": 2 * len(full) + 1, "denominator": denominator if full else None,
             "rows": rows, "off": None if None in offs or not offs else max(offs),
             "exact": max(r["exact"] for r in rows)}
-
-
-def checkpoint_records(ctx: Context, seeds: int, steps: int) -> list[dict[str, Any]]:
-    """Every saved checkpoint of every frontier run: the cheap attack (trigger at L - 1: every
-    pre row and that trigger row), the norm and the rule's evidence (necessity for softmax,
-    the largest non-trigger score for ReLU)."""
-    out = []
-    for rule in RULES:
-        for seed in range(seeds):
-            folder = ctx.out / frontier_name(rule, seed)
-            for step in list_checkpoints(folder):
-                cfg, model = load_checkpoint(folder, step)
-                L = cfg.task.seq_len
-                rec = worst_case(model, cfg, steps=steps, restarts=CHECKPOINT_RESTARTS,
-                                 seconds=0.0, triggers=[L - 1], certified=False,
-                                 name=f"{folder} at step {step}")
-                entry = {"rule": rule, "seed": seed, "step": step, "norm": rec["norm"],
-                         "pre": finite(rec["attacked"]["pre"]),
-                         "trigger": rec["attacked"]["trigger"][L - 1],
-                         "bos": rec["attacked"]["bos"][0]}
-                if rule == "softmax":  # bound_check reads these (``with_checks``)
-                    entry["attacked"], entry["necessity"] = rec["attacked"], rec["necessity"]
-                else:
-                    score = rec["relu_score"]
-                    entry["max_score"] = score["max"]
-                    entry["certified_zero"] = score["certified_zero"]
-                out.append(entry)
-    return out
-
-
-def final_records(ctx: Context, seeds: int, steps: int, restarts: int, seconds: float
-                  ) -> list[dict[str, Any]]:
-    """The final model of every frontier run: sampled, attacked and certified errors."""
-    out = []
-    for rule in RULES:
-        for seed in range(seeds):
-            name = frontier_name(rule, seed)
-            cfg, model = load_model(ctx.out / name)
-            summary = ctx.summary(name)
-            rec = worst_case(model, cfg, steps=steps, restarts=restarts, seconds=seconds,
-                             name=str(ctx.out / name))
-            out.append({"rule": rule, "seed": seed, "steps": summary["steps"],
-                        "converged": summary["converged"], **rec})
-    return out
 
 
 def family_records(gaps: list[float], seq_len: int, d_model: int, steps: int,
@@ -492,7 +455,7 @@ def denied_floor(model: AttentionStack, cfg: RunConfig) -> dict[str, Any]:
     Row 1 sees only BOS and x_1. With BOS removed its output is x_1 M, whose supremum error is
     max_m (|M[d-1, m]| + sum_r |M[r, m]|) exactly, attained at the vertex named. With BOS's
     share capped at 1 - eps the weight on x_1 is at least eps at every input, so part 1 of the
-    necessity bound gives eps w* - nu (w* and nu as in ``certify.necessity``), and the error at
+    necessity bound gives eps w* - nu (w* and nu as in ``necessity.necessity``), and the error at
     X* (every content c*) is at least that. For ReLU the floor is 0: its rows need not sum to
     one, and an all-zero row 1 outputs exactly zero whatever is denied."""
     attn = model.blocks[0].attn
@@ -500,7 +463,7 @@ def denied_floor(model: AttentionStack, cfg: RunConfig) -> dict[str, Any]:
     d = m.shape[0]
     nu = m[0].abs().max().item()
     removed = cfg.model.bos == "removed"
-    widest, _, witness = certify.widest_value(m, relative_to_bos=not removed)
+    widest, _, witness = necessity.widest_value(m, relative_to_bos=not removed)
     if cfg.model.attention != "softmax":
         floor = 0.0  # a ReLU row may be all zero: denying BOS forces nothing at row 1
     elif removed:
@@ -509,32 +472,5 @@ def denied_floor(model: AttentionStack, cfg: RunConfig) -> dict[str, Any]:
         floor = max(cfg.model.bos_cap_eps * widest - nu, 0.0)
     L = cfg.task.seq_len
     x = encode(witness.expand(1, L, d - 3).clone(), torch.tensor([L - 1], device=m.device))
-    _, err = certify.forward_errors(model, cfg, x)
+    _, err = necessity.forward_errors(model, cfg, x)
     return {"floor": floor, "nu": nu, "w_star": widest, "at_witness": err[0, 1].abs().max().item()}
-
-
-def denied_worst(ctx: Context, names: list[tuple[str, str, float | None, int, str]],
-                 steps: int, restarts: int) -> list[dict[str, Any]]:
-    """Per denied-sink run (rule, setting, eps, seed, folder name): the arithmetic floor at
-    row 1, and the errors at row 1 (the larger of the attack's and the floor's input's), at the
-    other non-trigger rows and at trigger rows (the attack's)."""
-    out = []
-    for rule, setting, eps, seed, name in names:
-        cfg, model = load_model(ctx.out / name)
-        floor = denied_floor(model, cfg)
-        worst = attack.attack(model, cfg, steps=steps, restarts=restarts, per_coordinate=False)
-        err = worst.to_dict("none")["error"]
-        row1 = max(finite([err["pre"][1], floor["at_witness"]]), default=float("nan"))
-        others = finite(err["bos"] + err["pre"][2:] + err["post"])
-        out.append({"rule": rule, "setting": setting, "eps": eps, "seed": seed, **floor,
-                    "row1": row1, "others": max(others, default=float("nan")),
-                    "trigger": max(finite(err["trigger"]), default=float("nan"))})
-    return out
-
-
-# ------------------------------------------------------------------------------ claims
-
-
-# ------------------------------------------------------------------------------ figures
-
-

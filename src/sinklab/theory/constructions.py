@@ -1,7 +1,7 @@
 """The paper's theorem, made numerical: constructions, the sink family, denied sinks, frontiers.
 
 Five pieces, each a function of explicit inputs, gathered by the ``sinklab theory`` study
-(``sinklab.studies.theorem``):
+(``sinklab.studies.theory``):
 
 - ``relu_construction``: weights for the paper's model class that solve the task *exactly* with
   ReLU attention and no sink, for any sequence length and width (>= 4); the same weights solve
@@ -33,7 +33,7 @@ from sinklab.config import RunConfig, build_run_config, value_text
 from sinklab.errors import ConfigError
 from sinklab.model import AttentionStack
 from sinklab.task import BOS, TRIGGER, Batch, sample_batch
-from sinklab.theory.verdicts import DENIED_EPS, ERROR_BINS, PLATEAU_PATIENCE
+from sinklab.theory.protocol import DENIED_EPS, ERROR_BINS, PLATEAU_PATIENCE
 
 
 def construction_config(rule: str, seq_len: int = 16, d_model: int = 16, n_layers: int = 1,
@@ -353,48 +353,6 @@ def head_contributions(model: AttentionStack, batch: Batch) -> list[dict[str, An
             "cumulative_norm_trigger": moved[is_trigger].mean().item(),
         })
     return layers
-
-
-def head_summary(entries: list[dict[str, Any]], sink: float = 0.9,
-                 not_sink: float = 0.5) -> dict[str, Any]:
-    """Aggregates of ``head_contributions`` over models: does W_O shrink the heads that do not
-    sink, do a layer's heads cancel each other, do the layers cancel each other?
-
-    - ``w_o_ratio_*``: mean post-W_O norm / mean pre-W_O norm of heads with non-trigger BOS mass
-      >= ``sink`` ("sink") and < ``not_sink`` ("not_sink");
-    - ``within_layer``: mean over layers of |sum of heads| / sum of |head| (1: no cancellation);
-    - ``layer_sum_mean``: mean norm of a layer's summed output at non-trigger rows, against
-      ``final_cumulative``, what all layers together leave there (the error).
-    """
-    groups: dict[str, list[tuple[float, float]]] = {"sink": [], "not_sink": []}
-    within, sums, finals = [], [], []
-    for entry in entries:
-        for layer in entry["layers"]:
-            for h in layer["heads"]:
-                if h["bos_mass_nontrigger"] >= sink:
-                    groups["sink"].append((h["pre_norm"], h["post_norm"]))
-                elif h["bos_mass_nontrigger"] < not_sink:
-                    groups["not_sink"].append((h["pre_norm"], h["post_norm"]))
-            if layer["sum_of_head_norms_nontrigger"] > 0:
-                within.append(layer["sum_norm_nontrigger"] / layer["sum_of_head_norms_nontrigger"])
-            sums.append(layer["sum_norm_nontrigger"])
-        finals.append(entry["layers"][-1]["cumulative_norm_nontrigger"])
-
-    def ratio(pairs: list[tuple[float, float]]) -> float | None:
-        if not pairs:
-            return None
-        pre, post = np.mean(pairs, axis=0)
-        return float(post / pre) if pre > 0 else None
-
-    return {
-        "n_sink_heads": len(groups["sink"]), "n_not_sink_heads": len(groups["not_sink"]),
-        "pre_norm_not_sink": float(np.mean([p for p, _ in groups["not_sink"]]))
-        if groups["not_sink"] else None,
-        "w_o_ratio_sink": ratio(groups["sink"]), "w_o_ratio_not_sink": ratio(groups["not_sink"]),
-        "within_layer": float(np.mean(within)) if within else None,
-        "layer_sum_mean": float(np.mean(sums)) if sums else None,
-        "final_cumulative": float(np.mean(finals)) if finals else None,
-    }
 
 
 def mean_split(v: torch.Tensor) -> dict[str, float]:

@@ -10,7 +10,7 @@ model, and also bounds the BOS mass over every input from the scores alone. Usag
 
 Notation as in ``sinklab.theory.certify``: A = W_Q W_K^T and M = W_V W_O in float64
 (``certify.folded``); BOS is e_0, an ordinary token e_{d-1} + c, the trigger e_1 + c, with the
-content c in [-1, 1]^(d-3) at coordinates 2..d-2. At a non-trigger row i (``certify.rows``:
+content c in [-1, 1]^(d-3) at coordinates 2..d-2. At a non-trigger row i (``rows.rows``:
 "pre" rows 1..L-2 see BOS, i - 1 other ordinary tokens and the query itself; "post" rows 3..L-1
 see BOS, i - 2 other ordinary tokens, the trigger and the query) the BOS mass is
 b = 1 / (1 + sum_k e^{S_k - S_0}), S_k = x_q A x_k^T. Every bound is an upper bound on the mass
@@ -46,7 +46,7 @@ left off BOS, ``off`` = 1 - b (a lower bound b >= 1 - off on the mass):
   (1 - b) ||w_bar|| <= eps_i + nu (eps_i: the certified supremum error at row i, nu = ||v_0||),
   and off <= (eps_i + nu) / w_min with w_min the least ||.||_inf that w_bar can have over the
   box (``min_value_norm``: one small LP per row kind, made sound by its dual).
-- at the input X* of ``certify.necessity`` (pre rows; every content c*, the maximiser of
+- at the input X* of ``necessity.necessity`` (pre rows; every content c*, the maximiser of
   ||w(c)||_inf, so w_bar = w(c*) and ||w_bar|| = W*): ``w_star``, off <= (eps_i + nu) / W*, and
   ``errors_only``, the theorem's form with part 2 in place of W*: W* >= max_m (1 -
   eps_T[m] - nu), eps_T[m] the exact trigger-row errors at coordinate m of the proof inputs
@@ -75,11 +75,11 @@ import torch
 from scipy.optimize import linprog
 from torch import Tensor
 
+from sinklab import formats as md
 from sinklab.config import RunConfig
 from sinklab.model import AttentionStack
-from sinklab.report import markdown as md
 from sinklab.task import BOS, CONTENT_START, TRIGGER, encode
-from sinklab.theory import attack, certify
+from sinklab.theory import attack, certify, necessity, rows
 
 EXACT_COORDS = 16  # up to this many content coordinates the query box's vertices are enumerated
 SAMPLED_VERTICES = 4096  # beyond it, the attained value comes from this many random vertices
@@ -93,7 +93,7 @@ def softmax_folded(model: AttentionStack, cfg: RunConfig) -> certify.Folded:
     weights are within the certificate's float64 range (``certify.check_range``)."""
     f = certify.folded(model, cfg)
     if f.rule != "softmax":
-        raise certify.NotCertifiable(f"a certified sink is about softmax attention; this "
+        raise rows.NotCertifiable(f"a certified sink is about softmax attention; this "
                                      f"model's rule is {f.rule!r}.")
     certify.check_range(f)
     return f
@@ -123,7 +123,7 @@ def _sigmoid_up(z: float) -> float:
 
 
 def score_bounds(f: certify.Folded, exact_limit: int = EXACT_COORDS) -> list[dict[str, Any]]:
-    """Per non-trigger row (``certify.rows``), the mass left off BOS over every input, from the
+    """Per non-trigger row (``rows.rows``), the mass left off BOS over every input, from the
     scores (the module docstring's ``scores``): ``off`` >= 1 - b at every input; ``attained``,
     1 - b at the input ``witness`` (trigger position, query content and the content every other
     key shares), computed from A; ``tight`` when the two agree to the rounding margin (the
@@ -164,7 +164,7 @@ def score_bounds(f: certify.Folded, exact_limit: int = EXACT_COORDS) -> list[dic
         top_trig = (a[d - 1, TRIGGER] - a[d - 1, BOS] + (ac[:, TRIGGER] - ac[:, BOS]).abs().sum()
                     + l1_top)
     out = []
-    for row in certify.rows(L):
+    for row in rows.rows(L):
         n_ord, n_trig = row.n_ordinary, row.n_trigger
         attained = _log_sum([(n_ord, s_ord), (n_trig, s_trig), (1, s_self)])  # (V,) log G
         best = int(attained.argmax())
@@ -293,7 +293,7 @@ def _certificate_errors(cert: certify.Certificate | dict[str, Any], f: certify.F
     """(kind, i) -> certified supremum error (inf where unknown), and the certificate as a dict;
     ValueError, one sentence, for a certificate that is not of this model's rows."""
     c = cert.to_dict() if isinstance(cert, certify.Certificate) else cert
-    want = {(r.kind, r.i) for r in certify.rows(f.seq_len)}
+    want = {(r.kind, r.i) for r in rows.rows(f.seq_len)}
     have = {(r["kind"], r["i"]) for r in c.get("rows", [])}
     if c.get("rule") != "softmax" or have != want:
         raise ValueError(f"the certificate given is not one of this model: it must be "
@@ -324,7 +324,7 @@ def certified_sink(model: AttentionStack, cfg: RunConfig,
       whether every row closed).
 
     ``cert``: a ``certify.Certificate`` of this model or its ``to_dict()`` (computed with
-    ``time_limit`` seconds when None); ``nec``: ``certify.necessity``'s record (computed when
+    ``time_limit`` seconds when None); ``nec``: ``necessity.necessity``'s record (computed when
     None). NotCertifiable for a model that is not 1 x 1 softmax, OutOfRange beyond float64's
     reach."""
     f = softmax_folded(model, cfg)
@@ -332,11 +332,11 @@ def certified_sink(model: AttentionStack, cfg: RunConfig,
         cert = certify.certify(model, cfg, time_limit=time_limit)
     began = time.perf_counter()
     errors, cert_d = _certificate_errors(cert, f)
-    nec = certify.necessity(model, cfg) if nec is None else nec
+    nec = necessity.necessity(model, cfg) if nec is None else nec
     nu, w_star, delta = nec["nu"], nec["w_star"], nec["delta"]
     value_scale = certify.scale(f)["value"]
     # part 2, W* >= delta - eps_T[m] - nu, and its sharper form W* >= 1 - eps_T_full[m] - nu
-    # (certify.necessity): the larger is the bound; records from before the sharper form lack it
+    # (necessity.necessity): the larger is the bound; records from before the sharper form lack it
     part2 = max([delta - e - nu for e in nec["proof_errors"]]
                 + [1.0 - e - nu for e in nec.get("proof_errors_full", [])])
     denominator = part2 - MARGIN * (1 + value_scale)
@@ -424,7 +424,7 @@ def _minima(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def mass_text(bound: dict[str, float | None] | float | None) -> str:
     """A BOS-mass lower bound in words, as every BOS mass is printed
-    (``report.markdown.mass_text``): 1 - off for a strong one, else the mass."""
+    (``sinklab.formats.mass_text``): 1 - off for a strong one, else the mass."""
     off = bound["off"] if isinstance(bound, dict) else bound
     if off is None or off >= 1:
         return VACUOUS
@@ -497,7 +497,7 @@ def attack_sink(model: AttentionStack, cfg: RunConfig, *, steps: int = 100, rest
     rows = torch.arange(len(ij), device=device)
     best = torch.full((len(ij),), -math.inf, dtype=torch.float64, device=device)
     best_x = x.clone()
-    etas = attack._step_sizes(steps)
+    etas = attack.step_sizes(steps)
     for t in range(len(etas) + 1):
         x.requires_grad_(t < len(etas))
         with torch.enable_grad():

@@ -2,58 +2,38 @@
 
 The theorem's multi-layer statement is about stacks without a residual stream, x <- MHA_l(x),
 whose target is 0 off the trigger and mean(x_1..x_j) at it (``task.target=plain``); the paper's
-experiments use residual targets instead. This module declares the 2x2 and 4x4 softmax and ReLU
-runs of that setting, trained to a step cap or the plateau rule (``sinklab.theory.constructions.
-PLATEAU_PATIENCE``), measures where each trained stack puts its BOS weight (per layer, head and
-query position, at non-trigger and at trigger rows), and decides the existential claim: some
-head sinks, and every non-trigger position has a sinking head somewhere in the stack. The
-``sinklab theory`` study (``sinklab.studies.theorem``) wires these pieces in::
+experiments use residual targets instead. This module configures the 2x2 and 4x4 softmax and
+ReLU runs of that setting, trained to a step cap or the plateau rule
+(``sinklab.theory.protocol.PLATEAU_PATIENCE``), and measures where a trained stack puts its BOS
+weight (per layer, head and query position, at non-trigger and at trigger rows): whether some
+head sinks, and whether every non-trigger position has a sinking head somewhere in the stack.
+The ``sinklab theory`` study trains them (``sinklab.studies.theory.plain_cells``), collects
+their records (``sinklab.studies.theory_records.plain_collect``) and decides the claims
+(``sinklab.studies.theory_claims.plain_claims``)::
 
-    plain/{2x2,4x4}_{softmax,relu}_seed{s}/   the runs (``plain_cells``)
-    records["plain"] = plain_collect(ctx, seeds, max_steps, n_sequences)
-    claims += plain_claims(records["plain"]["runs"])
-    figures += PLAIN_FIGURES; the report includes templates/theorem_plain.md.j2
+    plain/{2x2,4x4}_{softmax,relu}_seed{s}/   the runs (``plain_name``, ``plain_config``)
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from sinklab import metrics
-from sinklab.config import RunConfig, build_run_config
+from sinklab.config import EXPERIMENTS, RunConfig, build_run_config
 from sinklab.definitions import SINK_HEAD_THRESHOLD
 from sinklab.errors import ConfigError
 from sinklab.model import AttentionStack
-from sinklab.runs.files import read_log
-from sinklab.studies.reproduction import EXPERIMENTS
 from sinklab.task import Batch
 from sinklab.theory import constructions as theory
-from sinklab.theory.attack import attack
-from sinklab.theory.verdicts import (
-    PLAIN_ATTACK_RESTARTS,
-    PLAIN_CHOICE_RULE,
+from sinklab.theory.protocol import (
     PLAIN_EXPERIMENTS,
-    PLAIN_FIRST_SEED,
-    PLAIN_GRID_LR,
-    PLAIN_GRID_STD,
-    PLAIN_GRID_STEPS,
     PLAIN_LOG_EVERY,
     PLAIN_LR_DROPS,
     PLAIN_PROTOCOL,
-    PLAIN_RULES,
-    PLAIN_SEQUENCES,
-    grid_points,
-    grid_runs,
-    plain_choice,
-    plain_groups,
 )
-from sinklab.train import build_ensemble, load_model, plateau_rule_text
-
-if TYPE_CHECKING:
-    from sinklab.studies.base import Context
 
 
 def plain_name(experiment: str, rule: str, seed: int) -> str:
@@ -90,39 +70,7 @@ def plain_config(experiment: str, rule: str, seed: int, max_steps: int,
                   "device": device}})
 
 
-def plain_protocol(seeds: int, max_steps: int) -> dict[str, Any]:
-    """The settings the report quotes, read from a run's own config: the step cap, the plateau
-    rule (its patience, and in words ``sinklab.train.plateau_rule_text``), the stop rule, the
-    sink threshold, and the initial weight scale and learning rate of each shape and rule."""
-    cfgs = {(e, rule): plain_config(e, rule, 0, max_steps)
-            for e in PLAIN_EXPERIMENTS for rule in PLAIN_RULES}
-    cfg = next(iter(cfgs.values()))
-    return {
-        "experiments": list(PLAIN_EXPERIMENTS), "rules": list(PLAIN_RULES), "seeds": seeds,
-        "max_steps": cfg.train.max_steps, "patience": cfg.train.patience,
-        "plateau_rule": plateau_rule_text(cfg.train.patience, cfg.train.lr_drops,
-                                          cfg.train.lr_drop_factor),
-        "lr_drops": cfg.train.lr_drops, "lr_drop_factor": cfg.train.lr_drop_factor,
-        "grid_max_steps": min(max_steps, PLAIN_GRID_STEPS),
-        "grid_plateau_rule": plateau_rule_text(cfg.train.patience),
-        "tol": cfg.train.tol, "batch_size": cfg.train.batch_size,
-        "beta1": cfg.train.beta1, "beta2": cfg.train.beta2, "log_every": cfg.train.log_every,
-        "protocol": [{"experiment": e, "rule": rule, "init_std": c.model.init_std,
-                      "lr": c.train.lr} for (e, rule), c in cfgs.items()],
-        "first_seed": PLAIN_FIRST_SEED, "paper_init_std": build_run_config({}).model.init_std,
-        "paper_lr": {e: build_run_config({"model": {"n_layers": EXPERIMENTS[e][0],
-                                                    "n_heads": EXPERIMENTS[e][1]}}).train.lr
-                     for e in PLAIN_EXPERIMENTS},
-        "shape": {e: list(EXPERIMENTS[e]) for e in PLAIN_EXPERIMENTS},
-        "seq_len": cfg.task.seq_len, "d_model": cfg.task.d_model,
-        "train_trigger_min": cfg.task.train_trigger_min,
-        "train_trigger_max": cfg.task.train_trigger_max,
-        "eval_sequences": cfg.eval.n_sequences, "eval_trigger": cfg.task.eval_trigger,
-        "threshold": SINK_HEAD_THRESHOLD,
-    }
-
-
-# ----------------------------------------------------------------------------- records
+# ------------------------------------------------------------------------ measurements
 
 
 def _listed(values: torch.Tensor) -> list[Any]:
@@ -186,84 +134,3 @@ def plain_measure(model: AttentionStack, batch: Batch,
         "bos_max_by_position": _listed(top),
         "linf_all_triggers": metrics.error_split(out.out[0], y, trigger)["linf"].item(),
     }
-
-
-def _untrained(cfg: RunConfig, device: torch.device) -> AttentionStack:
-    """The run's stack as its training started: the same config and seed, no update, on
-    ``device``."""
-    return build_ensemble([cfg], device)
-
-
-def plain_records(ctx: Context, seeds: int, n_sequences: int = PLAIN_SEQUENCES,
-                  attack_steps: int = 100, restarts: int = PLAIN_ATTACK_RESTARTS
-                  ) -> list[dict[str, Any]]:
-    """One row per plain-target run (seeds ``PLAIN_FIRST_SEED`` on): how it stopped, its errors
-    (the test set's, from ``summary.json``, the best training batch of its log, and the
-    attack's worst case over every input: ``attacked``, the largest error per row type), and
-    where its trained model puts its BOS weight on ``n_sequences`` sequences with every
-    trigger position (``plain_measure``); ``untrained`` is the same measurement of the same
-    stack before any update, the claims' control.
-
-    ``ctx`` needs only ``out`` (the study's folder) and ``summary(name)``."""
-    rows = []
-    for e in PLAIN_EXPERIMENTS:
-        for rule in PLAIN_RULES:
-            for seed in range(PLAIN_FIRST_SEED, PLAIN_FIRST_SEED + seeds):
-                name = plain_name(e, rule, seed)
-                summary = ctx.summary(name)
-                best = theory.floor(read_log(ctx.out / name / "metrics.jsonl"))["best_linf"]
-                cfg, model = load_model(ctx.out / name)
-                batch = theory.all_triggers_batch(cfg, n_sequences, seed=0, dtype=torch.float32)
-                found = attack(model, cfg, steps=attack_steps, restarts=restarts,
-                               per_coordinate=False)
-                before = plain_measure(_untrained(cfg, batch.x.device), batch)
-                rows.append({
-                    "experiment": e, "rule": rule, "seed": seed, "status": summary["status"],
-                    "converged": summary["converged"], "steps": summary["steps"],
-                    "lr_drop_steps": summary.get("lr_drop_steps", []),
-                    "best_train_linf": best, "test_linf": summary["linf_error"],
-                    "linf_trigger": summary["linf_trigger"],
-                    "linf_nontrigger": summary["linf_nontrigger"],
-                    "attacked": found.to_dict(contents="none")["max"],
-                    **plain_measure(model, batch),
-                    "untrained": {k: before[k] for k in
-                                  ("sink_heads", "positions_covered", "head_bos",
-                                   "bos_max_by_position", "linf_all_triggers")},
-                })
-    return rows
-
-
-def grid_records(ctx: Context, seeds: int) -> list[dict[str, Any]]:
-    """One row per run of the protocol search (seeds 0..seeds-1): its grid point, how it
-    stopped and its best training-batch L∞."""
-    rows = []
-    for e, rule, std, lr, seed in grid_runs(seeds):
-        name = grid_name(e, rule, std, lr, seed)
-        summary = ctx.summary(name)
-        log = read_log(ctx.out / name / "metrics.jsonl")
-        rows.append({
-            "experiment": e, "rule": rule, "init_std": std, "lr": lr, "seed": seed,
-            "status": summary["status"], "converged": summary["converged"],
-            "steps": summary["steps"], "best_train_linf": theory.floor(log)["best_linf"],
-        })
-    return rows
-
-
-def plain_collect(ctx: Context, seeds: int, max_steps: int,
-                  n_sequences: int = PLAIN_SEQUENCES, grid_seeds: int = 0,
-                  attack_steps: int = 100, restarts: int = PLAIN_ATTACK_RESTARTS
-                  ) -> dict[str, Any]:
-    """What the report's plain-target section reads, as ``records["plain"]``: the protocol, the
-    protocol search (``grid``: its grid, one row per point, the choice per shape and rule; None
-    without search seeds), the test sequences' count, one row per run and one per (experiment,
-    rule)."""
-    runs = plain_records(ctx, seeds, n_sequences, attack_steps, restarts)
-    grid = None
-    if grid_seeds:
-        points = grid_points(grid_records(ctx, grid_seeds))
-        grid = {"init_std": list(PLAIN_GRID_STD), "lr": list(PLAIN_GRID_LR),
-                "seeds": grid_seeds, "rule": PLAIN_CHOICE_RULE, "points": points,
-                "choice": plain_choice(points)}
-    return {"protocol": plain_protocol(seeds, max_steps), "sequences": n_sequences,
-            "grid": grid, "attack": {"steps": attack_steps, "restarts": restarts},
-            "runs": runs, "groups": plain_groups(runs)}
