@@ -345,5 +345,5 @@ task.seq_len = 8
     assert dying["status"] == "failed" and dying["attempts"] == 3
     assert dying["reason"] == "its worker process died 3 times (killed, or out of memory)"
     assert all(r["status"] == "done" for r in rows.values()), rows
-    # a job runs at most once per pool it was handed to: never more tries than the dying one
-    assert all(1 <= r["attempts"] <= 3 for r in rows.values())
+    # a job lost beside the dying one runs again alone, so it is never lost twice
+    assert all(1 <= r["attempts"] <= 2 for r in rows.values())

@@ -9,7 +9,7 @@ rerunning the same command resumes.
 
 - ``local`` (default): one process per core (``--workers``), as ``sinklab reproduce`` does.
   Workers end when the driver dies; a job whose worker died (killed, out of memory) is run
-  again in a fresh pool, twice at most, then recorded as failed.
+  again in a fresh pool, alone, twice at most, then recorded as failed.
 - ``ray`` (extra ``sinklab[ray]``): each job is a Ray task with one CPU, on the cluster at
   ``--ray-address`` or on a local Ray instance started for the sweep; Ray runs a task again when
   its worker dies (three times at most). A local instance's object store is a share of
@@ -209,7 +209,9 @@ def run_local(jobs: list[Work], workers: int, plugins: Sequence[Plugin] = (),
     called then (a sweep marks its cells running), so the jobs still queued are not running.
     When a worker process dies (killed, out of memory) the pool breaks and every job in it is
     lost; those jobs run again in a fresh pool, up to ``POOL_RETRIES`` times each, then come
-    back as failed, and the jobs not yet handed out wait for the fresh pool."""
+    back as failed, and the jobs not yet handed out wait for the fresh pool. A job lost once
+    runs again alone (no other job in flight beside it), so that a job whose worker keeps
+    dying does not cost the jobs that happened to share its pool their tries."""
     start = started or (lambda job: None)
     if workers <= 1 or len(jobs) <= 1:
         for job in jobs:
@@ -219,6 +221,14 @@ def run_local(jobs: list[Work], workers: int, plugins: Sequence[Plugin] = (),
     ctx = get_context("spawn")
     tries = {id(job): 0 for job in jobs}
     queue = list(jobs)
+
+    def free(futures: dict[Any, Work]) -> bool:
+        """Whether the next job may start now: a worker is free, no job lost before is in
+        flight, and the next one, if it was lost before, would be in flight alone."""
+        if len(futures) >= workers or any(tries[id(job)] for job in futures.values()):
+            return False
+        return not (tries[id(queue[0])] and futures)
+
     while queue:
         pool = ProcessPoolExecutor(max_workers=min(workers, len(queue)), mp_context=ctx,
                                    initializer=_worker_init, initargs=(os.getpid(),))
@@ -228,7 +238,7 @@ def run_local(jobs: list[Work], workers: int, plugins: Sequence[Plugin] = (),
             futures: dict[Any, Work] = {}
             broken = False
             while queue or futures:
-                while queue and not broken and len(futures) < workers:  # a free worker each
+                while queue and not broken and free(futures):  # a free worker each
                     try:
                         future = pool.submit(compute, queue[0], plugins)
                     except BrokenProcessPool:  # a worker died: the job waits for a fresh pool
