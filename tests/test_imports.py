@@ -214,7 +214,8 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("engine: models, training, measurements, claims, real models, language models", (
         "sinklab.kernels", "sinklab.first_key", "sinklab.model", "sinklab.train",
         "sinklab.evaluate", "sinklab.metrics", "sinklab.measure", "sinklab.plugins",
-        "sinklab.plots", "sinklab.claims", "sinklab.lm", "sinklab.pretrain")),
+        "sinklab.plots", "sinklab.claims", "sinklab.contrasts", "sinklab.decision_rules",
+        "sinklab.lm", "sinklab.pretrain")),
     ("science: the theorem made executable", ("sinklab.theory",)),
     ("running: run kinds and sweeps", ("sinklab.kinds", "sinklab.sweeps")),
     ("studies: the experiment commands", ("sinklab.studies",)),

@@ -17,31 +17,40 @@ kinds (`kind`):
 - a *descriptive* claim reports what the data show (a count, a rate, an interval) with no
   verdict, where no control is possible or the comparison is with a single illustrative model.
 
+An empirical claim may also be a *contrast* of two groups (`sinklab.contrasts`): the comparison
+a control makes, decided by a two-sample test and carrying its ``effect`` (the size of the
+difference, with its interval) and the ``checks`` run beside it; it names no control and is
+counted when it is supported and none of its checks failed.
+
 Each study names a few *primary* claims before it runs (the paper's predictions it tests): they
 are corrected together by Holm's method and lead the report; the other empirical claims are
 secondary and corrected by Benjamini-Hochberg. A claim whose control passes too is
-*non-discriminating* and is not counted.
+*non-discriminating* and is not counted. A rate claim also says the bound the data give: its
+one-sided Clopper-Pearson ``bound`` and, once corrected, ``largest_r0``.
 
 The tests: a rate is tested against a stated rate r0 by the exact binomial test, its matching
 interval the one-sided Clopper-Pearson bound; a location over seeds is the median, tested by the
 sign test, its interval the order-statistic bound (exact for every continuous distribution, so
 skewed seeds do not make it overconfident); an estimate with a bootstrap distribution computed
 elsewhere (a real model's heads and probes) is tested by that distribution. No decision is made
-below `MIN_N` units or on values that are all equal. `DECISION_RULES` states every rule in one
-sentence, built from the constants (`ALPHA`, `R0`, `MIN_N`, `POWER` of `sinklab.stats`) so that
-no number is written twice. The intervals, tests, power and corrections themselves live in
+below `MIN_N` units or on values that are all equal. `DECISION_RULES` (`sinklab.decision_rules`)
+states every rule in one sentence, built from the constants of `sinklab.stats` so that no
+number is written twice. The intervals, tests, power and corrections themselves live in
 `sinklab.stats`, from scipy.stats.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
 
+from sinklab.decision_rules import CONTROL_RULE as CONTROL_RULE
+from sinklab.decision_rules import CORRECTION_RULE as CORRECTION_RULE
+from sinklab.decision_rules import DECISION_RULES
 from sinklab.stats import (
     ALPHA,
     CONFIDENCE,
@@ -56,6 +65,7 @@ from sinklab.stats import (
     check_finite,
     check_rate,
     clopper_pearson,
+    corrected_rate_bound,
     fisher,
     holm,
     median_bounds,
@@ -90,82 +100,6 @@ HOLM, BH = "holm", "benjamini-hochberg"
 SEEDS = ("seed", "seeds")  # the unit a claim is over, singular and plural
 
 
-# --------------------------------------------------------------------------- decision rules
-
-DECISION_RULES: dict[str, str] = {
-    "rate_at_least": (
-        f"'The rate of X is above r0' (r0 = {R0} unless the claim says otherwise): the "
-        f"one-sided exact binomial test of k of n against r0 gives the p-value for it, the "
-        f"mirror test (rate below r0) the p-value against it; the interval printed is the "
-        f"one-sided {CONFIDENCE} Clopper-Pearson bound that matches the test. Seeds that do not "
-        f"do X are counted as counterexamples, a verdict of their own on 'every seed does X'."
-    ),
-    "rate_at_most": (
-        f"'The rate of X is below r0' (r0 = {1 - R0:.2g} unless the claim says otherwise), the "
-        f"mirror image of rate_at_least: the one-sided exact binomial test for it and against "
-        f"it, with the one-sided {CONFIDENCE} Clopper-Pearson upper bound."
-    ),
-    "median_at_least": (
-        f"'The median over units is above T': the sign test (the count of units above T against "
-        f"Binomial(n, 1/2); units equal to T count against) gives the p-value for it, the count "
-        f"below T the p-value against it; the bound printed is the one-sided {CONFIDENCE} "
-        f"order-statistic bound of the median, exact for every continuous distribution."
-    ),
-    "median_at_most": (
-        "'The median over units is below T', the mirror image of median_at_least."
-    ),
-    "median_within": (
-        "'The median over units matches the reference R within t': two one-sided sign tests, "
-        "that the median is above R - t and below R + t, the larger p-value for it; the smaller "
-        "of the tests that it lies below R - t or above R + t against it."
-    ),
-    "median_in_range": (
-        "'The median over units lies in the range [L, H]': decided as median_within with "
-        "R - t = L and R + t = H."
-    ),
-    "bootstrap": (
-        "'The estimate is above T' (or below, or inside a band): the p-value for it is the share "
-        "(with one added to both counts) of the bootstrap distribution on the wrong side of T, "
-        "the share on the right side the p-value against it; the interval printed holds the "
-        f"distribution's central 1 - {2 * ALPHA:g}, its edges one-sided {CONFIDENCE} bounds."
-    ),
-    "rate_differs": (
-        "'The two rates differ': the two-sided Fisher exact test; never contradicted (a "
-        "non-significant test does not show equal rates)."
-    ),
-    "check": (
-        "A check of sinklab's own computation (an identity, a construction, the soundness of a "
-        "bound): verified when the computed value is within its bound, failed otherwise. It "
-        "cannot come out otherwise if the code is right, so it is not evidence."
-    ),
-    "descriptive": (
-        "What the data show, with no verdict: a claim with no possible control, or one that "
-        "compares with a single illustrative model of the paper."
-    ),
-}
-
-CORRECTION_RULE = (
-    f"Every empirical claim is decided at level {ALPHA} after correction for the others of its "
-    f"report: the primary claims together by Holm's step-down method (family-wise error), the "
-    f"secondary ones together by Benjamini-Hochberg (false discovery rate); the p-values for "
-    f"and against a claim are corrected separately. A claim is supported when its adjusted "
-    f"p-value for it is below {ALPHA}, contradicted when the adjusted p-value against it is, and "
-    f"otherwise undetermined; no decision is made on fewer than {MIN_N} units or on values that "
-    f"are all equal. The seeds that would decide an undetermined claim are the fewest at which "
-    f"the test has power {POWER} if the observed rate holds (at level {ALPHA}/m for one of m "
-    f"primary claims), stated for each direction the observation allows."
-)
-
-CONTROL_RULE = (
-    "Every empirical claim names a control: the same test run on a setting that differs in the "
-    "one factor the claim is about, where it must come out the other way. A claim whose control "
-    "is contradicted is discriminating; one whose control is supported too is "
-    "non-discriminating and is not counted as support; one whose control is undetermined has an "
-    "undecided control and is not counted either. Controls are judged uncorrected, which makes "
-    "'non-discriminating' the easier finding."
-)
-
-
 # --------------------------------------------------------------------------- the claim
 
 
@@ -178,7 +112,16 @@ class Claim:
     (``correction`` says how); ``reason`` says why no decision is possible (too few units,
     values all equal); ``basis`` holds what the seeds needed are worked out from; ``parts`` the
     per-setting counts or values of a pooled claim and ``heterogeneity_p`` whether they differ;
-    ``control`` the control's setting and claim (a dict), ``standing`` how it came out."""
+    ``control`` the control's setting and claim (a dict), ``standing`` how it came out.
+
+    A rate claim's ``bound`` is its one-sided Clopper-Pearson bound at 1 - ALPHA on the claim's
+    side (the lower bound of 'at least', the upper of 'at most'), and ``largest_r0``, set by
+    `finalize`, the largest r0 at which an 'at least' claim would still be supported after its
+    correction, the others' p-values held fixed (for 'at most' the smallest; None when no r0
+    would). A contrast's ``effect`` holds {"what", "estimate", "interval", "groups", "level"}
+    (each edge of the interval a one-sided bound at ``level``) and ``checks`` the claims (as
+    dicts) run beside it. The four are left out of `to_dict` when None: a claim without them
+    writes the record it wrote before they existed, and such a record reads back."""
 
     key: str
     sentence: str
@@ -206,6 +149,10 @@ class Claim:
     adjusted_p: float | None = None
     adjusted_p_against: float | None = None
     needed_against: int | None = None
+    bound: float | None = None
+    largest_r0: float | None = None
+    effect: dict[str, Any] | None = None
+    checks: list[dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         """Reject an unknown kind, outcome or rule, a negative n, or a `needed` on a decided
@@ -235,21 +182,37 @@ class Claim:
         return self.outcome
 
     @property
+    def is_contrast(self) -> bool:
+        """Whether the claim is a contrast of two groups (it carries an effect)."""
+        return self.effect is not None
+
+    @property
     def counted(self) -> bool:
         """Whether the claim counts as support: empirical, supported, and its control came out
-        the other way."""
-        return (self.kind == EMPIRICAL and self.outcome == SUPPORTED
-                and self.standing == DISCRIMINATING)
+        the other way; for a contrast (no control), none of the checks beside it failed."""
+        if self.kind != EMPIRICAL or self.outcome != SUPPORTED:
+            return False
+        if self.is_contrast:
+            return all(c.outcome != FAILED for c in self.check_claims())
+        return self.standing == DISCRIMINATING
 
     def control_claim(self) -> Claim | None:
         """The control as a Claim (None when there is none)."""
         return None if self.control is None else Claim.from_dict(self.control["claim"])
 
+    def check_claims(self) -> list[Claim]:
+        """The checks beside a contrast as Claims (none for another claim)."""
+        return [Claim.from_dict(d) for d in self.checks or ()]
+
     def to_dict(self) -> dict[str, Any]:
-        """The claim as a JSON-able dict (the interval as a list)."""
+        """The claim as a JSON-able dict (the interval as a list; the fields added since the
+        first records, ``LATER_FIELDS``, only when they are set)."""
         d = asdict(self)
         if self.interval is not None:
             d["interval"] = [float(x) for x in self.interval]
+        for name in LATER_FIELDS:
+            if d[name] is None:
+                del d[name]
         return d
 
     @classmethod
@@ -262,15 +225,20 @@ class Claim:
         return cls(**fields)
 
 
+LATER_FIELDS = ("bound", "largest_r0", "effect", "checks")  # left out of a record when None
+
+CHECK_FAILED = "check failed"  # a supported contrast not counted: a check beside it failed
+
+
 def summary_counts(claims: Iterable[Claim]) -> dict[str, int]:
     """How many claims fall in each place of a report: checks verified and failed; empirical
-    claims counted as support, non-discriminating or with an undecided control (both supported
-    but not counted), contradicted and undetermined; descriptive; and the primary claims
-    supported and counted."""
+    claims counted as support, non-discriminating, with an undecided control or (a contrast)
+    with a failed check (all three supported but not counted), contradicted and undetermined;
+    descriptive; and the primary claims supported and counted."""
     counts = dict.fromkeys(
         ("verified", "failed", "counted", "non-discriminating", "control undecided",
-         "contradicted", "undetermined", "descriptive", "empirical", "checks", "primary",
-         "primary counted"), 0)
+         CHECK_FAILED, "contradicted", "undetermined", "descriptive", "empirical", "checks",
+         "primary", "primary counted"), 0)
     for c in claims:
         if c.kind == CHECK:
             counts["checks"] += 1
@@ -281,7 +249,8 @@ def summary_counts(claims: Iterable[Claim]) -> dict[str, int]:
             counts["empirical"] += 1
             counts["primary"] += c.primary
             if c.outcome == SUPPORTED:
-                key = "counted" if c.counted else (c.standing or CONTROL_UNDECIDED)
+                key = ("counted" if c.counted else CHECK_FAILED if c.is_contrast
+                       else c.standing or CONTROL_UNDECIDED)
                 counts[key] += 1
                 counts["primary counted"] += c.primary and c.counted
             else:
@@ -326,10 +295,11 @@ def _needed(basis: dict[str, Any] | None, n: int, level: float,
     return found[0], found[1], "; ".join(words) + "."
 
 
-def _empirical(key: str, sentence: str, data: str, test: str, n: int, rule: str, *,
+def empirical(key: str, sentence: str, data: str, test: str, n: int, rule: str, *,
                p_for: float | None, p_against: float | None, reason: str | None = None,
                basis: dict[str, Any] | None = None, **fields: Any) -> Claim:
-    """An empirical claim decided at the nominal level (before `finalize` corrects it)."""
+    """An empirical claim decided at the nominal level (before `finalize` corrects it); the
+    builders' common end, `sinklab.contrasts`' too."""
     if reason is None and n < MIN_N:
         reason = f"{n} units are fewer than the {MIN_N} a decision needs"
     outcome = _decide(p_for, p_against, reason)
@@ -387,9 +357,9 @@ def _rate(key: str, sentence: str, k: int | None, n: int | None, what: str, r0: 
     p_against = binomial_p(k, n, r0, greater=not above)
     basis = {"for": [k if above else n - k, n, r0 if above else 1 - r0],
              "against": [n - k if above else k, n, 1 - r0 if above else r0]}
-    return _empirical(key, sentence, data, test, n, "rate_at_least" if above else "rate_at_most",
+    return empirical(key, sentence, data, test, n, "rate_at_least" if above else "rate_at_most",
                       p_for=p_for, p_against=p_against, basis=basis,
-                      estimate=k / n if n else None, interval=(lo, hi),
+                      estimate=k / n if n else None, interval=(lo, hi), bound=lo if above else hi,
                       counterexamples=(n - k) if above else k, parts=records,
                       heterogeneity_p=het)
 
@@ -428,7 +398,7 @@ def rate_differs(
             f"{CONFIDENCE} interval [{lo1:.2f}, {hi1:.2f}]); {theirs}: {k2} of {n2} (rate "
             f"{k2 / n2:.2f})")
     test = f"two-sided Fisher exact test on the 2x2 table: p = {p:.3g}"
-    return _empirical(key, sentence, data, test, n1, "rate_differs", p_for=p, p_against=None,
+    return empirical(key, sentence, data, test, n1, "rate_differs", p_for=p, p_against=None,
                       estimate=k1 / n1 - k2 / n2 if n1 else None)
 
 
@@ -490,7 +460,7 @@ def _median_claim(key: str, sentence: str, arr: np.ndarray, low: float, high: fl
         data = f"{what}; {data}"
     if pooled:
         data += f"; pooled over settings ({pooled})"
-    return _empirical(key, sentence, data, test, n, rule, p_for=p_for, p_against=p_against,
+    return empirical(key, sentence, data, test, n, rule, p_for=p_for, p_against=p_against,
                       reason=reason, basis=basis, estimate=float(np.median(arr)) if n else None,
                       interval=(lo, hi) if math.isfinite(lo) else None, parts=records,
                       heterogeneity_p=het)
@@ -588,7 +558,7 @@ def bootstrap_claim(key: str, sentence: str, estimate: float, resampled: Sequenc
     data = (f"{what + '; ' if what else ''}estimate {estimate:.4g} over {n} {unit[1]}; "
             f"one-sided {CONFIDENCE} bounds [{lo:.4g}, {hi:.4g}] from {b:,} {how} draws")
     test = f"{how} test that the estimate is {target}"
-    return _empirical(key, sentence, data, test, n, "bootstrap", p_for=float(max(ps_for)),
+    return empirical(key, sentence, data, test, n, "bootstrap", p_for=float(max(ps_for)),
                       p_against=float(min(ps_against)), reason=reason, estimate=float(estimate),
                       interval=(lo, hi))
 
@@ -650,8 +620,9 @@ def with_control(claim: Claim, control: Claim, setting: str) -> Claim:
 def finalize(claims: Sequence[Claim], primary: Sequence[str] = ()) -> list[Claim]:
     """The study's claims decided together: the ``primary`` keys corrected by Holm, the other
     empirical claims by Benjamini-Hochberg, and each empirical claim's outcome and seeds
-    needed decided again from its adjusted p-values. Raises ValueError when a primary key is not
-    an empirical claim of the list, or an empirical claim has no control."""
+    needed decided again from its adjusted p-values, and each rate claim's ``largest_r0`` found
+    under the same correction. Raises ValueError when a primary key is not an empirical claim of
+    the list, or an empirical claim that is no contrast has no control."""
     by_key = {c.key: c for c in claims}
     if len(by_key) != len(claims):
         raise ValueError("two claims share a key.")
@@ -659,10 +630,11 @@ def finalize(claims: Sequence[Claim], primary: Sequence[str] = ()) -> list[Claim
         if key not in by_key or by_key[key].kind != EMPIRICAL:
             raise ValueError(f"the primary claim {key!r} is not an empirical claim of the "
                              f"study.")
-    missing = [c.key for c in claims if c.kind == EMPIRICAL and c.control is None]
+    missing = [c.key for c in claims
+               if c.kind == EMPIRICAL and c.control is None and not c.is_contrast]
     if missing:
-        raise ValueError(f"every empirical claim needs a control; these have none: "
-                         f"{', '.join(missing)}.")
+        raise ValueError(f"every empirical claim that is not a contrast needs a control; these "
+                         f"have none: {', '.join(missing)}.")
     chosen = set(primary)
     out = {c.key: c for c in claims}
     m = len(chosen)
@@ -672,9 +644,10 @@ def finalize(claims: Sequence[Claim], primary: Sequence[str] = ()) -> list[Claim
              benjamini_hochberg, BH, ALPHA)):
         if not keys:
             continue
-        p_for = correct([_p(by_key[k].p_value) for k in keys])
+        raw = [_p(by_key[k].p_value) for k in keys]
+        p_for = correct(raw)
         p_against = correct([_p(by_key[k].p_against) for k in keys])
-        for key, pf, pa in zip(keys, p_for, p_against):
+        for i, (key, pf, pa) in enumerate(zip(keys, p_for, p_against)):
             c = by_key[key]
             outcome = _decide(pf, pa, c.reason)
             needed = needed_against = needed_text = None
@@ -682,10 +655,28 @@ def finalize(claims: Sequence[Claim], primary: Sequence[str] = ()) -> list[Claim
                 needed, needed_against, needed_text = _needed(c.basis, c.n, level)
                 if c.reason is not None:
                     needed_text = f"{c.reason}." + (f" {needed_text}" if needed_text else "")
+            # the control's standing speaks for a claim the data support: a contradicted or
+            # undetermined claim is not "discriminating", whatever its control did
+            standing = c.standing if outcome == SUPPORTED else None
             out[key] = replace(c, primary=key in chosen, correction=name, adjusted_p=pf,
                                adjusted_p_against=pa, outcome=outcome, needed=needed,
-                               needed_against=needed_against, needed_text=needed_text)
+                               needed_against=needed_against, needed_text=needed_text,
+                               standing=standing, largest_r0=_largest_r0(c, raw, i, correct))
     return [out[c.key] for c in claims]
+
+
+def _largest_r0(c: Claim, family: list[float], index: int,
+                correct: Callable[[Sequence[float]], list[float]]) -> float | None:
+    """The largest r0 at which a rate claim is still supported, corrected as ``correct`` does
+    with the ``family`` of raw p-values it is ``index`` of (the smallest for 'at most'); None
+    for another claim or one no r0 would support."""
+    if c.rule not in ("rate_at_least", "rate_at_most") or c.basis is None or c.reason:
+        return None
+    count, n, _ = c.basis["for"]  # the units on the claim's side, tested above a rate
+    limit = corrected_rate_bound(count, n, family, index, correct)
+    if limit is None or c.rule == "rate_at_least":
+        return limit
+    return 1 - limit
 
 
 def _p(p: float | None) -> float:

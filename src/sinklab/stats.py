@@ -1,18 +1,21 @@
 """The statistics behind sinklab's claims, none of them about a claim: input checks, exact
-intervals and tests of a rate or a median, Fisher's test and its power, sample sizes, multiple
-testing corrections, competing risks, heterogeneity across settings, and the finite values of a
-list of records.
+intervals and tests of a rate or a median, Fisher's test and its power, two-group contrasts,
+sample sizes, multiple testing corrections (and the largest rate a corrected test still
+rejects), competing risks, heterogeneity across settings, and the finite values of a list of
+records.
 
 The rates are tested by the exact binomial test with their one-sided Clopper-Pearson bounds; a
 median over seeds by the sign test with its order-statistic bounds (exact for every continuous
-distribution). Everything comes from scipy.stats, imported at first use so that importing this
-module (and `sinklab.claims`, which decides claims with it) stays cheap.
+distribution). Two groups are contrasted by the one-sided Fisher test with Newcombe's interval
+of the difference of rates, or by the Mann-Whitney test with the Hodges-Lehmann shift and its
+bounds from the test's exact null. Everything comes from scipy.stats, imported at first use
+so that importing this module (and `sinklab.claims`, which decides claims with it) stays cheap.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -25,6 +28,7 @@ POWER = 0.8  # power asked of a sample size suggestion
 MAX_SEEDS = 200  # largest n a power search considers
 PERMUTATIONS = 9999  # resamples of a heterogeneity permutation test
 CONFIDENCE = f"{1 - ALPHA:.0%}"  # "95%", the level of every one-sided bound
+RATE_TOLERANCE = 1e-9  # how closely a corrected bound on r0 is found (bisection)
 
 
 def _stats() -> Any:
@@ -273,6 +277,162 @@ def fisher_power(n1: int, p1: float, n2: int, p2: float, alpha: float = ALPHA) -
     return float(weights[pvalues < alpha].sum())
 
 
+# --------------------------------------------------------------------------- two-group contrasts
+
+EXACT_PAIRS = 10_000  # largest n1 * n2 at which the Mann-Whitney null is computed exactly
+
+
+def check_sided(sided: int) -> None:
+    """Raise ValueError unless sided is 1 (one-sided bounds) or 2 (a two-sided interval)."""
+    if sided not in (1, 2) or isinstance(sided, bool):
+        raise ValueError(f"sided must be 1 (one-sided bounds) or 2 (a two-sided interval) "
+                         f"(got {sided!r}).")
+
+
+def _tail(level: float, sided: int) -> float:
+    """The probability left out on each side: 1 - level for one-sided bounds, half of it for
+    a two-sided interval."""
+    check_alpha(1 - level)
+    check_sided(sided)
+    return (1 - level) / sided
+
+
+def fisher_one_sided(k1: int, n1: int, k2: int, n2: int, greater: bool) -> float:
+    """One-sided Fisher exact p-value that group 1's rate (k1 of n1) is above group 2's (k2 of
+    n2) when ``greater``, else below it: the hypergeometric tail of k1 given the table's
+    margins. A table with an empty row or column carries no evidence: its p-value is 1."""
+    check_count(k1, n1, "k1")
+    check_count(k2, n2, "k2")
+    if n1 == 0 or n2 == 0 or k1 + k2 in (0, n1 + n2):
+        return 1.0
+    table = [[k1, n1 - k1], [k2, n2 - k2]]
+    alternative = "greater" if greater else "less"
+    return float(_stats().fisher_exact(table, alternative=alternative).pvalue)
+
+
+def wilson(k: int, n: int, level: float = 1 - ALPHA, sided: int = 2) -> tuple[float, float]:
+    """Wilson's score interval of a rate from k of n (two-sided at ``level``, or with
+    ``sided=1`` a pair of one-sided bounds at ``level`` each): 0 is the lower bound when k = 0
+    and 1 the upper when k = n; n = 0 gives [0, 1]."""
+    check_count(k, n)
+    z = float(_stats().norm.ppf(1 - _tail(level, sided)))
+    if n == 0:
+        return (0.0, 1.0)
+    centre = (k + z * z / 2) / (n + z * z)
+    half = z * math.sqrt(k * (n - k) / n + z * z / 4) / (n + z * z)
+    lo = 0.0 if k == 0 else max(0.0, centre - half)
+    hi = 1.0 if k == n else min(1.0, centre + half)
+    return (lo, hi)
+
+
+def newcombe_difference(k1: int, n1: int, k2: int, n2: int, level: float = 1 - ALPHA,
+                        sided: int = 2) -> tuple[float, float]:
+    """Newcombe's hybrid score interval of the difference of rates k1/n1 - k2/n2 (Newcombe
+    1998, Stat. Med. 17:873, method 10): each rate's Wilson interval (`wilson`, same level and
+    sides) combined as d - sqrt((p1 - l1)^2 + (u2 - p2)^2) and d + sqrt((u1 - p1)^2 + (p2 -
+    l2)^2). Two-sided at ``level``, or with ``sided=1`` a one-sided bound at ``level`` on each
+    side; [-1, 1] when a group is empty. It is not exact: its coverage is close to the stated
+    level but can fall a little below it at some rates (tests/engine/test_coverage.py)."""
+    check_count(k1, n1, "k1")
+    check_count(k2, n2, "k2")
+    l1, u1 = wilson(k1, n1, level, sided)
+    l2, u2 = wilson(k2, n2, level, sided)
+    if n1 == 0 or n2 == 0:
+        return (-1.0, 1.0)
+    p1, p2 = k1 / n1, k2 / n2
+    lo = p1 - p2 - math.sqrt((p1 - l1) ** 2 + (u2 - p2) ** 2)
+    hi = p1 - p2 + math.sqrt((u1 - p1) ** 2 + (p2 - l2) ** 2)
+    return (max(-1.0, lo), min(1.0, hi))
+
+
+@lru_cache(maxsize=256)
+def mann_whitney_null(n1: int, n2: int) -> np.ndarray:
+    """The exact null distribution of the Mann-Whitney U (the pairs with x_i > y_j) of samples
+    of n1 and n2 values with no ties: entry u is P(U = u), u = 0 .. n1 * n2.
+
+    The counts are the coefficients of the Gaussian binomial [n1 + n2 choose n1]_q = prod over
+    i = 1 .. n1 of (1 - q^(n2 + i)) / (1 - q^i), in whole numbers (so exact at every size); the
+    result is read-only (it is cached)."""
+    check_count(0, n1, "0")
+    check_count(0, n2, "0")
+    n1, n2 = min(n1, n2), max(n1, n2)  # the distribution is the same either way round
+    size = n1 * n2 + 1
+    counts = np.zeros(size, dtype=object)
+    counts[0] = 1
+    for i in range(1, n1 + 1):
+        m = n2 + i
+        if m < size:  # times (1 - q^m); the terms past n1 * n2 never come back
+            counts[m:] = counts[m:] - counts[: size - m]
+        # divided by (1 - q^i): b[j] = a[j] + b[j - i], a running sum along each residue mod i
+        padded = np.concatenate([counts, np.zeros(-size % i, dtype=object)])
+        counts = padded.reshape(-1, i).cumsum(axis=0).ravel()[:size]
+    total = math.comb(n1 + n2, n1)
+    probs = np.array([c / total for c in counts], dtype=np.float64)
+    probs.setflags(write=False)
+    return probs
+
+
+@lru_cache(maxsize=1024)
+def _shift_rank(n1: int, n2: int, tail: float) -> int | None:
+    """The rank c (1-based) of the pairwise difference that is a lower bound of the shift: the
+    largest c with P(U <= c - 1) < tail under the Mann-Whitney null (exact up to EXACT_PAIRS
+    pairs, normal with a continuity correction beyond); None when no c is."""
+    if n1 * n2 <= EXACT_PAIRS:
+        c = int(np.sum(np.cumsum(mann_whitney_null(n1, n2)) < tail))
+    else:
+        mean, sd = n1 * n2 / 2, math.sqrt(n1 * n2 * (n1 + n2 + 1) / 12)
+        c = math.ceil(mean + 0.5 + float(_stats().norm.ppf(tail)) * sd) - 1
+    return c if c >= 1 else None
+
+
+def hodges_lehmann(x: Iterable[float], y: Iterable[float], level: float = 1 - ALPHA,
+                   sided: int = 2) -> tuple[float, tuple[float, float]]:
+    """The Hodges-Lehmann shift of x against y, the median of the n1 * n2 differences x_i -
+    y_j, and its distribution-free interval (two-sided at ``level``, or with ``sided=1`` a
+    one-sided bound at ``level`` on each side).
+
+    The bounds are the differences of rank c and n1 * n2 + 1 - c, c the largest with P(U <=
+    c - 1) < (1 - level) / sided under the Mann-Whitney null (Lehmann, Nonparametrics, 1975,
+    ch. 2): the null is exact (`mann_whitney_null`) up to EXACT_PAIRS pairs, normal with a
+    continuity correction beyond. For continuous data differing by a shift the coverage is at
+    least ``level``, and with the exact null a one-sided bound excludes 0 exactly when the
+    exact one-sided Mann-Whitney test rejects at 1 - level; with ties it is approximate. The
+    bounds are infinite when the samples are too small for any (1 / C(n1 + n2, n1) >= the
+    tail)."""
+    a, b = as_values(x), as_values(y)
+    if a.size == 0 or b.size == 0:
+        raise ValueError(f"both samples need at least one value (got {a.size} and {b.size}).")
+    c = _shift_rank(int(a.size), int(b.size), _tail(level, sided))
+    diffs = np.sort((a[:, None] - b[None, :]).ravel())  # (n1 * n2,)
+    estimate = float(np.median(diffs))
+    if c is None:
+        return estimate, (-math.inf, math.inf)
+    return estimate, (float(diffs[c - 1]), float(diffs[diffs.size - c]))
+
+
+def mann_whitney_p(x: Iterable[float], y: Iterable[float], greater: bool) -> float:
+    """One-sided Mann-Whitney p-value that x's values lie above y's (``greater``) or below
+    them (scipy.stats.mannwhitneyu): exact when there are no ties and n1 * n2 <= EXACT_PAIRS,
+    otherwise the normal approximation with its tie and continuity corrections; 1 when a
+    sample is empty or every value is the same."""
+    a, b = as_values(x), as_values(y)
+    if a.size == 0 or b.size == 0 or np.ptp(np.concatenate([a, b])) == 0:
+        return 1.0
+    method = "exact" if mann_whitney_method(a, b) == "exact" else "asymptotic"
+    alternative = "greater" if greater else "less"
+    return float(_stats().mannwhitneyu(a, b, alternative=alternative, method=method).pvalue)
+
+
+def mann_whitney_method(x: Iterable[float], y: Iterable[float]) -> str:
+    """How `mann_whitney_p` computes its p-value for these samples, in words: 'exact' (no ties,
+    at most EXACT_PAIRS pairs) or 'normal approximation' (with tie and continuity
+    corrections)."""
+    a, b = as_values(x), as_values(y)
+    both = np.concatenate([a, b])
+    ties = np.unique(both).size < both.size
+    return "normal approximation" if ties or a.size * b.size > EXACT_PAIRS else "exact"
+
+
 # --------------------------------------------------------------------------- sample sizes
 
 
@@ -338,6 +498,34 @@ def benjamini_hochberg(pvalues: Sequence[float]) -> list[float]:
     if len(pvalues) == 0:
         return []
     return [float(x) for x in _stats().false_discovery_control(np.asarray(pvalues, float))]
+
+
+def corrected_rate_bound(count: int, n: int, pvalues: Sequence[float], index: int,
+                         correct: Callable[[Sequence[float]], list[float]],
+                         alpha: float = ALPHA) -> float | None:
+    """The largest rate r (a supremum) below which the one-sided exact binomial test of
+    ``count`` of n above r, P(X >= count | r), still rejects at ``alpha`` once corrected by
+    ``correct`` (`holm`, `benjamini_hochberg`) with the family ``pvalues``, its own p-value at
+    ``index`` and the others held fixed. Found by bisection on r (the adjusted p-value grows
+    with the test's own); for a lone test it is the one-sided Clopper-Pearson lower bound at
+    1 - alpha. None when no r in (0, 1) is rejected (count = 0)."""
+    check_count(count, n)
+    check_alpha(alpha)
+    if not 0 <= index < len(pvalues):
+        raise ValueError(f"index must name one of the {len(pvalues)} p-values (got {index}).")
+    if count == 0:
+        return None
+    family = [float(p) for p in pvalues]
+
+    def rejected(r: float) -> bool:
+        family[index] = binomial_p(count, n, r, greater=True)
+        return correct(family)[index] < alpha
+
+    low, high = 0.0, 1.0  # rejected just above 0 (the p-value vanishes there), never at 1
+    while high - low > RATE_TOLERANCE:
+        mid = (low + high) / 2
+        low, high = (mid, high) if rejected(mid) else (low, mid)
+    return low if low > 0 else None
 
 
 # --------------------------------------------------------------------------- competing risks

@@ -1,6 +1,8 @@
 """Claims: exact intervals, Fisher's test and its power, each builder's decision rule, controls,
-the corrections that decide a study's claims together, and a test that each kind of claim can
-be contradicted on data built to contradict it."""
+the corrections that decide a study's claims together, the bound a rate claim gives (and the
+largest r0 it supports once corrected), and a test that each kind of claim, contrasts too, can
+be contradicted on data built to contradict it. The contrasts' own statistics and decisions are
+in test_contrasts.py."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from sinklab.claims import (
     DESCRIPTIVE,
     DISCRIMINATING,
     FAILED,
+    LATER_FIELDS,
     NON_DISCRIMINATING,
     SUPPORTED,
     UNDETERMINED,
@@ -44,12 +47,14 @@ from sinklab.claims import (
     summary_counts,
     with_control,
 )
+from sinklab.contrasts import locations_contrast, rates_contrast
 from sinklab.stats import (
     ALPHA,
     MIN_N,
     R0,
     benjamini_hochberg,
     clopper_pearson,
+    corrected_rate_bound,
     fisher,
     fisher_power,
     fisher_pvalue_table,
@@ -238,6 +243,53 @@ def test_rate_differs():
         rate_differs("k", "s", 1, 3, 0, 0, "ours", "theirs")
 
 
+# --------------------------------------------------------------------------- the bound a rate gives
+
+
+def test_a_rate_claim_stores_its_one_sided_bound():
+    assert rate_at_least("k", "s", 9, 10, "x").bound == pytest.approx(one_sided_lower(9, 10))
+    assert rate_at_most("k", "s", 1, 10, "x").bound == pytest.approx(one_sided_upper(1, 10))
+    pooled = rate_at_least("k", "s", None, None, "x", parts=[("a", 9, 10), ("b", 10, 10)])
+    assert pooled.bound == pytest.approx(one_sided_lower(19, 20))
+    assert median_at_least("k", "s", np.arange(10.0), 0.5).bound is None
+
+
+@pytest.mark.parametrize("k,n", [(10, 10), (9, 10), (27, 30), (5, 5), (3, 10)])
+def test_the_largest_r0_of_a_lone_claim_is_its_clopper_pearson_bound(k, n):
+    alone = finalize([_controlled("a", k, n)], primary=["a"])[0]
+    assert alone.largest_r0 == pytest.approx(one_sided_lower(k, n), abs=1e-8)
+    down = finalize([with_control(rate_at_most("b", "s", n - k, n, "x"),
+                                  rate_at_most("b", "s", n, n, "x"), "c")])[0]
+    assert down.largest_r0 == pytest.approx(one_sided_upper(n - k, n), abs=1e-8)
+
+
+def test_the_largest_r0_is_where_the_corrected_claim_stops_being_supported():
+    """13 of 13 beside three primary claims of 7 of 13 (p near 1): Holm divides its level by 4,
+    so its largest r0 is 0.0125**(1/13), below the lone bound 0.05**(1/13); just below it the
+    claim is supported, just above it not, the others held fixed."""
+    family = [_controlled("a", 13, 13), *(_controlled(k, 7, 13) for k in "bcd")]
+    decided = finalize(family, primary=list("abcd"))
+    limit = decided[0].largest_r0
+    assert limit == pytest.approx((ALPHA / 4) ** (1 / 13), abs=1e-8)
+    assert limit < one_sided_lower(13, 13) - 0.05
+    for r0, outcome in ((limit - 1e-6, SUPPORTED), (limit + 1e-6, UNDETERMINED)):
+        moved = [with_control(rate_at_least("a", "s", 13, 13, "x", r0=r0),
+                              rate_at_least("a", "s", 0, 13, "x"), "c"), *family[1:]]
+        assert finalize(moved, primary=list("abcd"))[0].outcome == outcome
+    # the secondary claims, by Benjamini-Hochberg: the same search, the other correction
+    secondary = finalize(family, primary=[])
+    raw = [c.p_value for c in family]
+    assert secondary[0].largest_r0 == pytest.approx(
+        corrected_rate_bound(13, 13, raw, 0, benjamini_hochberg))
+
+
+def test_no_r0_supports_a_claim_with_no_units_on_its_side_or_too_few():
+    assert finalize([_controlled("a", 0, 10)])[0].largest_r0 is None
+    assert finalize([_controlled("a", MIN_N - 1, MIN_N - 1)])[0].largest_r0 is None
+    with pytest.raises(ValueError):
+        corrected_rate_bound(3, 5, [0.1], 1, holm)
+
+
 # --------------------------------------------------------------------------- medians
 
 
@@ -422,6 +474,8 @@ def test_each_kind_of_claim_can_be_contradicted_on_data_built_for_it():
         "median_within": median_within("k", "s", below, 1.0, 0.5),
         "median_in_range": median_in_range("k", "s", below, 2.0, 3.0),
         "bootstrap": bootstrap_claim("k", "s", 0.05, np.linspace(0.0, 0.1, 100), 10, low=1.0),
+        "rates_contrast": rates_contrast("k", "s", 1, 10, 9, 10, "x"),
+        "locations_contrast": locations_contrast("k", "s", below, below + 5.0, "x"),
     }
     assert {k: c.outcome for k, c in built.items()} == dict.fromkeys(built, CONTRADICTED)
     assert check("k", "s", 2.0, 1.0, "x").outcome == FAILED
@@ -433,7 +487,12 @@ def test_each_kind_of_claim_can_be_contradicted_on_data_built_for_it():
     decided = finalize([with_control(replace(built[rule], key=rule), control, "built to pass")
                         for rule, control in controls.items()])
     assert [c.outcome for c in decided] == [CONTRADICTED] * 3
-    assert all(c.standing == NON_DISCRIMINATING for c in decided)  # the control passed
+    # the control's standing speaks only for a supported claim
+    assert all(c.standing is None and not c.counted for c in decided)
+    # contrasts (no control) still contradicted once corrected with the others
+    both = finalize([replace(built[rule], key=rule)
+                     for rule in ("rates_contrast", "locations_contrast")])
+    assert [c.outcome for c in both] == [CONTRADICTED] * 2
 
 
 # --------------------------------------------------------------------------- records
@@ -452,14 +511,30 @@ def _one_of_each() -> list[Claim]:
         bootstrap_claim("b", "s", 1.5, values, 10, low=0.0),
         check("c", "s", 0.0, 1.0, "x"),
         descriptive("d", "s", "data", n=3, estimate=0.5, interval=(0.1, 0.9)),
+        rates_contrast("rc", "s", 9, 10, 1, 10, "x", ("a", "b"),
+                       checks=[check("rc.check", "s", 0.0, 1.0, "x")]),
+        locations_contrast("lc", "s", values + 2.0, values, "x", ("a", "b")),
+        locations_contrast("lc0", "s", values[:2], values, "x", ("a", "b")),  # no bound at n = 2
     ]
 
 
 def test_round_trip_and_json():
-    for claim in _one_of_each():
+    for claim in [*_one_of_each(), *finalize([_controlled("rate", 10, 10)])]:
         d = claim.to_dict()
         back = Claim.from_dict(json.loads(json.dumps(d, allow_nan=False)))
         assert back == claim
+
+
+def test_records_written_before_the_bounds_and_contrasts_read_back():
+    """A record without the later fields (an older sinklab's) reads back with them None, and a
+    claim that has none of them writes the same record as before they existed."""
+    d = median_at_least("m", "s", np.linspace(1.0, 2.0, 10), 0.5).to_dict()
+    assert not set(LATER_FIELDS) & set(d)
+    back = Claim.from_dict(d)
+    assert (back.bound, back.largest_r0, back.effect, back.checks) == (None,) * 4
+    old_rate = {k: v for k, v in _controlled("r", 10, 10).to_dict().items()
+                if k not in LATER_FIELDS}
+    assert Claim.from_dict(old_rate).bound is None
 
 
 def test_decision_rules_cover_every_builder():

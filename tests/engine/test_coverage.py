@@ -1,9 +1,12 @@
 """Do the reports' intervals cover at their stated level? A simulation at the sample sizes the
 reports use, on normal, lognormal, exponential and contaminated data and on resamples of the
 reports' own per-seed values, for the median's order-statistic bounds (every claim about a
-location over seeds) and, by exact enumeration, the one-sided Clopper-Pearson bounds (every rate
-claim). A t interval is exact on normal data, so the skewed distributions are what could make
-such a check fail; the last test shows it does fail for a t bound on lognormal data."""
+location over seeds) and the Hodges-Lehmann bounds of a shift between two groups (every
+locations contrast); by exact enumeration, the one-sided Clopper-Pearson bounds (every rate
+claim) and Newcombe's bounds of a difference of rates (every rates contrast). A t interval is
+exact on normal data, so the skewed distributions are what could make such a check fail; the
+last tests show it does fail for a t bound on lognormal data, and for the Wald interval of a
+difference of rates."""
 
 from __future__ import annotations
 
@@ -14,12 +17,21 @@ import pytest
 from scipy import stats
 
 from helpers import DOCS
-from sinklab.stats import ALPHA, median_bounds, one_sided_lower, one_sided_upper
+from sinklab.stats import (
+    ALPHA,
+    hodges_lehmann,
+    median_bounds,
+    newcombe_difference,
+    one_sided_lower,
+    one_sided_upper,
+)
 
 REPS = 2000
 # three Monte Carlo standard errors of a coverage near 1 - ALPHA over REPS draws
 TOLERANCE = 3 * np.sqrt(ALPHA * (1 - ALPHA) / REPS)
 SIZES = (5, 9, 10, 30)  # a report's smallest decision, its seeds per setting, and a pooled count
+PAIRS = ((5, 5), (9, 10), (10, 10), (5, 30), (30, 30))  # two groups' sizes, as the reports have
+RATES = np.linspace(0.02, 0.98, 25)  # the grid of true rates each group's coverage is summed at
 
 
 def _normal(rng, size):
@@ -110,3 +122,59 @@ def test_the_simulation_can_fail_a_bound_that_does_not_cover():
     mean = np.exp(0.5)
     upper = samples.mean(1) + stats.t.ppf(1 - ALPHA, n - 1) * samples.std(1, ddof=1) / np.sqrt(n)
     assert np.mean(upper >= mean) < 1 - ALPHA - TOLERANCE
+
+
+@pytest.mark.parametrize("name", list(DISTRIBUTIONS))
+@pytest.mark.parametrize("n1,n2", [p for p in PAIRS if p != (5, 30)])
+def test_hodges_lehmann_bounds_cover_a_shift(name, n1, n2):
+    """Two groups of the same distribution, one shifted by 0.7 (the model the bounds assume):
+    each one-sided bound covers the shift at least 1 - ALPHA of the time, skewed data too."""
+    draw, _ = DISTRIBUTIONS[name]
+    rng = np.random.default_rng(n1 * 100 + n2)
+    x, y = draw(rng, (REPS, n1)) + 0.7, draw(rng, (REPS, n2))
+    bounds = np.array([hodges_lehmann(a, b, sided=1)[1] for a, b in zip(x, y)])
+    low, high = np.mean(bounds[:, 0] <= 0.7), np.mean(bounds[:, 1] >= 0.7)
+    assert low >= 1 - ALPHA - TOLERANCE and high >= 1 - ALPHA - TOLERANCE, (name, low, high)
+
+
+def _difference_coverage(bounds: np.ndarray, n1: int, n2: int) -> tuple[np.ndarray, np.ndarray]:
+    """The exact coverage of one-sided bounds of p1 - p2 (``bounds[a, b]`` = (lower, upper) at a
+    of n1 and b of n2) at every pair of true rates in RATES: the binomial probabilities of the
+    outcomes whose lower bound is at or below p1 - p2, and of those whose upper bound is at or
+    above it, summed. Two arrays of shape (len(RATES) ** 2,)."""
+    low, high = [], []
+    for p1 in RATES:
+        for p2 in RATES:
+            weights = (stats.binom.pmf(np.arange(n1 + 1), n1, p1)[:, None]
+                       * stats.binom.pmf(np.arange(n2 + 1), n2, p2)[None, :])
+            low.append(weights[bounds[..., 0] <= p1 - p2].sum())
+            high.append(weights[bounds[..., 1] >= p1 - p2].sum())
+    return np.array(low), np.array(high)
+
+
+@pytest.mark.parametrize("n1,n2", PAIRS)
+def test_newcombe_bounds_cover_on_average_and_never_far_below(n1, n2):
+    """Newcombe's interval is approximate, not exact (the decision is Fisher's exact test; the
+    interval says how large the difference is): over the grid of true rates its one-sided
+    bounds cover 1 - ALPHA on average (within 0.01), and nowhere less than 0.80 at these sizes
+    (the worst is at n = 5 per group, near rates 0 or 1; Newcombe 1998 reports the same for
+    the two-sided interval)."""
+    bounds = np.array([[newcombe_difference(a, n1, b, n2, sided=1) for b in range(n2 + 1)]
+                       for a in range(n1 + 1)])  # (n1 + 1, n2 + 1, 2)
+    for coverage in _difference_coverage(bounds, n1, n2):
+        assert abs(coverage.mean() - (1 - ALPHA)) < 0.01, (n1, n2, coverage.mean())
+        assert coverage.min() > 0.80, (n1, n2, coverage.min())
+
+
+def test_the_enumeration_can_fail_an_interval_that_does_not_cover():
+    """The same enumeration fails the Wald bounds of p1 - p2 (estimate +- z times its standard
+    error) at ten seeds a group, on both counts: too little on average, far too little near
+    the edges."""
+    n1 = n2 = 10
+    z = stats.norm.ppf(1 - ALPHA)
+    a, b = np.meshgrid(np.arange(n1 + 1) / n1, np.arange(n2 + 1) / n2, indexing="ij")
+    se = np.sqrt(a * (1 - a) / n1 + b * (1 - b) / n2)
+    bounds = np.stack([a - b - z * se, a - b + z * se], axis=-1)
+    low, high = _difference_coverage(bounds, n1, n2)
+    for coverage in (low, high):
+        assert abs(coverage.mean() - (1 - ALPHA)) > 0.01 and coverage.min() < 0.80

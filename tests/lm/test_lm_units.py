@@ -108,6 +108,10 @@ def test_a_random_set_and_the_comparison_draw_fresh_sets():
     ratio, draws = head_sets.compared(sink, pool, 2000, seed=2, ratio=True)
     assert ratio == pytest.approx(sink.mean() / pool.mean()) and np.all(draws < 0.5)
     assert head_sets.share_below(0.0, np.array([1.0, 2.0, -1.0])) == pytest.approx(2 / 4)
+    assert head_sets.share_above(0.0, np.array([1.0, 2.0, -1.0])) == pytest.approx(3 / 4)
+    assert head_sets.share_beyond(0.0, np.array([1.0, 0.0]), "above") == pytest.approx(3 / 3)
+    with pytest.raises(ValueError, match="tail must be one of below, above"):
+        head_sets.share_beyond(0.0, np.array([1.0]), "sideways")
     summary = head_sets.summary(draws)
     assert summary["n"] == 2000 and summary["quantiles"]["0.5"] == pytest.approx(
         np.median(draws))
@@ -214,6 +218,25 @@ def test_a_cap_that_costs_more_than_its_matched_control_is_supported_and_counted
         assert claims[key].standing == cl.NON_DISCRIMINATING and not claims[key].counted, key
     # a value ratio of 0.5 in every head: drained, and so are the random heads'
     assert claims["m.sink_heads_value_drained"].standing == cl.NON_DISCRIMINATING
+
+
+@pytest.mark.parametrize("sink_cap, small", [(0.2, True), (-0.2, False)],
+                         ids=["far-above-every-set", "far-below-every-set"])
+def test_the_cap_against_random_sets_is_read_from_the_upper_tail(sink_cap, small):
+    """Capping the sink heads' first-token mass is claimed to raise the loss more than capping
+    other heads: its permutation p is the share of random sets at or above the sink heads'
+    (issue 47: it was read from the lower tail, so a cap far above every set printed p = 1)."""
+    sink = {"zero": 0.0, "mean": 0.0, "cap": sink_cap}
+    iv_rec = _interventions(sink, ZERO, cap_all=0.0, cap_control=0.0)
+    versus = _decided(iv_rec)["m.sink_heads_cap_vs_random_heads"]
+    floor = 1 / (settings.CONTROL_SETS + 1)
+    assert versus.p_value == pytest.approx(floor if small else 1.0)
+    assert "at or above the sink heads'" in versus.sentence and "higher" in versus.sentence
+    assert "at or above the sink heads'" in versus.data
+    analysis = lm_analysis.head_analysis(iv_rec)
+    assert analysis["cap"]["tail"] == "above" and analysis["cap"]["p_value"] == versus.p_value
+    # the ablations keep the lower tail (sink heads below every set: the floor, tested above)
+    assert analysis["zero"]["tail"] == analysis["mean"]["tail"] == "below"
 
 
 def test_the_claims_sentences_say_what_the_numbers_show():

@@ -512,10 +512,12 @@ def test_headline_says_what_was_decided_in_a_few_lines():
     assert lines == [
         "Decided: 2 primary claims (named before the run; corrected together by Holm's "
         "method):",
-        f"- `p`: supported, 12 of 12 agree, Holm p = {p.adjusted_p:.3g}, counted (its control "
-        "came out the other way)",
-        f"- `q`: undetermined at n = 3, 3 of 3 agree, Holm p = {q.adjusted_p:.3g}, not counted, "
-        f"{q.needed} would support it (power 0.8) at the observed share",
+        f"- `p`: supported, 12 of 12 agree, Holm p = {p.adjusted_p:.3g}, rate at least 0.779 "
+        "(one-sided 95%), supported for r0 below 0.735 (Holm), counted (its control came out "
+        "the other way)",
+        f"- `q`: undetermined at n = 3, 3 of 3 agree, Holm p = {q.adjusted_p:.3g}, rate at least "
+        f"0.368 (one-sided 95%), not counted, {q.needed} would support it (power 0.8) at the "
+        "observed share",
         "- the other 3 statements: 1 check (1 verified, 0 failed), 1 descriptive, 1 secondary "
         "empirical (0 supported and counted, 1 supported but not counted, 0 contradicted, 0 "
         "undetermined)"]

@@ -122,6 +122,14 @@ def as_array_3d(values: Any) -> np.ndarray:
                        for layer in values], dtype=float)
 
 
+# the direction each claim about the sink heads takes against random sets of other heads
+# (``sinklab.studies.lm_analysis``), so the tail its head-level permutation p-value is read from:
+# ablating a sink head changes the loss less (a sink head does nothing), capping its first-token
+# mass raises the loss more (the sink is needed), its first value is shorter (value-state
+# drain) and its output smaller (it does little)
+TAIL_OF = {"zero": "below", "mean": "below", "cap": "above", "value_ratio": "below",
+           "output_norm": "below"}
+
 SEEDS_OF = {"zero": 11, "mean": 12, "cap": 13, "value_ratio": 14, "output_norm": 15,
             "moved": 16}  # a fixed seed per statistic: the report's numbers and the claims agree
 
@@ -133,9 +141,10 @@ def _distribution(estimate: float, draws: np.ndarray) -> dict[str, Any]:
 def head_analysis(iv_rec: dict[str, Any]) -> dict[str, Any]:
     """What the report shows of the head sweep: for each ablation and head statistic, the sink
     set's mean with its two-level bootstrap, the same for a random set of other heads, the
-    random control sets' means and the share of them at or below the sink set's (a head-level
-    permutation p-value); per sink head its numbers and where it falls among the other heads;
-    and every head's mean effects for the figures."""
+    random control sets' means and the share of them at or beyond the sink set's in the
+    direction the sink heads' claim takes (``TAIL_OF``: a one-sided head-level permutation
+    p-value, (1 + count) / (1 + sets)); per sink head its numbers and where it falls among the
+    other heads; and every head's mean effects for the figures."""
     units = Units(iv_rec)
     out: dict[str, Any] = {"n_heads": len(units.order), "n_sink": units.size,
                            "n_pool": len(units.pool), "n_sets": len(units.sets),
@@ -151,7 +160,8 @@ def head_analysis(iv_rec: dict[str, Any]) -> dict[str, Any]:
         out[name] = {"sink": _distribution(est, draws),
                      "random": _distribution(c_est, c_draws),
                      "sets": head_sets.summary(sets),
-                     "share_below": head_sets.share_below(est, sets),
+                     "tail": TAIL_OF[name],
+                     "p_value": head_sets.share_beyond(est, sets, TAIL_OF[name]),
                      "difference": _distribution(diff, diff_draws)}
     (ratio, ratio_draws), (c_ratio, c_draws) = units.output_ratio(SEEDS_OF["output_norm"] + 300)
     out["output_ratio"] = {"sink": _distribution(ratio, ratio_draws),

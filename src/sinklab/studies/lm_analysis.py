@@ -247,6 +247,8 @@ HEADS = ("head", "heads")
 HOW_WORDS = {"zero": "zero-ablating", "mean": "mean-ablating",
              "cap": "capping the first-token mass of"}
 OUTPUT_SMALL = 0.5  # "writes at most half as much as a random head"
+AT_OR = {"below": "at or below", "above": "at or above"}  # a p's tail (units.TAIL_OF) in words
+CLAIMED = {"below": "lower", "above": "higher"}  # what the claim says of the sink heads' mean
 
 
 def _unmeasured(key: str, sentence: str, why: str) -> Claim:
@@ -396,17 +398,19 @@ def intervention_claims(model: dict[str, Any]) -> list[Claim]:
         a = analysis[how]
         d = a["difference"]
         q = d["quantiles"]
+        at = AT_OR[a["tail"]]  # the tail the sink heads' claim points to (units.TAIL_OF)
         out.append(cl.descriptive(
             f"{key}.sink_heads_{how}_vs_random_heads",
             f"{name}: {HOW_WORDS[how]} one of {heads} against one of the other heads: the "
             f"difference of the mean loss changes, and the share of {a['sets']['n']} random "
-            f"sets of {k} other heads whose mean change is at or below the sink heads'",
+            f"sets of {k} other heads whose mean change is {at} the sink heads' (one-sided: "
+            f"the sink heads' claim is that theirs is {CLAIMED[a['tail']]})",
             f"sink heads {a['sink']['estimate']:.4g}, other heads {a['random']['estimate']:.4g} "
             f"(nats per token, {over}); difference {d['estimate']:.4g} with two-level bootstrap "
-            f"bounds [{q['0.05']:.4g}, {q['0.95']:.4g}]; {a['share_below']:.3f} of the random "
-            f"sets have a mean change at or below the sink heads' (head-level permutation "
-            f"p-value)", n=k, estimate=d["estimate"], interval=(q["0.05"], q["0.95"]),
-            p_value=a["share_below"]))
+            f"bounds [{q['0.05']:.4g}, {q['0.95']:.4g}]; {a['p_value']:.3f} of the random "
+            f"sets have a mean change {at} the sink heads' (one-sided head-level permutation "
+            f"p-value, (1 + sets {at} it) / (1 + sets))", n=k, estimate=d["estimate"],
+            interval=(q["0.05"], q["0.95"]), p_value=a["p_value"]))
     mv = iv_rec.get("where_moved") or moved_analysis(iv_rec)
     if mv["sink_first"] is not None:
         groups = ", ".join(f"{g}: {s:.3f} (proportional {e:.3f})" for g, s, e in

@@ -92,21 +92,72 @@ def _p_text(c: Claim) -> str:
             continue
         text = f"p {side} = {raw:.3g}"
         if adjusted is not None and c.correction is not None:
-            name = "Holm" if c.correction == claims_mod.HOLM else "BH"
-            text += f" ({name} {adjusted:.3g})"
+            text += f" ({_correction_name(c)} {adjusted:.3g})"
         parts.append(text)
     return "; ".join(parts)
 
 
+def _correction_name(c: Claim) -> str:
+    return "Holm" if c.correction == claims_mod.HOLM else "BH"
+
+
+def _bound_text(c: Claim) -> str:
+    """A rate claim's bound in words: 'rate at least 0.846 (one-sided 95%), supported for r0
+    below 0.846 (Holm)', an 'at least' bound rounded down and an 'at most' one up, so that the
+    words never claim more than the data give; '' for another claim or a bound of no use."""
+    above = c.rule == "rate_at_least"
+    if c.bound is None or c.bound == (0.0 if above else 1.0):  # no bound: nothing to say
+        return ""
+    shown = math.floor if above else math.ceil
+    words = (f"rate {'at least' if above else 'at most'} {shown(1000 * c.bound) / 1000:.3f} "
+             f"(one-sided {stats.CONFIDENCE})")
+    if c.largest_r0 is not None:
+        words += (f", supported for r0 {'below' if above else 'above'} "
+                  f"{shown(1000 * c.largest_r0) / 1000:.3f}"
+                  + (f" ({_correction_name(c)})" if c.correction else ""))
+    return words
+
+
+def _effect_text(c: Claim) -> str:
+    """A contrast's effect in words: 'difference in rate +0.80 (softmax minus relu), one-sided
+    95% bounds [+0.61, +0.93]'; '' for another claim."""
+    e = c.effect
+    if e is None or e["estimate"] is None:
+        return ""
+    digits = "+.2f" if e["what"] == "difference in rate" else ".4g"
+    first, second = e["groups"]
+    words = f"{e['what']} {e['estimate']:{digits}} ({first} minus {second})"
+    if e["interval"] is not None:
+        lo, hi = e["interval"]
+        words += (f", one-sided {e['level']:.0%} bounds [{lo:{digits}}, {hi:{digits}}]")
+    return words
+
+
+def _counted_text(c: Claim) -> str | None:
+    """Whether a supported empirical claim is counted, in words (None when that is not said)."""
+    if c.outcome != claims_mod.SUPPORTED:
+        return None
+    if c.is_contrast:
+        return "counted" if c.counted else f"not counted: {claims_mod.CHECK_FAILED}"
+    if c.standing:
+        return "counted" if c.counted else f"not counted: {c.standing}"
+    return None
+
+
 def _outcome_cell(c: Claim) -> str:
-    """The outcome in bold, with its p-values, counterexamples and seeds needed."""
+    """The outcome in bold, with its p-values, its bound or effect, counterexamples and seeds
+    needed."""
     words = [f"**{c.result()}**"]
     if c.kind == claims_mod.EMPIRICAL:
-        if c.standing and c.outcome == claims_mod.SUPPORTED:
-            words.append("counted" if c.counted else f"not counted: {c.standing}")
+        counted = _counted_text(c)
+        if counted:
+            words.append(counted)
         p = _p_text(c)
         if p:
             words.append(p)
+        for extra in (_bound_text(c), _effect_text(c)):
+            if extra:
+                words.append(extra)
         if c.counterexamples:
             words.append(f"not every unit: {c.counterexamples} of {c.n} are counterexamples")
         if c.needed_text:
@@ -117,7 +168,13 @@ def _outcome_cell(c: Claim) -> str:
 
 
 def _control_cell(c: Claim) -> str:
-    """The control's setting, data and outcome."""
+    """The control's setting, data and outcome; for a contrast, the checks beside it."""
+    if c.is_contrast:
+        first, second = c.effect["groups"]
+        words = [f"none needed: the claim compares {first} with {second}"]
+        words += [f"check beside it: {k.sentence}: **{k.result()}** ({k.data})"
+                  for k in c.check_claims()]
+        return "; ".join(words)
     control = c.control_claim()
     if control is None:
         return "none" if c.kind == claims_mod.EMPIRICAL else "-"
@@ -182,7 +239,9 @@ def verdicts(claims: list[Claim], redecided: bool = False) -> str:
         f"{counts['counted']} supported and counted, "
         f"{counts['non-discriminating']} supported but non-discriminating, "
         f"{counts['control undecided']} supported with an undecided control, "
-        f"{counts['contradicted']} contradicted, {counts['undetermined']} undetermined.")
+        + (f"{counts[claims_mod.CHECK_FAILED]} supported but a check beside it failed, "
+           if counts[claims_mod.CHECK_FAILED] else "")
+        + f"{counts['contradicted']} contradicted, {counts['undetermined']} undetermined.")
     nondisc = [c for c in claims if c.standing == claims_mod.NON_DISCRIMINATING
                and c.outcome == claims_mod.SUPPORTED]
     if nondisc:
@@ -209,12 +268,13 @@ def _primary_line(c: Claim) -> str:
     """One primary claim in a line: outcome, units agreeing, adjusted p, counted or not."""
     words = [c.result(), _agreeing(c)]
     if c.adjusted_p is not None:
-        name = "Holm" if c.correction == claims_mod.HOLM else "BH"
-        words.append(f"{name} p = {c.adjusted_p:.3g}")
+        words.append(f"{_correction_name(c)} p = {c.adjusted_p:.3g}")
+    words += [extra for extra in (_bound_text(c), _effect_text(c)) if extra]
     if c.counted:
-        words.append("counted (its control came out the other way)")
+        words.append("counted (" + ("no check beside it failed" if c.is_contrast else
+                                    "its control came out the other way") + ")")
     elif c.outcome == claims_mod.SUPPORTED:
-        words.append(f"not counted: {c.standing or claims_mod.CONTROL_UNDECIDED}")
+        words.append(_counted_text(c) or f"not counted: {claims_mod.CONTROL_UNDECIDED}")
     else:
         words.append("not counted")
     if c.outcome == claims_mod.UNDETERMINED and c.needed is not None:
@@ -232,7 +292,8 @@ def _kind_counts(claims: list[Claim], secondary: bool = True) -> str:
         checks += f" ({counts['verified']} verified, {counts['failed']} failed)"
     empirical = f"{counts['empirical']} {'secondary ' if secondary else ''}empirical"
     if counts["empirical"]:
-        supported = counts["non-discriminating"] + counts["control undecided"]
+        supported = (counts["non-discriminating"] + counts["control undecided"]
+                     + counts[claims_mod.CHECK_FAILED])
         empirical += (f" ({counts['counted']} supported and counted, {supported} supported but "
                       f"not counted, {counts['contradicted']} contradicted, "
                       f"{counts['undetermined']} undetermined)")

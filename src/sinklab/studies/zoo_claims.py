@@ -156,10 +156,27 @@ def _sinks_claim(entries: list[dict[str, Any]], rules: list[str]) -> Claim:
                            f"{control} (rows need not sum to 1), the same configurations")
 
 
-def _no_sink_claim(entries: list[dict[str, Any]], rule: str) -> Claim:
+def _empty_rows(runs: list[dict[str, Any]], rule: str) -> str:
+    """Why a rule whose rows may sum to zero shows no sink, in words: how little weight its
+    solving seeds' non-trigger rows carry, and how many of them still put ``SINK_SHARE`` of
+    that little on BOS (the sink test counts a head only where its rows are on)."""
+    solved = [r for r in runs if r["rule"] == rule and r["converged"]]
+    if not solved:
+        return ""
+    largest = max(x for r in solved for row in r["row_sum_nontrigger"] for x in row)
+    on_bos = sum(any(share is not None and share >= SINK_SHARE
+                     for row in r["bos_share_nontrigger"] for share in row) for r in solved)
+    return (f"; its non-trigger rows are empty (no head's row sums to more than {largest:.2g}), "
+            f"and among those tiny weights {on_bos} of {len(solved)} seeds put at least "
+            f"{SINK_SHARE:g} of a row on BOS: the rows carry no sink because they carry no "
+            "weight, not because their weight stays off BOS")
+
+
+def _no_sink_claim(entries: list[dict[str, Any]], rule: str,
+                   runs: list[dict[str, Any]]) -> Claim:
     """A rule's seeds that reach the stop rule do not sink on BOS (rate below 1 - r0), pooled
     over the configurations; the control is softmax's seeds of the same configurations through
-    the same test."""
+    the same test. For a rule whose rows may sum to zero the sentence says why (``_empty_rows``)."""
     kind = RULES[rule].row_kind
     why = ESCAPE.get(kind)
 
@@ -173,7 +190,8 @@ def _no_sink_claim(entries: list[dict[str, Any]], rule: str) -> Claim:
     escape = f" (it could output zero another way: {why})" if why else ""
     claim = replace(claim, sentence=(
         f"{rule} attention does not sink on BOS{escape}: the rate of {rule} seeds that reach "
-        f"the stop rule and sink on BOS is below {1 - stats.R0:.2g}, pooled over 1x1 and 2x2"))
+        f"the stop rule and sink on BOS is below {1 - stats.R0:.2g}, pooled over 1x1 and 2x2"
+        + (_empty_rows(runs, rule) if RULES[rule].zero_row else "")))
     return cl.with_control(claim, test(f"{SINKING_RULE}.no_bos_sink", SINKING_RULE),
                            f"{SINKING_RULE} (rows sum to 1, no escape), the same configurations")
 
@@ -346,7 +364,8 @@ def claims(records: dict[str, Any], opts: ZooOptions) -> list[Claim]:
     entries = records["entries"]
     rules = list(dict.fromkeys(e["rule"] for e in entries))
     fixed = fixed_weight_rules()
-    out: list[Claim] = [_sinks_claim(entries, rules), _no_sink_claim(entries, NON_SINKING_RULE),
+    out: list[Claim] = [_sinks_claim(entries, rules),
+                        _no_sink_claim(entries, NON_SINKING_RULE, records.get("runs", [])),
                         *_denied_claims(entries)]
     for rule in rules:
         if rule in (SINKING_RULE, NON_SINKING_RULE):
@@ -356,7 +375,7 @@ def claims(records: dict[str, Any], opts: ZooOptions) -> list[Claim]:
         elif RULES[rule].row_kind == "free":
             out.append(_sinks_described(entries, rule))
         else:
-            out.append(_no_sink_claim(entries, rule))
+            out.append(_no_sink_claim(entries, rule, records.get("runs", [])))
     out += [_reached_claim(e) for e in entries]
     out += [_denied_claim(e, setting) for e in entries for setting in e["denied"]]
     out += [_denied_check(e, setting) for e in entries

@@ -1,0 +1,144 @@
+"""Contrasts of two groups: empirical claims that compare group A with group B directly (a
+rate, or the location of per-unit values), so that the comparison a control would make is the
+claim itself, decided by one two-sample test and reported with the size of the difference.
+
+- `rates_contrast`: k1 of n1 against k2 of n2, by the one-sided Fisher exact test; the effect
+  is the difference of the rates with Newcombe's hybrid score bounds.
+- `locations_contrast`: values x against values y, by the one-sided Mann-Whitney rank test; the
+  effect is the Hodges-Lehmann shift with its distribution-free bounds.
+
+A contrast carries the ``checks`` run beside it (claims of kind check or descriptive: the other
+reasons the groups could differ, e.g. that both groups trained to the same stop rule). It names
+no control; `sinklab.claims.finalize` corrects it with the study's other empirical claims, and it
+is counted when it is supported and none of its checks failed. Settings are not pooled: pooling
+the groups of several settings would need a stratified test (Cochran-Mantel-Haenszel, or van
+Elteren for ranks), which is not here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from sinklab.claims import CHECK, DESCRIPTIVE, SEEDS, Claim, empirical
+from sinklab.stats import (
+    ALPHA,
+    CONFIDENCE,
+    MIN_N,
+    as_values,
+    check_count,
+    fisher_one_sided,
+    hodges_lehmann,
+    mann_whitney_method,
+    mann_whitney_p,
+    newcombe_difference,
+)
+
+RATES, SHIFT = "difference in rate", "shift in location"  # what a contrast's effect measures
+
+
+def _checks(checks: Sequence[Claim]) -> list[dict] | None:
+    """The checks beside a contrast as records; ValueError for a claim that is not one."""
+    for c in checks:
+        if c.kind not in (CHECK, DESCRIPTIVE):
+            raise ValueError(f"a contrast's checks are claims of kind {CHECK!r} or "
+                             f"{DESCRIPTIVE!r} (got {c.kind!r} for {c.key!r}).")
+    return [c.to_dict() for c in checks] if checks else None
+
+
+def _too_few(groups: tuple[str, str], sizes: tuple[int, int], many: str) -> str | None:
+    """Why no decision is possible on groups this small (None when both have MIN_N units)."""
+    for group, size in zip(groups, sizes):
+        if size < MIN_N:
+            return f"{group} has {size} {many}, fewer than the {MIN_N} a decision needs"
+    return None
+
+
+def _effect(what: str, estimate: float | None, interval: tuple[float, float] | None,
+            groups: tuple[str, str]) -> dict:
+    """A contrast's effect as a record (each edge of the interval one-sided at ``level``)."""
+    return {"what": what, "estimate": estimate,
+            "interval": None if interval is None else [float(x) for x in interval],
+            "groups": list(groups), "level": 1 - ALPHA}
+
+
+def _bounds_text(lo: float, hi: float, digits: str) -> str:
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return "no bound at this n"
+    return f"one-sided {CONFIDENCE} bounds [{lo:{digits}}, {hi:{digits}}]"
+
+
+def rates_contrast(key: str, sentence: str, k1: int, n1: int, k2: int, n2: int, what: str,
+                   groups: tuple[str, str] = ("first group", "second group"),
+                   greater: bool = True, checks: Sequence[Claim] = (),
+                   unit: tuple[str, str] = SEEDS) -> Claim:
+    """'Group A's rate of X is above group B's' (below when not ``greater``): k1 of n1 units of
+    ``groups[0]`` do X against k2 of n2 of ``groups[1]`` (rule 'rates_contrast').
+
+    Decided by the one-sided Fisher exact test in the claim's direction (the other tail is the
+    p-value against it); the effect is the difference k1/n1 - k2/n2 with Newcombe's hybrid score
+    bounds, one-sided at 1 - ALPHA each. No decision when a group has fewer than MIN_N units.
+    ``checks`` are the checks and descriptions run beside it; n is n1 + n2."""
+    check_count(k1, n1, "k1")
+    check_count(k2, n2, "k2")
+    one, many = unit
+    p_for = fisher_one_sided(k1, n1, k2, n2, greater)
+    p_against = fisher_one_sided(k1, n1, k2, n2, not greater)
+    lo, hi = newcombe_difference(k1, n1, k2, n2, 1 - ALPHA, sided=1)
+    diff = k1 / n1 - k2 / n2 if n1 and n2 else None
+    a, b = groups
+    data = (f"{a}: {k1} of {n1} {many if n1 != 1 else one} {what}; {b}: {k2} of {n2}; "
+            + (f"difference {diff:+.2f}, {_bounds_text(lo, hi, '+.2f')} (Newcombe)"
+               if diff is not None else "no difference with an empty group"))
+    test = (f"one-sided Fisher exact test that the rate of {a} is "
+            f"{'above' if greater else 'below'} that of {b}")
+    return empirical(key, sentence, data, test, n1 + n2, "rates_contrast", p_for=p_for,
+                     p_against=p_against, reason=_too_few(groups, (n1, n2), many),
+                     estimate=diff, interval=(lo, hi) if diff is not None else None,
+                     effect=_effect(RATES, diff, (lo, hi) if diff is not None else None, groups),
+                     checks=_checks(checks))
+
+
+def locations_contrast(key: str, sentence: str, x: Iterable[float], y: Iterable[float],
+                       what: str = "", groups: tuple[str, str] = ("first group", "second group"),
+                       greater: bool = True, checks: Sequence[Claim] = (),
+                       unit: tuple[str, str] = SEEDS) -> Claim:
+    """'Group A's values lie above group B's' (below when not ``greater``): the per-unit values
+    x of ``groups[0]`` against y of ``groups[1]`` (rule 'locations_contrast').
+
+    Decided by the one-sided Mann-Whitney rank test in the claim's direction (the other side
+    is the p-value against it); the effect is the Hodges-Lehmann shift of x against y with its
+    distribution-free bounds, one-sided at 1 - ALPHA each. No decision when a group has fewer
+    than MIN_N units or every value is the same. ``what`` says what each value is; n is the
+    number of values in both groups."""
+    xs, ys = as_values(x), as_values(y)
+    one, many = unit
+    a, b = groups
+    reason = _too_few(groups, (int(xs.size), int(ys.size)), many)
+    both = np.concatenate([xs, ys])
+    if reason is None and np.ptp(both) == 0:
+        reason = (f"all {both.size} values are equal ({both[0]:.4g}), so there is no spread "
+                  f"to judge from")
+    p_for = mann_whitney_p(xs, ys, greater)
+    p_against = mann_whitney_p(xs, ys, not greater)
+    if xs.size and ys.size:
+        shift, (lo, hi) = hodges_lehmann(xs, ys, 1 - ALPHA, sided=1)
+        size = f"shift {shift:.4g} (Hodges-Lehmann), {_bounds_text(lo, hi, '.4g')}"
+    else:
+        shift, (lo, hi) = None, (-math.inf, math.inf)
+        size = "no shift with an empty group"
+    medians = "; ".join(f"{g}: median {np.median(v):.4g} over {v.size} "
+                        f"{many if v.size != 1 else one}" if v.size else f"{g}: no {many}"
+                        for g, v in ((a, xs), (b, ys)))
+    data = f"{what + '; ' if what else ''}{medians}; {size}"
+    test = (f"one-sided Mann-Whitney rank test that the values of {a} lie "
+            f"{'above' if greater else 'below'} those of {b} "
+            f"({mann_whitney_method(xs, ys)})")
+    finite = math.isfinite(lo) and math.isfinite(hi)
+    return empirical(key, sentence, data, test, int(both.size), "locations_contrast",
+                     p_for=p_for, p_against=p_against, reason=reason, estimate=shift,
+                     interval=(lo, hi) if finite else None,
+                     effect=_effect(SHIFT, shift, (lo, hi) if finite else None, groups),
+                     checks=_checks(checks))
