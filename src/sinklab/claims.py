@@ -234,11 +234,12 @@ def summary_counts(claims: Iterable[Claim]) -> dict[str, int]:
     """How many claims fall in each place of a report: checks verified and failed; empirical
     claims counted as support, non-discriminating, with an undecided control or (a contrast)
     with a failed check (all three supported but not counted), contradicted and undetermined;
-    descriptive; and the primary claims supported and counted."""
+    descriptive; the primary claims supported and counted; and the distinct contrasts (each a
+    comparison of two groups said once, ``sinklab.contrasts``)."""
     counts = dict.fromkeys(
         ("verified", "failed", "counted", "non-discriminating", "control undecided",
          CHECK_FAILED, "contradicted", "undetermined", "descriptive", "empirical", "checks",
-         "primary", "primary counted"), 0)
+         "primary", "primary counted", "contrasts"), 0)
     for c in claims:
         if c.kind == CHECK:
             counts["checks"] += 1
@@ -248,6 +249,7 @@ def summary_counts(claims: Iterable[Claim]) -> dict[str, int]:
         else:
             counts["empirical"] += 1
             counts["primary"] += c.primary
+            counts["contrasts"] += c.is_contrast
             if c.outcome == SUPPORTED:
                 key = ("counted" if c.counted else CHECK_FAILED if c.is_contrast
                        else c.standing or CONTROL_UNDECIDED)

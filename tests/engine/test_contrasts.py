@@ -206,3 +206,29 @@ def test_a_report_shows_a_rate_claims_bound_and_a_contrasts_effect_and_checks():
     line = render._primary_line(contrast)
     assert "difference in rate" in line and "counted (no check beside it failed)" in line
     assert "rate at least" not in render._outcome_cell(finalize([_controlled("z", 0, 10)])[0])
+
+
+def test_a_report_whose_contrast_and_old_mirror_pair_disagree():
+    """8 of 10 against 2 of 10: neither arm's rate claim can be decided at r0 = 0.7 (each is
+    undetermined, so the mirror pair counts nothing), while the contrast, one effect said once,
+    is supported by Fisher's test, corrected with the other two. The report counts one distinct
+    contrast."""
+    def arm(key: str, k: int, above: bool) -> Claim:
+        build = rate_at_least if above else claims.rate_at_most
+        return build(key, f"{key}: the rate", k, 10, "sink")
+
+    mirror = [with_control(arm("a.sinks", 8, True), arm("a.sinks.control", 2, True), "b"),
+              with_control(arm("b.no_sink", 2, False), arm("b.no_sink.control", 8, False), "a")]
+    contrast = rates_contrast("a_vs_b.sinks", "a sinks more often than b", 8, 10, 2, 10,
+                              "sink", groups=("a", "b"))
+    decided = {c.key: c for c in finalize([*mirror, contrast])}
+    assert decided["a.sinks"].outcome == UNDETERMINED
+    assert decided["b.no_sink"].outcome == UNDETERMINED
+    assert decided["a_vs_b.sinks"].outcome == SUPPORTED and decided["a_vs_b.sinks"].counted
+    assert decided["a_vs_b.sinks"].p_value == pytest.approx(
+        fisher_one_sided(8, 10, 2, 10, True), rel=1e-12)
+    counts = summary_counts(decided.values())
+    assert counts["contrasts"] == 1 and counts["counted"] == 1 and counts["undetermined"] == 2
+    text = render.verdicts(list(decided.values()))
+    assert "3 are empirical (0 primary, 1 distinct contrast)" in text
+    assert "1 supported and counted" in text and "2 undetermined" in text
