@@ -48,8 +48,6 @@ from typing import Any
 
 import numpy as np
 
-from sinklab.decision_rules import CONTROL_RULE as CONTROL_RULE
-from sinklab.decision_rules import CORRECTION_RULE as CORRECTION_RULE
 from sinklab.decision_rules import DECISION_RULES
 from sinklab.stats import (
     ALPHA,

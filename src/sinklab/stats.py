@@ -217,13 +217,18 @@ def fisher(k1: int, n1: int, k2: int, n2: int) -> float:
 
     A table with an empty row or column carries no evidence: its p-value is 1.
     """
+    return _fisher(k1, n1, k2, n2, "two-sided")
+
+
+def _fisher(k1: int, n1: int, k2: int, n2: int, alternative: str) -> float:
+    """Fisher's exact p-value of k1 of n1 against k2 of n2, ``alternative`` as scipy names it;
+    1 for a table with an empty row or column, which carries no evidence."""
     check_count(k1, n1, "k1")
     check_count(k2, n2, "k2")
-    successes = k1 + k2
-    if n1 == 0 or n2 == 0 or successes in (0, n1 + n2):
+    if n1 == 0 or n2 == 0 or k1 + k2 in (0, n1 + n2):
         return 1.0
     table = [[k1, n1 - k1], [k2, n2 - k2]]
-    return float(_stats().fisher_exact(table, alternative="two-sided").pvalue)
+    return float(_stats().fisher_exact(table, alternative=alternative).pvalue)
 
 
 _FISHER_TIE = 1e-7  # relative tolerance under which two tables count as equally likely
@@ -301,13 +306,7 @@ def fisher_one_sided(k1: int, n1: int, k2: int, n2: int, greater: bool) -> float
     """One-sided Fisher exact p-value that group 1's rate (k1 of n1) is above group 2's (k2 of
     n2) when ``greater``, else below it: the hypergeometric tail of k1 given the table's
     margins. A table with an empty row or column carries no evidence: its p-value is 1."""
-    check_count(k1, n1, "k1")
-    check_count(k2, n2, "k2")
-    if n1 == 0 or n2 == 0 or k1 + k2 in (0, n1 + n2):
-        return 1.0
-    table = [[k1, n1 - k1], [k2, n2 - k2]]
-    alternative = "greater" if greater else "less"
-    return float(_stats().fisher_exact(table, alternative=alternative).pvalue)
+    return _fisher(k1, n1, k2, n2, "greater" if greater else "less")
 
 
 def wilson(k: int, n: int, level: float = 1 - ALPHA, sided: int = 2) -> tuple[float, float]:

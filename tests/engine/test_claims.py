@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sinklab import claims, stats
+from sinklab import claims, decision_rules, stats
 from sinklab.claims import (
     CHECK,
     CONTRADICTED,
@@ -541,7 +541,8 @@ def test_decision_rules_cover_every_builder():
     assert {c.rule for c in _one_of_each()} == set(DECISION_RULES)
     assert all(isinstance(v, str) and v.endswith(".") for v in DECISION_RULES.values())
     assert str(R0) in DECISION_RULES["rate_at_least"]
-    assert str(MIN_N) in claims.CORRECTION_RULE and str(ALPHA) in claims.CORRECTION_RULE
+    rule = decision_rules.CORRECTION_RULE
+    assert str(MIN_N) in rule and str(ALPHA) in rule
 
 
 def test_summary_counts():

@@ -107,8 +107,8 @@ def test_a_random_set_and_the_comparison_draw_fresh_sets():
     assert np.quantile(draws, 0.95) < 0  # the sink heads write less, whichever set is drawn
     ratio, draws = head_sets.compared(sink, pool, 2000, seed=2, ratio=True)
     assert ratio == pytest.approx(sink.mean() / pool.mean()) and np.all(draws < 0.5)
-    assert head_sets.share_below(0.0, np.array([1.0, 2.0, -1.0])) == pytest.approx(2 / 4)
-    assert head_sets.share_above(0.0, np.array([1.0, 2.0, -1.0])) == pytest.approx(3 / 4)
+    assert head_sets.share_beyond(0.0, np.array([1.0, 2.0, -1.0]), "below") == pytest.approx(2 / 4)
+    assert head_sets.share_beyond(0.0, np.array([1.0, 2.0, -1.0]), "above") == pytest.approx(3 / 4)
     assert head_sets.share_beyond(0.0, np.array([1.0, 0.0]), "above") == pytest.approx(3 / 3)
     with pytest.raises(ValueError, match="tail must be one of below, above"):
         head_sets.share_beyond(0.0, np.array([1.0]), "sideways")

@@ -18,9 +18,8 @@ controls. This module keeps both units:
   (a fresh control set in every draw, the probes resampled for both), as a difference or a
   ratio; ``random_set``: a random set's own statistic in the same way (the control setting of a
   claim about the sink set);
-- ``share_below``, ``share_above``, ``share_beyond``: where a sink set's mean falls among the
-  control sets' means, as a one-sided head-level permutation p-value in the direction a claim
-  takes;
+- ``share_beyond``: where a sink set's mean falls among the control sets' means, as a
+  one-sided head-level permutation p-value in the direction a claim takes;
 - ``summary``: what records keep of a distribution (mean, spread and quantiles, not the draws).
 
 Values are (heads, probes) arrays with nan where a probe has no measurement; a mean counts the
@@ -186,32 +185,19 @@ def compared(sink: np.ndarray, pool: np.ndarray, draws: int, seed: int = 0,
     return estimate_a - estimate_b, ours - theirs
 
 
-def share_below(value: float, others: np.ndarray) -> float:
-    """The head-level permutation p-value of ``value`` being small: (1 + #{others <= value}) /
-    (n + 1), ``others`` the random sets' values."""
-    others = np.asarray(others, dtype=float)
-    others = others[np.isfinite(others)]
-    return float((1 + np.sum(others <= value)) / (len(others) + 1))
-
-
-def share_above(value: float, others: np.ndarray) -> float:
-    """The head-level permutation p-value of ``value`` being large: (1 + #{others >= value}) /
-    (n + 1), ``others`` the random sets' values."""
-    others = np.asarray(others, dtype=float)
-    others = others[np.isfinite(others)]
-    return float((1 + np.sum(others >= value)) / (len(others) + 1))
-
-
-TAILS = {"below": share_below, "above": share_above}
+TAILS = ("below", "above")
 
 
 def share_beyond(value: float, others: np.ndarray, tail: str) -> float:
     """The head-level permutation p-value of ``value`` lying in ``tail`` ("above" or "below")
-    of the random sets' values: the share of them at or beyond it that way, (1 + count) /
-    (n + 1)."""
+    of the random sets' values (the finite ones): the share of them at or beyond it that way,
+    (1 + count) / (n + 1)."""
     if tail not in TAILS:
         raise ValueError(f"tail must be one of {', '.join(TAILS)}, not {tail!r}.")
-    return TAILS[tail](value, others)
+    others = np.asarray(others, dtype=float)
+    others = others[np.isfinite(others)]
+    beyond = others >= value if tail == "above" else others <= value
+    return float((1 + np.sum(beyond)) / (len(others) + 1))
 
 
 def summary(draws: np.ndarray) -> dict[str, Any]:

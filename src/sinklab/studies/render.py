@@ -31,8 +31,9 @@ import jinja2
 from jinja2.exceptions import UndefinedError
 
 from sinklab import claims as claims_mod
+from sinklab import contrasts, stats
+from sinklab import decision_rules as rules_in_words
 from sinklab import formats as md
-from sinklab import stats
 from sinklab.claims import Claim
 from sinklab.errors import ConfigError, ResultsError
 from sinklab.runs.files import jsonable, read_json, write_atomic, write_json
@@ -124,7 +125,7 @@ def _effect_text(c: Claim) -> str:
     e = c.effect
     if e is None or e["estimate"] is None:
         return ""
-    digits = "+.2f" if e["what"] == "difference in rate" else ".4g"
+    digits = "+.2f" if e["what"] == contrasts.RATES else ".4g"
     first, second = e["groups"]
     words = f"{e['what']} {e['estimate']:{digits}} ({first} minus {second})"
     if e["interval"] is not None:
@@ -196,10 +197,10 @@ def claims_table(claims: list[Claim]) -> str:
 def decision_rules(claims: list[Claim]) -> str:
     """The decision rule of every kind of claim used, the correction and the control rule."""
     used = list(dict.fromkeys(c.rule for c in claims))
-    lines = [f"- *{rule}*: {claims_mod.DECISION_RULES[rule]}" for rule in used]
+    lines = [f"- *{rule}*: {rules_in_words.DECISION_RULES[rule]}" for rule in used]
     if any(c.kind == claims_mod.EMPIRICAL for c in claims):
-        lines += [f"- *correction*: {claims_mod.CORRECTION_RULE}",
-                  f"- *controls*: {claims_mod.CONTROL_RULE}"]
+        lines += [f"- *correction*: {rules_in_words.CORRECTION_RULE}",
+                  f"- *controls*: {rules_in_words.CONTROL_RULE}"]
     return "\n".join(lines)
 
 
