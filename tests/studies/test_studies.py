@@ -4,6 +4,7 @@ records, claims and report, and appears in ``sinklab report``."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import threading
@@ -530,7 +531,6 @@ def test_more_cells_trains_rounds_read_off_finished_runs_and_a_rerun_replays_the
     """A study whose second round depends on the first: one more run per finished run, under
     ``more_folders``; a rerun names the same runs and trains none; a round under a folder the
     study does not declare is a programming error, said as such."""
-    import dataclasses
 
     asked = []
 
@@ -562,3 +562,19 @@ def test_more_cells_trains_rounds_read_off_finished_runs_and_a_rerun_replays_the
                  "relu", "--workers", "1"])
     assert code != 0 and "which neither its cells nor its more_folders use" in \
         capsys.readouterr().err
+
+
+@pytest.mark.parametrize("analysis, says", [
+    ("sinklab_tests_no_such_analysis", "its analysis module 'sinklab_tests_no_such_analysis' "
+                                       "cannot be imported"),
+    (SimpleNamespace(claims=_claims), "defines no collect(ctx)"),
+])
+def test_an_analysis_that_cannot_be_read_is_one_sentence_before_anything_is_written(
+        tiny, tmp_path, capsys, analysis, says):
+    studies.unregister("tiny")
+    studies.register(dataclasses.replace(tiny, analysis=analysis))
+    out = tmp_path / "tiny"
+    code = main(["tiny", "--out", str(out), "--seeds", "1", "--workers", "1"])
+    err = capsys.readouterr().err
+    assert code == 2 and says in err and err.count("\n") == 1, err
+    assert "Traceback" not in err and not out.exists()

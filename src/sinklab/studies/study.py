@@ -30,7 +30,7 @@ from sinklab import claims as claims_mod
 from sinklab import heavy, kinds
 from sinklab.claims import Claim
 from sinklab.config import check_count
-from sinklab.errors import ResultsError
+from sinklab.errors import ConfigError, ResultsError
 from sinklab.runs import folders
 from sinklab.runs.files import read_json, write_json
 
@@ -241,12 +241,29 @@ class Study:
 
     @property
     def analysed(self) -> Any:
-        """The analysis module: imported the first time it is asked for, once."""
+        """The analysis module: imported the first time it is asked for, once. A name that no
+        module has, or a module without ``collect``, is refused in one sentence (a study of
+        one's own names its analysis as a plugin does)."""
         if not isinstance(self.analysis, str):
-            return self.analysis
-        if self.analysis not in _ANALYSES:
-            _ANALYSES[self.analysis] = importlib.import_module(self.analysis)
-        return _ANALYSES[self.analysis]
+            found = self.analysis
+        elif self.analysis in _ANALYSES:
+            return _ANALYSES[self.analysis]
+        else:
+            try:
+                found = importlib.import_module(self.analysis)
+            except ModuleNotFoundError as exc:
+                if exc.name is None or not self.analysis.startswith(exc.name):
+                    raise  # a module the analysis itself imports: its own error
+                raise ConfigError(f"sinklab {self.name}: its analysis module "
+                                  f"{self.analysis!r} cannot be imported ({exc}); give "
+                                  "Study(analysis=...) the name of an importable module that "
+                                  "defines collect.") from None
+        if not callable(getattr(found, "collect", None)):
+            raise ConfigError(f"sinklab {self.name}: its analysis {self.analysis!r} defines no "
+                              "collect(ctx); the analysis must give the study's records.")
+        if isinstance(self.analysis, str):
+            _ANALYSES[self.analysis] = found
+        return found
 
     def collect(self, ctx: Context) -> dict[str, Any]:
         return self.analysed.collect(ctx)
