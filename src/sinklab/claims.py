@@ -596,11 +596,29 @@ def descriptive(key: str, sentence: str, data: str, n: int = 0, estimate: float 
 
 
 def as_descriptive(claim: Claim, sentence: str | None = None) -> Claim:
-    """The same data and numbers with no verdict: for a claim with no possible control, or a
-    comparison with a single illustrative model."""
-    return descriptive(claim.key, sentence or claim.sentence, claim.data, claim.n,
-                       claim.estimate, claim.interval, claim.p_value,
-                       test=f"none (descriptive); the numbers are those of: {claim.test}")
+    """The same data and numbers with no verdict: for a claim with no possible control, a
+    comparison with a single illustrative model, or one arm of a contrast said as a rate (its
+    one-sided ``bound`` and per-setting ``parts`` kept)."""
+    return replace(descriptive(claim.key, sentence or claim.sentence, claim.data, claim.n,
+                               claim.estimate, claim.interval, claim.p_value,
+                               test=f"none (descriptive); the numbers are those of: "
+                                    f"{claim.test}"),
+                   bound=claim.bound, parts=claim.parts, heterogeneity_p=claim.heterogeneity_p)
+
+
+def bound_words(k: int, n: int, above: bool = True, unit: tuple[str, str] = SEEDS) -> str:
+    """The one-sided bound the data give on a rate, in words for a sentence: 'at least 88% of
+    seeds (one-sided 95%)' from k of n doing X when ``above``, else 'at most 12% of seeds' on
+    the rate of X; rounded so that the words never claim more than the data give. 'no bound'
+    when n is 0."""
+    check_count(k, n)
+    if n == 0:
+        return f"no bound (no {unit[1]})"
+    if above:
+        return (f"at least {math.floor(100 * one_sided_lower(k, n)):.0f}% of {unit[1]} "
+                f"(one-sided {CONFIDENCE})")
+    return (f"at most {math.ceil(100 * one_sided_upper(k, n)):.0f}% of {unit[1]} "
+            f"(one-sided {CONFIDENCE})")
 
 
 def with_control(claim: Claim, control: Claim, setting: str) -> Claim:

@@ -6,13 +6,15 @@ claim itself, decided by one two-sample test and reported with the size of the d
   is the difference of the rates with Newcombe's hybrid score bounds.
 - `locations_contrast`: values x against values y, by the one-sided Mann-Whitney rank test; the
   effect is the Hodges-Lehmann shift with its distribution-free bounds.
+- `bootstrap_contrast`: an estimate of A minus B whose unit is not a seed (a head over probes),
+  decided by its bootstrap distribution computed elsewhere, both groups resampled together.
 
 A contrast carries the ``checks`` run beside it (claims of kind check or descriptive: the other
 reasons the groups could differ, e.g. that both groups trained to the same stop rule). It names
 no control; `sinklab.claims.finalize` corrects it with the study's other empirical claims, and it
-is counted when it is supported and none of its checks failed. Settings are not pooled: pooling
-the groups of several settings would need a stratified test (Cochran-Mantel-Haenszel, or van
-Elteren for ranks), which is not here.
+is counted when it is supported and none of its checks failed. A rate contrast may pool several
+settings (``parts``), decided by the exact stratified test; a location contrast does not pool
+(that would need van Elteren's stratified rank test, which is not here).
 """
 
 from __future__ import annotations
@@ -29,11 +31,13 @@ from sinklab.stats import (
     MIN_N,
     as_values,
     check_count,
+    check_finite,
     fisher_one_sided,
     hodges_lehmann,
     mann_whitney_method,
     mann_whitney_p,
     newcombe_difference,
+    stratified_exact_p,
 )
 
 RATES, SHIFT = "difference in rate", "shift in location"  # what a contrast's effect measures
@@ -70,35 +74,71 @@ def _bounds_text(lo: float, hi: float, digits: str) -> str:
     return f"one-sided {CONFIDENCE} bounds [{lo:{digits}}, {hi:{digits}}]"
 
 
-def rates_contrast(key: str, sentence: str, k1: int, n1: int, k2: int, n2: int, what: str,
+def _pooled(parts: Sequence[tuple[str, int, int, int, int]]
+            ) -> tuple[int, int, int, int, list[dict], str]:
+    """Pooled counts of per-setting tables, the tables as records and in words."""
+    if not parts:
+        raise ValueError("give at least one setting to pool.")
+    for setting, k1, n1, k2, n2 in parts:
+        check_count(k1, n1, f"k1 of {setting}")
+        check_count(k2, n2, f"k2 of {setting}")
+    k1, n1, k2, n2 = (sum(p[i] for p in parts) for i in range(1, 5))
+    records = [{"setting": s, "k1": int(a), "n1": int(b), "k2": int(c), "n2": int(d)}
+               for s, a, b, c, d in parts]
+    words = ", ".join(f"{s}: {a}/{b} against {c}/{d}" for s, a, b, c, d in parts)
+    return k1, n1, k2, n2, records, words
+
+
+def rates_contrast(key: str, sentence: str, k1: int | None, n1: int | None, k2: int | None,
+                   n2: int | None, what: str,
                    groups: tuple[str, str] = ("first group", "second group"),
                    greater: bool = True, checks: Sequence[Claim] = (),
-                   unit: tuple[str, str] = SEEDS) -> Claim:
+                   unit: tuple[str, str] = SEEDS,
+                   parts: Sequence[tuple[str, int, int, int, int]] | None = None) -> Claim:
     """'Group A's rate of X is above group B's' (below when not ``greater``): k1 of n1 units of
     ``groups[0]`` do X against k2 of n2 of ``groups[1]`` (rule 'rates_contrast').
 
     Decided by the one-sided Fisher exact test in the claim's direction (the other tail is the
     p-value against it); the effect is the difference k1/n1 - k2/n2 with Newcombe's hybrid score
     bounds, one-sided at 1 - ALPHA each. No decision when a group has fewer than MIN_N units.
-    ``checks`` are the checks and descriptions run beside it; n is n1 + n2."""
+    ``parts`` pools settings instead of k1..n2: (setting, k1, n1, k2, n2) each, decided by the
+    exact stratified test (`sinklab.stats.stratified_exact_p`, Fisher's within each setting),
+    the effect the difference of the pooled counts. ``checks`` are the checks and descriptions
+    run beside it; n is n1 + n2."""
+    records = None
+    if parts is not None:
+        k1, n1, k2, n2, records, pooled = _pooled(parts)
+    if k1 is None or n1 is None or k2 is None or n2 is None:
+        raise ValueError("give k1, n1, k2 and n2, or the parts to pool them from.")
     check_count(k1, n1, "k1")
     check_count(k2, n2, "k2")
     one, many = unit
-    p_for = fisher_one_sided(k1, n1, k2, n2, greater)
-    p_against = fisher_one_sided(k1, n1, k2, n2, not greater)
+    if records is None:
+        p_for = fisher_one_sided(k1, n1, k2, n2, greater)
+        p_against = fisher_one_sided(k1, n1, k2, n2, not greater)
+    else:
+        strata = [(p["k1"], p["n1"], p["k2"], p["n2"]) for p in records]
+        p_for = stratified_exact_p(strata, greater)
+        p_against = stratified_exact_p(strata, not greater)
     lo, hi = newcombe_difference(k1, n1, k2, n2, 1 - ALPHA, sided=1)
     diff = k1 / n1 - k2 / n2 if n1 and n2 else None
     a, b = groups
     data = (f"{a}: {k1} of {n1} {many if n1 != 1 else one} {what}; {b}: {k2} of {n2}; "
-            + (f"difference {diff:+.2f}, {_bounds_text(lo, hi, '+.2f')} (Newcombe)"
+            + (f"difference {diff:+.2f}, {_bounds_text(lo, hi, '+.2f')} (Newcombe"
+               + (", pooled counts" if records else "") + ")"
                if diff is not None else "no difference with an empty group"))
-    test = (f"one-sided Fisher exact test that the rate of {a} is "
-            f"{'above' if greater else 'below'} that of {b}")
+    if records is not None:
+        data += f"; per setting ({a} against {b}): {pooled}"
+    side = "above" if greater else "below"
+    test = (f"one-sided Fisher exact test that the rate of {a} is {side} that of {b}"
+            if records is None else
+            f"one-sided exact stratified test (Fisher's within each of {len(records)} settings, "
+            f"conditional on every table's margins) that the rate of {a} is {side} that of {b}")
     return empirical(key, sentence, data, test, n1 + n2, "rates_contrast", p_for=p_for,
                      p_against=p_against, reason=_too_few(groups, (n1, n2), many),
                      estimate=diff, interval=(lo, hi) if diff is not None else None,
                      effect=_effect(RATES, diff, (lo, hi) if diff is not None else None, groups),
-                     checks=_checks(checks))
+                     checks=_checks(checks), parts=records)
 
 
 def locations_contrast(key: str, sentence: str, x: Iterable[float], y: Iterable[float],
@@ -141,4 +181,44 @@ def locations_contrast(key: str, sentence: str, x: Iterable[float], y: Iterable[
                      p_for=p_for, p_against=p_against, reason=reason, estimate=shift,
                      interval=(lo, hi) if finite else None,
                      effect=_effect(SHIFT, shift, (lo, hi) if finite else None, groups),
+                     checks=_checks(checks))
+
+
+DIFFERENCE = "difference"  # what a bootstrap contrast's effect measures
+
+
+def bootstrap_contrast(key: str, sentence: str, estimate: float, resampled: Iterable[float],
+                       n: int, what: str = "",
+                       groups: tuple[str, str] = ("first group", "second group"),
+                       greater: bool = True, checks: Sequence[Claim] = (),
+                       unit: tuple[str, str] = SEEDS, how: str = "bootstrap") -> Claim:
+    """'Group A's estimate is above group B's' (below when not ``greater``), where the unit is
+    not a seed but, say, a head over probes: ``estimate`` is A's estimate minus B's and
+    ``resampled`` its bootstrap distribution computed elsewhere, both groups resampled together
+    (``how`` names the scheme, e.g. a two-level bootstrap over heads and probes); ``n`` is the
+    number of outer units resampled (rule 'bootstrap_contrast').
+
+    The p-value for the claim is the share (with one added to both counts) of the draws at or
+    on the wrong side of 0, the share at or on the right side the p-value against it; the
+    effect is the difference with the distribution's one-sided 1 - ALPHA bounds."""
+    check_finite(estimate, "estimate")
+    draws = as_values(resampled)
+    if draws.size < 2:
+        raise ValueError(f"the bootstrap distribution must have at least 2 draws (got "
+                         f"{draws.size}).")
+    b = draws.size
+    wrong, right = (draws <= 0, draws >= 0) if greater else (draws >= 0, draws <= 0)
+    p_for = float((1 + np.sum(wrong)) / (b + 1))
+    p_against = float((1 + np.sum(right)) / (b + 1))
+    lo, hi = (float(x) for x in np.quantile(draws, [ALPHA, 1 - ALPHA]))
+    reason = "the bootstrap distribution has no spread" if np.ptp(draws) == 0 else None
+    a, g = groups
+    data = (f"{what + '; ' if what else ''}{a} minus {g}: {estimate:.4g} over {n} {unit[1]}; "
+            f"one-sided {CONFIDENCE} bounds [{lo:.4g}, {hi:.4g}] from {b:,} {how} draws")
+    test = (f"{how} test that the estimate of {a} is {'above' if greater else 'below'} that "
+            f"of {g}")
+    return empirical(key, sentence, data, test, n, "bootstrap_contrast", p_for=p_for,
+                     p_against=p_against, reason=reason, estimate=float(estimate),
+                     interval=(lo, hi),
+                     effect=_effect(DIFFERENCE, float(estimate), (lo, hi), groups),
                      checks=_checks(checks))

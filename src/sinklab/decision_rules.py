@@ -61,7 +61,9 @@ DECISION_RULES: dict[str, str] = {
         f"10), which say how large it is (the test decides). A contrast is its own comparison, "
         f"so it names no control: it is counted when it is supported and no check beside it "
         f"(another reason the groups could differ) failed. Each group needs {MIN_N} units; "
-        f"settings are not pooled (that would need a stratified test)."
+        f"settings pooled are decided by the exact stratified test (Fisher's within each "
+        f"setting, the sum of the first group's counts against its convolved null given every "
+        f"table's margins), the effect then the difference of the pooled counts."
     ),
     "locations_contrast": (
         f"'Group A's values lie above group B's' (or below): the one-sided Mann-Whitney rank "
@@ -71,6 +73,15 @@ DECISION_RULES: dict[str, str] = {
         f"the groups) with its distribution-free one-sided {CONFIDENCE} bounds from the "
         f"Mann-Whitney null. Counted as rates_contrast is: supported, and no check beside it "
         f"failed."
+    ),
+    "bootstrap_contrast": (
+        "'Group A's estimate is above group B's' (or below), where the unit is a head over "
+        "probes: the p-value for it is the share (with one added to both counts) of the "
+        "bootstrap distribution of A minus B (both groups resampled together) at or below 0, "
+        "the share at or above 0 the p-value against it; the effect printed is the difference "
+        f"with the distribution's one-sided {CONFIDENCE} bounds (percentile bounds: approximate, "
+        f"a little short of {CONFIDENCE} on a dozen heavy-tailed units). Counted as "
+        f"rates_contrast is."
     ),
     "check": (
         "A check of sinklab's own computation (an identity, a construction, the soundness of a "

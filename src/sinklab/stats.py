@@ -309,6 +309,36 @@ def fisher_one_sided(k1: int, n1: int, k2: int, n2: int, greater: bool) -> float
     return _fisher(k1, n1, k2, n2, "greater" if greater else "less")
 
 
+def stratified_exact_p(strata: Sequence[tuple[int, int, int, int]], greater: bool) -> float:
+    """One-sided exact p-value that group 1's rate is above group 2's (below when not
+    ``greater``) across several settings (strata), each a table (k1, n1, k2, n2): the exact
+    conditional test of a common odds ratio of 1 (Mantel's exact form of the
+    Cochran-Mantel-Haenszel test). Given each table's margins, k1 of a table is hypergeometric
+    under the null; the statistic is the sum of k1 over the tables, whose null distribution is
+    the convolution of the tables' hypergeometric laws. With one table it is Fisher's one-sided
+    test (`fisher_one_sided`); tables with an empty row or column carry no evidence and drop
+    out; with none left the p-value is 1."""
+    hyper = _stats().hypergeom
+    law = np.ones(1)  # P(S = s) for s = low .. low + len - 1
+    low = observed = 0
+    for k1, n1, k2, n2 in strata:
+        check_count(k1, n1, "k1")
+        check_count(k2, n2, "k2")
+        total = k1 + k2
+        if n1 == 0 or n2 == 0 or total in (0, n1 + n2):
+            continue
+        lo, hi = max(0, total - n2), min(total, n1)
+        pmf = hyper.pmf(np.arange(lo, hi + 1), n1 + n2, total, n1)
+        law = np.convolve(law, pmf)
+        low += lo
+        observed += k1
+    if law.size == 1:
+        return 1.0
+    at = observed - low
+    tail = law[at:].sum() if greater else law[:at + 1].sum()
+    return float(min(1.0, tail))
+
+
 def wilson(k: int, n: int, level: float = 1 - ALPHA, sided: int = 2) -> tuple[float, float]:
     """Wilson's score interval of a rate from k of n (two-sided at ``level``, or with
     ``sided=1`` a pair of one-sided bounds at ``level`` each): 0 is the lower bound when k = 0

@@ -1,17 +1,20 @@
 """Contrasts of two groups: one-sided Fisher and Newcombe's interval of a difference of rates
 (against Newcombe's published examples), the Mann-Whitney null and the Hodges-Lehmann shift
 (against scipy's exact test and a case worked by hand), each contrast builder's decisions, how
-a contrast is counted beside its checks, and how a report shows a rate claim's bound and a
-contrast's effect."""
+a contrast is counted beside its checks, the exact stratified test that pools settings (against
+enumeration, and its size), the bootstrap contrast, and how a report shows a rate claim's bound
+and a contrast's effect."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from scipy.stats import binom
 
 from sinklab import claims, stats
 from sinklab.claims import (
@@ -26,7 +29,7 @@ from sinklab.claims import (
     summary_counts,
     with_control,
 )
-from sinklab.contrasts import locations_contrast, rates_contrast
+from sinklab.contrasts import bootstrap_contrast, locations_contrast, rates_contrast
 from sinklab.stats import (
     ALPHA,
     fisher,
@@ -232,3 +235,123 @@ def test_a_report_whose_contrast_and_old_mirror_pair_disagree():
     text = render.verdicts(list(decided.values()))
     assert "3 are empirical (0 primary, 1 distinct contrast)" in text
     assert "1 supported and counted" in text and "2 undetermined" in text
+
+
+# --------------------------------------------------------------------------- pooled settings
+
+
+def _tables(n1: int, n2: int, total: int) -> list[tuple[int, float]]:
+    """Every k1 a table with these margins allows, with its hypergeometric probability, by
+    counting: the ways to choose k1 of group 1 and total - k1 of group 2."""
+    ways = [(k, math.comb(n1, k) * math.comb(n2, total - k))
+            for k in range(max(0, total - n2), min(total, n1) + 1)]
+    whole = sum(w for _, w in ways)
+    return [(k, w / whole) for k, w in ways]
+
+
+def _stratified_by_enumeration(strata, greater: bool) -> float:
+    """The exact stratified p-value by enumerating every combination of tables."""
+    laws = [_tables(n1, n2, k1 + k2) for k1, n1, k2, n2 in strata]
+    observed = sum(s[0] for s in strata)
+    tail = 0.0
+    for combo in itertools.product(*laws):
+        total = sum(k for k, _ in combo)
+        if (total >= observed) if greater else (total <= observed):
+            tail += math.prod(p for _, p in combo)
+    return tail
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 6), st.integers(1, 6), st.data()), min_size=1,
+                max_size=3), st.booleans())
+def test_the_stratified_test_is_fishers_within_one_setting_and_exact_across_several(
+        sizes, greater):
+    strata = []
+    for n1, n2, data in sizes:
+        strata.append((data.draw(st.integers(0, n1)), n1, data.draw(st.integers(0, n2)), n2))
+    p = stats.stratified_exact_p(strata, greater)
+    assert 0 < p <= 1
+    informative = [s for s in strata if 0 < s[0] + s[2] < s[1] + s[3]]
+    expected = _stratified_by_enumeration(informative, greater) if informative else 1.0
+    assert p == pytest.approx(expected, rel=1e-9, abs=1e-12)
+    if len(strata) == 1:
+        assert p == pytest.approx(fisher_one_sided(*strata[0], greater), rel=1e-9)
+
+
+def test_the_stratified_test_holds_its_level_when_the_rates_are_equal():
+    """Its size, exactly: over every outcome of two settings of 5 against 5 seeds at a common
+    rate within each setting (the rates differing between settings), the chance that it rejects
+    at ALPHA is at most ALPHA."""
+    n = 5
+    cells = list(itertools.product(itertools.product(range(n + 1), repeat=2), repeat=2))
+    rejects = np.array([stats.stratified_exact_p([(a, n, b, n) for a, b in c], True) < ALPHA
+                        for c in cells])
+    assert rejects.any()
+    for rates in ((0.5, 0.5), (0.1, 0.9), (0.2, 0.8), (0.05, 0.5)):
+        laws = [binom.pmf(np.arange(n + 1), n, r) for r in rates]
+        prob = np.array([math.prod(laws[i][a] * laws[i][b] for i, (a, b) in enumerate(c))
+                         for c in cells])
+        assert prob[rejects].sum() <= ALPHA, (rates, prob[rejects].sum())
+
+
+def test_a_pooled_rates_contrast():
+    parts = [("1x1", 10, 10, 0, 10), ("2x2", 10, 10, 0, 10), ("4x4", 9, 10, 1, 10)]
+    up = rates_contrast("k", "s", None, None, None, None, "sink", ("softmax", "relu"),
+                        parts=parts)
+    assert up.outcome == SUPPORTED and up.n == 60 and up.effect["estimate"] == pytest.approx(
+        29 / 30 - 1 / 30)
+    assert up.p_value == pytest.approx(stats.stratified_exact_p([p[1:] for p in parts], True))
+    assert up.parts[2] == {"setting": "4x4", "k1": 9, "n1": 10, "k2": 1, "n2": 10}
+    assert "4x4: 9/10 against 1/10" in up.data and "stratified" in up.test
+    down = rates_contrast("k", "s", None, None, None, None, "sink", ("softmax", "relu"),
+                          parts=[(s, b, n2, a, n1) for s, a, n1, b, n2 in parts])
+    assert down.outcome == CONTRADICTED
+    one = rates_contrast("k", "s", None, None, None, None, "x", parts=[("a", 7, 9, 2, 9)])
+    assert one.p_value == pytest.approx(rates_contrast("k", "s", 7, 9, 2, 9, "x").p_value)
+    few = rates_contrast("k", "s", None, None, None, None, "x", ("a", "b"),
+                         parts=[("1x1", 2, 2, 0, 2), ("2x2", 2, 2, 0, 2)])
+    assert few.outcome == UNDETERMINED and "fewer than" in few.needed_text
+    with pytest.raises(ValueError, match="k1 of 2x2"):
+        rates_contrast("k", "s", None, None, None, None, "x", parts=[("2x2", 3, 2, 0, 2)])
+    with pytest.raises(ValueError, match="at least one setting"):
+        rates_contrast("k", "s", None, None, None, None, "x", parts=[])
+
+
+# --------------------------------------------------------------------------- bootstrap contrasts
+
+
+def test_bootstrap_contrast_decisions():
+    rng = np.random.default_rng(0)
+    up = bootstrap_contrast("k", "s", 0.03, rng.normal(0.03, 0.01, 2000), 12, "loss",
+                            ("sink heads", "random heads"))
+    assert up.outcome == SUPPORTED and up.effect["what"] == "difference"
+    assert up.interval[0] > 0 and up.p_value == pytest.approx(1 / 2001, abs=3e-3)
+    assert "sink heads minus random heads: 0.03 over 12 seeds" in up.data
+    assert bootstrap_contrast("k", "s", -0.03, rng.normal(-0.03, 0.01, 2000), 12
+                              ).outcome == CONTRADICTED
+    assert bootstrap_contrast("k", "s", 0.03, rng.normal(0.03, 0.01, 2000), 12,
+                              greater=False).outcome == CONTRADICTED
+    assert bootstrap_contrast("k", "s", 0.0, rng.normal(0.0, 0.01, 2000), 12
+                              ).outcome == UNDETERMINED
+    flat = bootstrap_contrast("k", "s", 0.1, [0.1] * 50, 12)
+    assert flat.outcome == UNDETERMINED and "no spread" in flat.needed_text
+    with pytest.raises(ValueError, match="at least 2 draws"):
+        bootstrap_contrast("k", "s", 0.1, [0.1], 12)
+    with pytest.raises(ValueError):
+        bootstrap_contrast("k", "s", math.nan, [0.1, 0.2], 12)
+
+
+# --------------------------------------------------------------------------- bounds in words
+
+
+def test_a_rate_claims_sentence_carries_its_bound_and_an_arm_kept_as_a_description_too():
+    rate = finalize([_controlled("r", 27, 30)])[0]
+    assert render._sentence(rate).endswith(
+        f"the data give a rate at least {math.floor(1000 * rate.bound) / 1000:.3f}, "
+        "one-sided 95%")
+    arm = claims.as_descriptive(rate_at_least("a", "s", 30, 30, "x"))
+    assert arm.bound == pytest.approx(0.05 ** (1 / 30)) and arm.rule == "descriptive"
+    assert render._sentence(arm) == "s"  # a description's sentence carries its own words
+    assert claims.bound_words(30, 30) == "at least 90% of seeds (one-sided 95%)"
+    assert claims.bound_words(0, 30, above=False) == "at most 10% of seeds (one-sided 95%)"
+    assert claims.bound_words(0, 0) == "no bound (no seeds)"

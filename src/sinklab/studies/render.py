@@ -183,12 +183,24 @@ def _control_cell(c: Claim) -> str:
             f"({_p_text(control)})")
 
 
+def _sentence(c: Claim) -> str:
+    """The claim as a reader takes it away: its sentence, and for a rate claim the one-sided
+    bound the data give ('the data give a rate at least 0.904, one-sided 95%')."""
+    above = c.rule == "rate_at_least"
+    if c.rule not in ("rate_at_least", "rate_at_most") or c.bound is None:
+        return c.sentence
+    shown = math.floor if above else math.ceil
+    return (f"{c.sentence}; the data give a rate {'at least' if above else 'at most'} "
+            f"{shown(1000 * c.bound) / 1000:.3f}, one-sided {stats.CONFIDENCE}")
+
+
 def claims_table(claims: list[Claim]) -> str:
-    """The claims as a table: claim (and kind), data, test, control and its outcome, outcome."""
+    """The claims as a table: claim (and kind, a rate claim with its bound), data, test,
+    control and its outcome, outcome."""
     rows = []
     for c in claims:
         label = c.kind + (", primary" if c.primary else "")
-        rows.append((f"{c.sentence} *({label})*", c.data, c.test, _control_cell(c),
+        rows.append((f"{_sentence(c)} *({label})*", c.data, c.test, _control_cell(c),
                      _outcome_cell(c)))
     return md.table(["claim", "data", "test", "control: the same test where it must fail",
                      "outcome"], rows)
