@@ -63,21 +63,28 @@ def test_readme_names_the_command_behind_the_reproduction():
 def test_readme_and_usage_quote_the_default_seeds_as_computed():
     """What README and docs/usage.md say `make reproduce` trains follows the default, which the
     claims' design decides (reproduce.decisive_seeds): a changed design changes these pages."""
-    from sinklab.stats import seeds_all_agreeing
+    from sinklab.stats import ALPHA, MIN_N
     from sinklab.studies import reproduce as rp
 
     seeds, configs = rp.DEFAULT_SEEDS, len(rp.EXPERIMENTS)
     models = seeds * configs * len(rp.RULES)
-    need = seeds_all_agreeing(len(rp.PRIMARY))
     readme, usage = _page("README.md"), _page("docs/usage.md")
     for text in (readme, usage):
         flat = " ".join(text.split())
-        assert f"{need} seeds all agreeing" in flat
-        assert (f"{seeds} of each pool {seeds * configs} seeds, where {seeds - 1} of each would "
-                f"pool {(seeds - 1) * configs} and leave both undetermined") in flat
+        primary = {1: "one primary claim"}[len(rp.PRIMARY)]  # the pages name one contrast
+        assert (f"it needs {MIN_N} seeds of each rule pooled and p below "
+                f"{ALPHA / len(rp.PRIMARY):g} (Holm over {primary})") in flat
+        assert (f"{seeds} of each pool {seeds * configs} seeds of each rule (p = "
+                f"{rp.agreeing_p(seeds):.2g}), where {seeds - 1} of each would pool "
+                f"{(seeds - 1) * configs} and leave it undetermined") in flat
     flat = " ".join(readme.split())
     assert f"trains {models} models" in flat and f"{seeds} seeds of each," in flat
     assert f"`reproduce: {models} runs to train in N jobs" in flat
+    # the quick start: --quick's seeds cannot decide the primary contrast, the default's can
+    assert (f"its primary contrast stays undetermined at {rp.QUICK_SEEDS} seed of each "
+            f"configuration, and the report says that {seeds} seeds of each configuration, "
+            "every one reaching the stop rule and agreeing, would decide it") in flat
+    assert rp.QUICK_SEEDS < seeds
     flat = " ".join(usage.split())
     assert f"With the default {seeds} seeds of each configuration it trains {models} models" in flat
     assert f"up to {rp.MAX_DEFAULT_SEEDS}," in flat

@@ -16,7 +16,7 @@ from sinklab.claims import CONTRADICTED, DESCRIPTIVE, EMPIRICAL, SUPPORTED, UNDE
 from sinklab.config import build_run_config
 from sinklab.runs import folders
 from sinklab.runs.files import read_json, write_json
-from sinklab.stats import fisher, seeds_all_agreeing
+from sinklab.stats import ALPHA, MIN_N, fisher, stratified_exact_p
 from sinklab.studies import render
 from sinklab.studies import reproduce as rp
 from sinklab.studies.reference import PAPER
@@ -52,9 +52,9 @@ def test_reproduce_quick_report_resume_and_errors(tmp_path, capsys, tiny_reprodu
     soft = runs[0]
     assert soft["converged"] and soft["bos_mass_nontrigger"][0][0] >= 0.95
     claims = {c["key"]: c for c in result["claims"]}
-    # one seed of each configuration decides neither primary claim; reaching the stop rule is
-    # described, not claimed
-    assert claims[rp.SINKS]["outcome"] == UNDETERMINED and claims[rp.SINKS]["primary"]
+    # one seed of each configuration cannot decide the primary contrast; reaching the stop rule
+    # is described, not claimed
+    assert claims[rp.CONTRAST]["outcome"] == UNDETERMINED and claims[rp.CONTRAST]["primary"]
     assert claims["2x2.softmax.reached_stop"]["kind"] == "descriptive"
     report = (out / "REPORT.md").read_text()
     assert report.startswith("# sinklab reproduction report\n")
@@ -63,8 +63,11 @@ def test_reproduce_quick_report_resume_and_errors(tmp_path, capsys, tiny_reprodu
     assert report.startswith("# sinklab reproduction report\n\n" + "\n".join(first) + "\n\n")
     assert stdout.splitlines()[:-1] == [*first, f"wrote {out / 'REPORT.md'}"]
     assert stdout.splitlines()[-1].startswith("took ")  # its wall and CPU time
-    assert first[1].startswith(f"- `{rp.SINKS}`: undetermined at n = ") and len(first) == 4
+    assert first[1].startswith(f"- `{rp.CONTRAST}`: undetermined at n = ") and len(first) == 3
     assert "**Primary claims**" in report and "quick mode" in report
+    # and says what would decide it
+    assert (f"{rp.DEFAULT_SEEDS} seeds of each configuration, every one reaching the stop rule "
+            "and agreeing, would decide it") in report
     assert "reached the stop rule (a training batch with L∞ below" in report
     for fig in ("fig_1x1", "fig_2x2_softmax", "fig_4x4_relu", "fig_bos_mass",
                 "fig_sorted_bos_4x4"):
@@ -153,15 +156,22 @@ def test_worker_processes_write_the_same_results(tmp_path):
 # ---------------------------------------------------------------- claims on constructed data
 
 
-def _run(experiment, rule, seed, per_layer_bos, converged=True, steps=None):
-    """A run record with the given non-trigger BOS masses [layer][head]."""
+def _run(experiment, rule, seed, per_layer_bos, converged=True, steps=None, row_sums=None):
+    """A run record with the given non-trigger BOS masses [layer][head]: softmax rows sum to
+    1, ReLU rows to their BOS mass unless ``row_sums`` says otherwise; every trigger row puts
+    1/7 on each of keys 1..7 and none on BOS (it sums to 1)."""
     sinks = [sum(v >= 0.9 for v in layer) for layer in per_layer_bos]
     ref = PAPER[(experiment, rule)].steps
+    shape = [[0.0] * len(layer) for layer in per_layer_bos]
+    if row_sums is None:
+        row_sums = ([[1.0] * len(layer) for layer in per_layer_bos] if rule == "softmax"
+                    else per_layer_bos)
     return {"experiment": experiment, "rule": rule, "seed": seed, "converged": converged,
             "status": "converged" if converged else "max_steps", "steps": steps or ref,
             "bos_mass_nontrigger": per_layer_bos, "sink_heads_per_layer": sinks,
             "sink_heads": sum(sinks), "trigger_key_mean": [[1 / 7] * len(per_layer_bos[0])]
-            * len(per_layer_bos), "test_linf": 1e-3, "train_linf": 4e-3}
+            * len(per_layer_bos), "bos_mass_trigger": shape, "row_sum_nontrigger": row_sums,
+            "test_linf": 1e-3, "train_linf": 4e-3}
 
 
 def _records(n_seeds, four_by_four_layer1_sink):
@@ -182,12 +192,26 @@ def _decided(records, seeds):
     return {c.key: c for c in rp.STUDY.decide(records, rp.ReproduceOptions(seeds=seeds))}
 
 
-def test_claims_on_ten_seeds_decide_the_primary_claims_and_describe_the_rest():
+def _checks(claim):
+    return {c.key: c for c in claim.check_claims()}
+
+
+def test_claims_on_ten_seeds_decide_the_primary_contrast_and_describe_the_rest():
     claims = _decided(_records(10, False), 10)
-    for key in (rp.SINKS, rp.NO_SINK):  # 30 of 30 pooled, each the other's control
-        assert claims[key].outcome == SUPPORTED and claims[key].counted
-        assert claims[key].primary and claims[key].correction == "holm"
-        assert [p["n"] for p in claims[key].parts] == [10, 10, 10]
+    contrast = claims[rp.CONTRAST]  # 30 of 30 against 0 of 30, pooled by configuration
+    assert contrast.outcome == SUPPORTED and contrast.counted and contrast.is_contrast
+    assert contrast.primary and contrast.correction == cl.HOLM and contrast.control is None
+    assert [(p["n1"], p["n2"]) for p in contrast.parts] == [(10, 10)] * 3
+    assert contrast.effect["estimate"] == 1.0 and contrast.effect["groups"] == ["softmax", "ReLU"]
+    assert {k: c.outcome for k, c in _checks(contrast).items()} == {
+        "sinks.both_rules_reached_stop": cl.VERIFIED, "sinks.relu_scale": cl.VERIFIED,
+        "sinks.relu_bos_share": cl.DESCRIBED}
+    # the only empirical claim: each rule's own rate is described, with its bound in the sentence
+    assert [c.key for c in claims.values() if c.kind == EMPIRICAL] == [rp.CONTRAST]
+    softmax, relu = claims["softmax.sink_rate"], claims["relu.sink_rate"]
+    assert softmax.kind == relu.kind == DESCRIPTIVE
+    assert softmax.sentence.endswith(cl.bound_words(30, 30, above=True))
+    assert relu.sentence.endswith(cl.bound_words(0, 30, above=False))
     assert claims["2x2.softmax.like_the_figure"].kind == DESCRIPTIVE
     assert claims["2x2.softmax.like_the_figure"].sentence.startswith("10 of 10")
     # against the reference code's 3 of 5 seeds: described with its Fisher p-value, no verdict
@@ -196,47 +220,92 @@ def test_claims_on_ten_seeds_decide_the_primary_claims_and_describe_the_rest():
     assert all(c.kind in (DESCRIPTIVE, EMPIRICAL) for c in claims.values())
 
 
-def test_claims_on_three_seeds_say_they_cannot_decide():
-    claims = _decided(_records(3, False), 3)
-    sinks = claims[rp.SINKS]  # 9 of 9 pooled: p = 0.7**9 = 0.040, above 0.05 / 2 under Holm
-    assert sinks.outcome == UNDETERMINED and sinks.adjusted_p == pytest.approx(2 * 0.7**9)
-    assert sinks.needed == seeds_all_agreeing(2)
+def test_claims_on_one_seed_say_they_cannot_decide():
+    contrast = _decided(_records(1, False), 1)[rp.CONTRAST]
+    assert contrast.outcome == UNDETERMINED and not contrast.counted
+    assert f"fewer than the {MIN_N} a decision needs" in contrast.needed_text
+    assert contrast.p_value == pytest.approx(rp.agreeing_p(1))
 
 
-def test_the_default_seeds_are_the_fewest_that_decide_both_primary_claims():
-    """Every seed agreeing, the default seed count decides both primary claims through the
-    study's own claims (supported, counted, each control discriminating); one seed fewer per
-    configuration decides neither."""
+def test_agreeing_p_is_the_stratified_exact_test_on_agreeing_seeds():
+    for seeds in range(1, 7):
+        for configs in (1, 2, 3):
+            tables = [(seeds, seeds, 0, seeds)] * configs
+            assert rp.agreeing_p(seeds, configs) == pytest.approx(
+                stratified_exact_p(tables, greater=True), rel=1e-9)
+
+
+def test_the_default_seeds_are_the_fewest_that_decide_the_primary_contrast():
+    """Every seed agreeing, the default seed count decides the primary contrast through the
+    study's own claims (supported, counted, no check failed); one seed fewer per configuration
+    does not."""
     n = rp.DEFAULT_SEEDS
     assert rp.ReproduceOptions().seeds == n and 1 < n <= rp.MAX_DEFAULT_SEEDS
-    claims = _decided(_records(n, False), n)
-    for key in rp.PRIMARY:
-        c = claims[key]
-        assert c.primary and c.correction == cl.HOLM and c.n == n * len(rp.EXPERIMENTS)
-        assert c.outcome == SUPPORTED and c.counted and c.standing == cl.DISCRIMINATING
-    fewer = _decided(_records(n - 1, False), n - 1)
-    for key in rp.PRIMARY:
-        assert fewer[key].outcome == UNDETERMINED and not fewer[key].counted
+    c = _decided(_records(n, False), n)[rp.CONTRAST]
+    assert c.primary and c.correction == cl.HOLM and c.n == 2 * n * len(rp.EXPERIMENTS)
+    assert c.outcome == SUPPORTED and c.counted
+    assert c.adjusted_p == pytest.approx(rp.agreeing_p(n))
+    fewer = _decided(_records(n - 1, False), n - 1)[rp.CONTRAST]
+    assert fewer.outcome == UNDETERMINED and not fewer.counted
 
 
-def test_the_default_seeds_are_capped():
-    assert rp.decisive_seeds(n_primary=1000, n_configurations=1) == rp.MAX_DEFAULT_SEEDS
-    assert rp.decisive_seeds(n_primary=10**40) == rp.MAX_DEFAULT_SEEDS  # none up to MAX_SEEDS
+def test_decisive_seeds_is_the_fewest_meeting_both_conditions_and_is_capped():
+    def decides(seeds, m, configs):
+        return (seeds * configs >= MIN_N
+                and rp.agreeing_p(seeds, configs) < ALPHA / m)
+
+    for m in (1, 2, 4):
+        for configs in (1, 2, 3):
+            s = rp.decisive_seeds(n_primary=m, n_configurations=configs)
+            assert decides(s, m, configs)
+            assert not any(decides(fewer, m, configs) for fewer in range(1, s))
+    # no number up to the cap decides them: the cap
+    assert not decides(rp.MAX_DEFAULT_SEEDS, 10**6, 1)
+    assert rp.decisive_seeds(n_primary=10**6, n_configurations=1) == rp.MAX_DEFAULT_SEEDS
+    assert rp.decisive_seeds(n_primary=10**40) == rp.MAX_DEFAULT_SEEDS
 
 
-def test_the_sink_claim_is_contradicted_when_softmax_does_not_sink():
-    """Records built to contradict it: softmax models without a sink head, and ReLU models with
-    one, turn both primary claims around; softmax and ReLU alike make the claim
-    non-discriminating."""
+def test_the_contrast_turns_around_when_relu_sinks_and_softmax_does_not():
+    """Records built to contradict it: softmax models without a sink head and ReLU models with
+    one contradict the contrast; with neither rule sinking there is no evidence either way."""
     records = _records(10, False)
     for r in records["runs"]:
-        if r["rule"] == "softmax":
-            r["sink_heads"] = 0
-    claims = _decided(records, 10)
-    assert claims[rp.SINKS].outcome == CONTRADICTED
-    assert claims[rp.NO_SINK].outcome == SUPPORTED
-    assert claims[rp.NO_SINK].standing == cl.NON_DISCRIMINATING  # softmax passes it too
-    assert not claims[rp.NO_SINK].counted
+        r["sink_heads"] = 1 if r["rule"] == "relu" else 0
+    assert _decided(records, 10)[rp.CONTRAST].outcome == CONTRADICTED
+    for r in records["runs"]:
+        r["sink_heads"] = 0
+    assert _decided(records, 10)[rp.CONTRAST].outcome == UNDETERMINED
+
+
+def test_the_contrast_is_not_counted_when_one_rule_missed_the_stop_rule():
+    records = _records(10, False)
+    for r in records["runs"]:
+        if (r["experiment"], r["rule"]) == ("2x2", "relu") and r["seed"] < 2:
+            r["converged"], r["status"] = False, "max_steps"
+    contrast = _decided(records, 10)[rp.CONTRAST]
+    assert contrast.outcome == SUPPORTED and not contrast.counted
+    reached = _checks(contrast)["sinks.both_rules_reached_stop"]
+    assert reached.outcome == cl.FAILED and reached.estimate == pytest.approx(0.2)
+    assert "2x2: softmax 10/10" in reached.data and "ReLU 8/10" in reached.data
+
+
+def test_the_contrast_is_not_counted_when_relu_sinks_below_the_threshold_by_scale():
+    """A ReLU head whose rows are on (half its trigger row's sum) and all on BOS, at a BOS mass
+    of 0.5: a sink by its share of the row that the absolute threshold misses."""
+    records = _records(10, False)
+    head = next(r for r in records["runs"]
+                if (r["experiment"], r["rule"], r["seed"]) == ("1x1", "relu", 0))
+    head["bos_mass_nontrigger"], head["row_sum_nontrigger"] = [[0.5]], [[0.5]]
+    contrast = _decided(records, 10)[rp.CONTRAST]
+    assert contrast.outcome == SUPPORTED and not contrast.counted
+    checks = _checks(contrast)
+    assert checks["sinks.relu_scale"].outcome == cl.FAILED
+    assert checks["sinks.relu_scale"].estimate == 1
+    assert "1 of 210 heads" in checks["sinks.relu_bos_share"].data
+    # a row that is off (below OFF_ROW of its trigger row's sum) is not a sink, whatever its
+    # share on BOS: ReLU's leftover weight in rows it has turned off
+    head["bos_mass_nontrigger"], head["row_sum_nontrigger"] = [[0.01]], [[0.01]]
+    assert _decided(records, 10)[rp.CONTRAST].counted
 
 
 @settings(max_examples=25, deadline=None)

@@ -26,22 +26,37 @@ RULES = ("softmax", "relu")
 # quick caps multi-layer runs here: they need thousands of steps and only pass through the
 # machinery, while the 1x1 runs (about 800 steps) reach the stop rule and show the effect
 QUICK_MAX_STEPS = 500
-SINKS, NO_SINK = "softmax.sinks", "relu.no_sink"  # the primary claims, pooled over EXPERIMENTS
-PRIMARY = (SINKS, NO_SINK)
+# the primary claim: softmax models sink at a higher rate than ReLU models, pooled over
+# EXPERIMENTS: one contrast, said once (not a claim per rule with the other rule as control)
+CONTRAST = "sinks.softmax_vs_relu"
+PRIMARY = (CONTRAST,)
 MAX_DEFAULT_SEEDS = 10  # the default never trains more than this per configuration
+
+
+def agreeing_p(seeds: int, n_configurations: int = len(EXPERIMENTS)) -> float:
+    """The exact stratified p-value of the contrast when every seed agrees (every softmax seed
+    sinks, no ReLU seed does) on ``seeds`` of each rule in each of ``n_configurations``.
+
+    Each configuration's table is then as extreme as its margins allow, so the p-value is the
+    product of each table's hypergeometric chance of it, 1 / C(2s, s): what
+    `sinklab.stats.stratified_exact_p` computes for these tables (a test checks that they
+    agree), here without scipy so that the help texts stay light."""
+    return float(math.comb(2 * seeds, seeds)) ** -n_configurations
 
 
 def decisive_seeds(n_primary: int = len(PRIMARY), n_configurations: int = len(EXPERIMENTS)
                    ) -> int:
     """The fewest seeds per configuration at which, if every seed reaches the stop rule and
-    agrees, each of ``n_primary`` rate claims pooling ``n_configurations`` configurations is
-    decided at its Holm-corrected level (at least ``stats.MIN_N`` pooled, too), capped at
-    ``MAX_DEFAULT_SEEDS``. Each claim's control, the other rule on as many seeds, is judged
-    uncorrected, so it is decided by then as well."""
-    pooled = stats.seeds_all_agreeing(n_primary)
-    if pooled is None:  # beyond stats.MAX_SEEDS: no default decides them; train the most
-        return MAX_DEFAULT_SEEDS
-    return min(MAX_DEFAULT_SEEDS, math.ceil(max(pooled, stats.MIN_N) / n_configurations))
+    agrees, one stratified contrast pooling ``n_configurations`` configurations is supported at
+    its Holm level among ``n_primary`` primary claims (p below ALPHA / n_primary, the level of
+    the last of equal p-values) with at least ``stats.MIN_N`` seeds of each rule pooled, capped
+    at ``MAX_DEFAULT_SEEDS`` (which it is when no number up to it would do)."""
+    level = stats.ALPHA / n_primary
+    for seeds in range(1, MAX_DEFAULT_SEEDS + 1):
+        if (seeds * n_configurations >= stats.MIN_N
+                and agreeing_p(seeds, n_configurations) < level):
+            return seeds
+    return MAX_DEFAULT_SEEDS
 
 
 DEFAULT_SEEDS, QUICK_SEEDS = decisive_seeds(), 1
@@ -53,11 +68,12 @@ class ReproduceOptions:
 
     seeds: int | None = field(default=None, metadata={
         "help": f"seeds per configuration (default: {DEFAULT_SEEDS}, the fewest, up to "
-                f"{MAX_DEFAULT_SEEDS}, at which the {len(PRIMARY)} primary claims, pooling the "
-                f"{len(EXPERIMENTS)} configurations, are decided when every seed reaches the "
-                f"stop rule and agrees: under Holm's correction they need "
-                f"{stats.seeds_all_agreeing(len(PRIMARY))} seeds in all; {QUICK_SEEDS} with "
-                "--quick)",
+                f"{MAX_DEFAULT_SEEDS}, at which the primary contrast (softmax against ReLU), "
+                f"pooling the {len(EXPERIMENTS)} configurations, is decided when every seed "
+                f"reaches the stop rule and agrees: it needs {stats.MIN_N} seeds of each rule "
+                f"pooled and an exact stratified p below {stats.ALPHA / len(PRIMARY):g}, and "
+                f"{DEFAULT_SEEDS} of each give p = {agreeing_p(DEFAULT_SEEDS):.2g}; "
+                f"{QUICK_SEEDS} with --quick)",
         "metavar": "N"})
     quick: bool = field(default=False, metadata={
         "help": f"smoke test, under half a minute on two idle cores: {QUICK_SEEDS} seed, "
@@ -112,7 +128,7 @@ STUDY = Study(
     help="reproduce the paper: 1x1, 2x2, 4x4, softmax and ReLU, several seeds",
     description="Train 1x1, 2x2 and 4x4 models with softmax and ReLU attention under the "
                 "paper's protocol on several seeds (by default the fewest that can decide its "
-                "primary claims; see --seeds), summarise their heads by order-invariant "
+                "primary contrast; see --seeds), summarise their heads by order-invariant "
                 "statistics, and decide the paper's claims with stated tests. Writes runs, "
                 "figures, records.json, claims.csv and REPORT.md. Rerunning with the same --out "
                 "resumes: finished runs are kept.",

@@ -2,9 +2,11 @@
 
 ``collect`` records every run's numbers and the first seed's attention maps; ``complete`` works
 out each (configuration, rule)'s and each layer's summaries from the runs (so that records written
-by an older sinklab get today's); ``claims`` states the two primary claims (softmax sinks, ReLU
-does not, each the other's control) and what the data show beside the paper's example models and
-the reference code; ``FIGURES`` are the attention maps and BOS masses. The declaration (options,
+by an older sinklab get today's) and the seeds the primary contrast's design needs; ``claims``
+states the primary contrast (softmax models sink at a higher rate than ReLU models, with the
+checks beside it that could make it so for another reason), each rule's own rate as a
+description, and what the data show beside the paper's example models and the reference code;
+``FIGURES`` are the attention maps and BOS masses. The declaration (options,
 runs, ``STUDY``) is ``sinklab.studies.reproduce``.
 """
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -19,16 +22,19 @@ import numpy as np
 from sinklab import claims as cl
 from sinklab import plots, stats
 from sinklab.claims import Claim
-from sinklab.definitions import SINK_HEAD_THRESHOLD
+from sinklab.contrasts import rates_contrast
+from sinklab.definitions import OFF_ROW, SINK_HEAD_THRESHOLD
 from sinklab.runs.files import read_npz
 from sinklab.stats import finite
 from sinklab.studies.reference import PAPER, REFERENCE_SEEDS
 from sinklab.studies.reproduce import (
+    CONTRAST,
     EXPERIMENTS,
-    NO_SINK,
+    PRIMARY,
     RULES,
-    SINKS,
     ReproduceOptions,
+    agreeing_p,
+    decisive_seeds,
     run_config,
     run_name,
 )
@@ -37,6 +43,11 @@ from sinklab.studies.study import Context, Execution, FigureSpec
 AGREE = 0.05  # a mean within this of the paper's read-off agrees (the figures are read to +-0.01)
 STEPS_FACTOR = 2.0  # mean steps within this factor of the reference code's seed 0 agree
 MAP_DIGITS = 4  # attention maps kept in the records for the figures
+# the contrast's check that both rules trained alike: in no configuration may more than this
+# share of one rule's seeds miss the stop rule
+MISSED_AT_MOST = 0.1
+ARMS = {"softmax": "softmax.sink_rate", "relu": "relu.sink_rate"}  # each rule's own rate
+NAME = {"softmax": "softmax", "relu": "ReLU"}
 
 # ------------------------------------------------------------------------------ records
 
@@ -144,7 +155,20 @@ def complete(records: dict[str, Any], opts: ReproduceOptions | None = None
     return {**records,
             "groups": [group_summary(runs, e, r) for e in EXPERIMENTS for r in RULES],
             "layers": [row for e in EXPERIMENTS for r in RULES
-                       for row in layer_summaries(runs, e, r)]}
+                       for row in layer_summaries(runs, e, r)],
+            "design": design()}
+
+
+def design() -> dict[str, Any]:
+    """What decides the primary contrast with every seed agreeing, for the report's prose: the
+    level it is tested at (Holm, among the primary claims), the seeds each rule needs pooled,
+    the fewest seeds per configuration that decide it and the p-values at that number and one
+    fewer (``sinklab.studies.reproduce.decisive_seeds``)."""
+    seeds = decisive_seeds()
+    return {"configurations": len(EXPERIMENTS), "primary": len(PRIMARY),
+            "level": stats.ALPHA / len(PRIMARY), "min_n": stats.MIN_N,
+            "decisive_seeds": seeds, "p_decisive": agreeing_p(seeds),
+            "p_fewer": agreeing_p(seeds - 1) if seeds > 1 else None}
 
 
 def collect(ctx: Context) -> dict[str, Any]:
@@ -181,31 +205,138 @@ def _sink_parts(records: dict[str, Any], rule: str) -> list[tuple[str, int, int]
     return parts
 
 
+def _median_text(values: list[float]) -> str:
+    return f"{np.median(values):.2g}" if values else "none"
+
+
+def _reached_check(records: dict[str, Any]) -> Claim:
+    """Check beside the contrast: both rules reached the stop rule alike, so that a difference
+    in sink rate is not one of training success. Fails when, in some configuration, more than
+    ``MISSED_AT_MOST`` of one rule's seeds missed it (all of them, with no seeds)."""
+    missed, words = [], []
+    for experiment in EXPERIMENTS:
+        cells = []
+        for rule in RULES:
+            group = _group(records, experiment, rule)
+            reached = [r for r in group if r["converged"]]
+            missed.append(1 - len(reached) / len(group) if group else 1.0)
+            cells.append(f"{NAME[rule]} {len(reached)}/{len(group)} (test L∞ median "
+                         f"{_median_text([r['test_linf'] for r in reached])})")
+        words.append(f"{experiment}: " + ", ".join(cells))
+    check = cl.check(
+        "sinks.both_rules_reached_stop",
+        f"Both rules reached the stop rule alike: in each configuration at most "
+        f"{MISSED_AT_MOST:.0%} of each rule's seeds missed it, so a difference in sink rate is "
+        "not one of training success (their test errors in the data)",
+        max(missed), MISSED_AT_MOST,
+        "the largest share of one rule's seeds in a configuration that missed the stop rule")
+    return replace(check, data=f"{check.data}; reached the stop rule: {'; '.join(words)}")
+
+
+def _trigger_row_sum(run: dict[str, Any], eval_trigger: int) -> list[list[float]]:
+    """Each head's mean trigger-row sum, [layer][head], from what the records hold: the row's
+    BOS weight plus eval_trigger times its mean weight per key 1..eval_trigger (exact at the
+    fixed test trigger: the row sees keys 0..eval_trigger)."""
+    return [[bos + eval_trigger * key for bos, key in zip(bl, kl)]
+            for bl, kl in zip(run["bos_mass_trigger"], run["trigger_key_mean"])]
+
+
+def _heads(run: dict[str, Any], eval_trigger: int) -> list[tuple[float, float, float]]:
+    """Each head's (non-trigger BOS mass, non-trigger row sum, trigger row sum)."""
+    return [(b, rn, rt) for bl, rnl, rtl in zip(run["bos_mass_nontrigger"],
+                                                run["row_sum_nontrigger"],
+                                                _trigger_row_sum(run, eval_trigger))
+            for b, rn, rt in zip(bl, rnl, rtl)]
+
+
+def _scale_claims(records: dict[str, Any]) -> list[Claim]:
+    """Beside the contrast, whether the sink threshold is out of ReLU's reach for scale alone
+    (ReLU rows need not sum to 1): a check that no ReLU seed has a head whose non-trigger rows
+    are on (``OFF_ROW``, as ``sinklab.definitions`` reads a row that is off) and put at least
+    the threshold's share of their weight on BOS while its BOS mass stays below it; and a
+    description of what share of its rows ReLU puts on BOS, at what scale, and what the
+    records cannot say."""
+    thr = SINK_HEAD_THRESHOLD
+    j = records["protocol"]["eval_trigger"]
+    relu = [r for e in EXPERIMENTS for r in _group(records, e, "relu", converged=True)]
+    heads = [_heads(r, j) for r in relu]
+    missed = sum(any(rn > 0 and rn >= OFF_ROW * rt and b / rn >= thr > b for b, rn, rt in hs)
+                 for hs in heads)
+    check = cl.check(
+        "sinks.relu_scale",
+        f"The sink threshold is not out of ReLU's reach for scale alone: no ReLU seed that "
+        f"reached the stop rule has a head whose non-trigger rows are on (mean sum at least "
+        f"{OFF_ROW:g} of its trigger row's) and put at least {thr:g} of their weight on BOS "
+        f"while its BOS mass stays below {thr:g}",
+        missed, 0, f"ReLU seeds, of {len(relu)}, with such a head")
+    flat = [h for hs in heads for h in hs]
+    on = [h for h in flat if h[1] > 0 and h[1] >= OFF_ROW * h[2]]
+    some = [h for h in flat if h[1] > 0]
+    softmax = [rt for e in EXPERIMENTS for r in _group(records, e, "softmax")
+               for _, _, rt in _heads(r, j)]
+    if flat:
+        shares = [b / rn for b, rn, _ in some]
+        data = (f"{len(on)} of {len(flat)} heads of the {len(relu)} ReLU seeds that reached the "
+                f"stop rule have non-trigger rows that are on"
+                + (f" (BOS share up to {max(b / rn for b, rn, _ in on):.2g})" if on else "")
+                + f"; {len(some)} put any weight there"
+                + (f", their rows summing to at most {max(rn for _, rn, _ in some):.2g} against "
+                   f"trigger rows of {min(rt for *_, rt in some):.2g}-"
+                   f"{max(rt for *_, rt in some):.2g}, and BOS's share of that weight median "
+                   f"{np.median(shares):.2g} (up to {max(shares):.2g})" if some else "")
+                + f"; the largest absolute BOS weight is {max(b for b, _, _ in flat):.2g}")
+    else:
+        data = "no ReLU seed reached the stop rule"
+    data += (". The records hold each head's mean BOS weight and mean row sum over the "
+             "non-trigger rows, not each row's: a share here is their ratio (rows weighted by "
+             "their sum); the share averaged over the non-empty rows would need each row's BOS "
+             "weight and sum in the run summaries. A trigger row's sum is its BOS weight plus "
+             f"{j} times its mean weight per key 1..{j}"
+             + (f" (softmax's come to 1 within {max(abs(rt - 1) for rt in softmax):.1g})"
+                if softmax else ""))
+    return [check, cl.descriptive(
+        "sinks.relu_bos_share",
+        "Where ReLU's non-trigger rows put their weight, and at what scale: the share of the "
+        "row on BOS (BOS weight over row sum) where the row is not empty, and the largest "
+        "absolute BOS weight", data, n=len(flat))]
+
+
+def _sink_parts(records: dict[str, Any], rule: str) -> list[tuple[str, int, int]]:
+    """Per configuration: (configuration, seeds of ``rule`` that reached the stop rule and have
+    a sink head, seeds that reached the stop rule)."""
+    parts = []
+    for experiment in EXPERIMENTS:
+        reached = _group(records, experiment, rule, converged=True)
+        parts.append((experiment, sum(_any_sink(r) for r in reached), len(reached)))
+    return parts
+
+
 def _sink_claims(records: dict[str, Any]) -> list[Claim]:
-    """The two predictions, pooled over the three configurations: softmax models that reached
-    the stop rule have a sink head; ReLU models do not. Each is the other's control."""
+    """The paper's prediction as one contrast pooled over the configurations (softmax models
+    that reached the stop rule have a sink head at a higher rate than ReLU models), with the
+    checks beside it; then each rule's own rate, described with its one-sided bound."""
     sink = f"have a head at non-trigger BOS mass >= {SINK_HEAD_THRESHOLD:g}"
     what = f"that reached the stop rule {sink}"
     configs = ", ".join(EXPERIMENTS)
-    name = {"softmax": "Softmax", "relu": "ReLU"}
-
-    def sinks(rule: str) -> Claim:
-        return cl.rate_at_least(
-            SINKS, f"{name[rule]} models ({configs}) that reached the stop rule have a "
-            f"sink head at a rate above {stats.R0:g} (the paper's prediction; its theorem is for "
-            "stacks without a residual stream, these models have one)",
-            None, None, what, parts=_sink_parts(records, rule))
-
-    def no_sink(rule: str) -> Claim:
-        return cl.rate_at_most(
-            NO_SINK, f"{name[rule]} models ({configs}) that reached the stop rule have a "
-            f"sink head at a rate below {1 - stats.R0:.2g} (the paper: ReLU attention needs none)",
-            None, None, what, parts=_sink_parts(records, rule))
-
-    return [cl.with_control(sinks("softmax"), sinks("relu"),
-                            "ReLU models of the same configurations, trained alike"),
-            cl.with_control(no_sink("relu"), no_sink("softmax"),
-                            "softmax models of the same configurations, trained alike")]
+    parts = {rule: _sink_parts(records, rule) for rule in RULES}
+    contrast = rates_contrast(
+        CONTRAST, f"Softmax models ({configs}) that reached the stop rule have a sink head at a "
+        "higher rate than ReLU models trained alike (the paper's prediction: softmax attention "
+        "must sink, ReLU attention need not; its theorem is for stacks without a residual "
+        "stream, these models have one)", None, None, None, None, what,
+        groups=(NAME["softmax"], NAME["relu"]), greater=True,
+        checks=[_reached_check(records), *_scale_claims(records)],
+        parts=[(e, k1, n1, k2, n2) for (e, k1, n1), (_, k2, n2)
+               in zip(parts["softmax"], parts["relu"])])
+    arms = []
+    for rule, build, above in (("softmax", cl.rate_at_least, True),
+                               ("relu", cl.rate_at_most, False)):
+        k, n = sum(p[1] for p in parts[rule]), sum(p[2] for p in parts[rule])
+        arm = build(ARMS[rule], "", None, None, what, parts=parts[rule])
+        arms.append(cl.as_descriptive(
+            arm, f"{k} of {n} {NAME[rule]} seeds ({configs}) that reached the stop rule have a "
+            f"sink head: {cl.bound_words(k, n, above=above)}"))
+    return [contrast, *arms]
 
 
 def _errors_text(group: list[dict[str, Any]]) -> str:
@@ -220,9 +351,9 @@ def _errors_text(group: list[dict[str, Any]]) -> str:
 
 
 def claims(records: dict[str, Any], opts: ReproduceOptions) -> list[Claim]:
-    """The reproduction's statements: two primary claims (softmax sinks, ReLU does not; each
-    the other's control) and what the data show beside the paper's one example model and the
-    reference code."""
+    """The reproduction's statements: the primary contrast (softmax models sink at a higher
+    rate than ReLU models, its checks beside it), each rule's rate described, and what the data
+    show beside the paper's one example model and the reference code."""
     out: list[Claim] = list(_sink_claims(records))
     thr = SINK_HEAD_THRESHOLD
     tol = records["protocol"]["tol"]
