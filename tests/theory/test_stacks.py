@@ -17,6 +17,7 @@ from sinklab.claims import (
     CONTROL_UNDECIDED,
     DISCRIMINATING,
     EMPIRICAL,
+    FAILED,
     NON_DISCRIMINATING,
     SUPPORTED,
     UNDETERMINED,
@@ -347,16 +348,22 @@ def test_claim_keys_and_outcomes():
             for e in protocol.PLAIN_EXPERIMENTS for s in range(10)]
     claims = by_key([r for r in runs_of(10) if r["rule"] == "softmax"] + relu)
     assert set(claims) == {"plain.softmax.some_head_sinks",
-                           "plain.softmax.every_position_covered", "plain.relu.no_sink_head"}
+                           "plain.softmax.every_position_covered", "plain.sink_head"}
     for key in ("some_head_sinks", "every_position_covered"):
         claim = claims[f"plain.softmax.{key}"]
         # one claim over both shapes' seeds, each shape's count beside it
         assert claim.outcome == SUPPORTED and claim.n == 2 * 10
         assert [p["setting"] for p in claim.parts] == list(protocol.PLAIN_EXPERIMENTS)
         assert claim.kind == EMPIRICAL and claim.standing == DISCRIMINATING
-    relu = claims["plain.relu.no_sink_head"]
-    assert relu.rule == "rate_at_most" and relu.outcome == SUPPORTED
-    assert relu.standing == DISCRIMINATING  # the softmax seeds sink: the control fails
+    # softmax against ReLU is one contrast over both shapes, not a ReLU claim with the softmax
+    # seeds as its control
+    both = claims["plain.sink_head"]
+    assert both.rule == "rates_contrast" and both.outcome == SUPPORTED and both.n == 2 * 20
+    assert [(p["setting"], p["k1"], p["n1"], p["k2"], p["n2"]) for p in both.parts] == [
+        (e, 10, 10, 0, 10) for e in protocol.PLAIN_EXPERIMENTS]
+    assert both.control is None and both.counted
+    assert {k.key: k.outcome for k in both.check_claims()} == {
+        "plain.relu_reaches_threshold": "verified", "plain.seeds_at_stop": "described"}
 
 
 def test_stacks_without_sinks_contradict_and_relu_sinks_make_it_non_discriminating():
@@ -366,8 +373,11 @@ def test_stacks_without_sinks_contradict_and_relu_sinks_make_it_non_discriminati
     assert claims["plain.softmax.some_head_sinks"].outcome == CONTRADICTED
     assert claims["plain.softmax.some_head_sinks"].counterexamples == 10
     assert claims["plain.softmax.every_position_covered"].outcome == SUPPORTED
-    # the ReLU seeds of runs_of have sink heads: they contradict "ReLU seeds rarely have one"
-    assert claims["plain.relu.no_sink_head"].outcome == CONTRADICTED
+    # the ReLU seeds of runs_of all have sink heads, half the softmax seeds none: the contrast
+    # comes out the other way
+    assert claims["plain.sink_head"].outcome == CONTRADICTED
+    # ... and with every seed of both rules sinking there is nothing to tell them apart
+    assert by_key(runs_of(10))["plain.sink_head"].outcome == UNDETERMINED
     # the softmax claims' control is the same stacks before any update: when those already
     # have a sink head at every position, the claim does not discriminate
     assert by_key(runs_of(10))["plain.softmax.some_head_sinks"].standing == DISCRIMINATING
@@ -380,12 +390,24 @@ def test_stacks_without_sinks_contradict_and_relu_sinks_make_it_non_discriminati
     assert uncovered["plain.softmax.every_position_covered"].outcome == CONTRADICTED
 
 
+def test_the_contrast_is_not_counted_when_relu_cannot_reach_the_threshold():
+    """ReLU rows need not sum to 1: ReLU heads that never put the threshold's weight on BOS
+    have no sink head whether or not they need one, so the contrast is supported but its check
+    fails and it is not counted."""
+    runs = [{**r, "sink_heads": [], "head_bos": [[0.01, 0.2], [0.3, 0.05]]}
+            if r["rule"] == "relu" else r for r in runs_of(10)]
+    claim = by_key(runs)["plain.sink_head"]
+    assert claim.outcome == SUPPORTED and not claim.counted
+    assert [k.key for k in claim.check_claims() if k.outcome == FAILED] == [
+        "plain.relu_reaches_threshold"]
+
+
 def test_few_seeds_are_undetermined():
     claims = by_key(runs_of(2, sink=True))  # 4 seeds over both shapes: fewer than 5
     assert claims["plain.softmax.some_head_sinks"].outcome == UNDETERMINED
     assert claims["plain.softmax.some_head_sinks"].n == 4
     relu = by_key(runs_of(2, sink=False))
-    assert relu["plain.relu.no_sink_head"].outcome == UNDETERMINED
+    assert relu["plain.sink_head"].outcome == UNDETERMINED
 
 
 def test_claims_rest_on_the_seeds_that_solve_the_task():
@@ -393,26 +415,29 @@ def test_claims_rest_on_the_seeds_that_solve_the_task():
     control) is undetermined and says why; a seed without a sink that did not reach the stop
     rule contradicts nothing."""
     claims = by_key(runs_of(10, converged=False))
-    assert all(c.outcome == UNDETERMINED and c.n == 0 and "reached the stop rule" in c.data
-               and "nothing to test" in c.needed_text for c in claims.values())
-    assert all(c.standing == CONTROL_UNDECIDED for c in claims.values())
+    assert all(c.outcome == UNDETERMINED and c.n == 0 and "reached the stop rule" in
+               c.needed_text and "nothing to test" in c.needed_text for c in claims.values())
+    assert all(c.standing == CONTROL_UNDECIDED for c in claims.values() if not c.is_contrast)
     runs = [{**r, "converged": False, "sink_heads": []} if r["seed"] == 0 else r
             for r in runs_of(10)]
     some = by_key(runs)["plain.softmax.some_head_sinks"]
     assert some.n == 18 and some.outcome == SUPPORTED
-    # no ReLU seed at the stop rule: the ReLU claim is untested, the softmax claims keep their
-    # own control (the same seeds before any update)
+    # no ReLU seed at the stop rule: the contrast has no ReLU arm, and says so; the softmax
+    # claims keep their own control (the same seeds before any update)
     relu_stuck = by_key([{**r, "converged": False} if r["rule"] == "relu" else r
                          for r in runs_of(10)])
-    assert relu_stuck["plain.relu.no_sink_head"].outcome == UNDETERMINED
+    both = relu_stuck["plain.sink_head"]
+    assert both.outcome == UNDETERMINED and both.n == 20
+    assert "none of the 20 plain-target ReLU seeds" in both.needed_text
+    assert "20 of 20 seeds" in both.data  # the softmax arm's counts are kept
     lone = relu_stuck["plain.softmax.some_head_sinks"]
     assert lone.outcome == SUPPORTED and lone.standing == DISCRIMINATING and lone.counted
-    # the ReLU claim's control is the softmax seeds at the stop rule: none there, nothing to test
+    # no softmax seed at the stop rule: the contrast has no softmax arm either
     soft_stuck = by_key([{**r, "converged": False} if r["rule"] == "softmax" else
                          {**r, "sink_heads": []} for r in runs_of(10)])
-    relu = soft_stuck["plain.relu.no_sink_head"]
-    assert relu.outcome == SUPPORTED and relu.standing == CONTROL_UNDECIDED and not relu.counted
-    assert "none of the 20 plain-target softmax seeds" in relu.control_claim().data
+    both = soft_stuck["plain.sink_head"]
+    assert both.outcome == UNDETERMINED and not both.counted
+    assert "none of the 20 plain-target softmax seeds" in both.needed_text
 
 
 # ---------------------------------------------------------------------------- fragment

@@ -391,14 +391,16 @@ def test_theory_trains_its_own_runs_writes_its_report_and_resumes(tmp_path, caps
                 "worst.certified_above_attack", "necessity.every_checkpoint_allowed",
                 "necessity.family_tight", "heads.error_is_what_remains"):
         assert (claims[key]["kind"], claims[key]["outcome"]) == (CHECK, VERIFIED), key
-    # the primary claims are the declared ones, and every empirical claim has its control
+    # the primary claims are the declared ones, and every empirical claim has its control or
+    # is a contrast of two groups
     assert {k for k, c in claims.items() if c["primary"]} == set(th.PRIMARY)
-    assert all(c["control"] is not None for c in claims.values() if c["kind"] == EMPIRICAL)
-    # one seed per setting: the pooled denied-sink claim rests on the 3 settings' seeds, fewer
-    # than a decision needs, and says so
-    reach = claims["denied.softmax.reaches_stop"]
-    assert reach["outcome"] == UNDETERMINED and reach["n"] == 3 and len(reach["parts"]) == 3
-    assert "fewer than the 5" in reach["needed_text"]
+    assert all(c["control"] is not None or c.get("effect") is not None
+               for c in claims.values() if c["kind"] == EMPIRICAL)
+    # one seed per setting: the pooled denied-sink contrast rests on the 3 settings' seeds of
+    # each rule, fewer than a decision needs in each arm, and says so
+    reach = claims["denied.reaches_stop"]
+    assert reach["outcome"] == UNDETERMINED and reach["n"] == 2 * 3 and len(reach["parts"]) == 3
+    assert "denied softmax has 3 seeds, fewer than the 5" in reach["needed_text"]
     # the head claims' control, the untrained model of the same seed, was added by `complete`
     assert [e["seed"] for e in records["heads_untrained"]] == [0]
     assert claims["heads.mostly_constant"]["control"]["claim"]["n"] == 1
@@ -521,29 +523,44 @@ def test_theory_options_defaults_quick_and_their_runs():
 # --------------------------------------------------------------- claims on constructed records
 
 
-def _denied_records(seeds, soft_reach=0, relu_trigger=0.003, relu_others=1e-5,
-                    eps=(0.01, 0.1)):
+def _denied_records(seeds, soft_reach=0, relu_reach=None, relu_trigger=0.003,
+                    relu_others=1e-5, eps=(0.01, 0.1), soft_status="plateau",
+                    undenied=True, relu_sampled=None):
     """Denied-sink records: softmax seeds below ``soft_reach`` reach the stop rule, ReLU seeds
-    always do; the attacked worst cases of the ReLU runs are ``relu_others`` away from row 1 and
-    ``relu_trigger`` at trigger rows (the real ones push trigger rows above the stop rule)."""
+    below ``relu_reach`` (all by default); the others end with ``soft_status`` after 3,000
+    steps. The attacked worst cases of the ReLU runs are ``relu_others`` away from row 1 and
+    ``relu_trigger`` at trigger rows (the real ones push trigger rows above the stop rule), their
+    sampled test error ``relu_sampled`` (a fifth of the attacked one by default); the undenied
+    1x1 runs (``worst.finals``) reach the stop rule when ``undenied``."""
+    relu_reach = seeds if relu_reach is None else relu_reach
     rows, worst = [], []
     for rule in ("softmax", "relu"):
         for setting, e in theory.denied_settings(eps):
             for s in range(seeds):
-                reached = rule == "relu" or s < soft_reach
-                best = 0.004 if reached else max(e or 0.5, 0.01) * (1 + 0.01 * s)
-                rows.append({"rule": rule, "setting": setting, "eps": e, "seed": s,
-                             "converged": reached, "best_train_linf": best,
-                             "best_train_mse": best ** 2, "test_linf": best,
-                             "bos_mass_nontrigger": 0.0})
                 relu = rule == "relu"
+                reached = s < (relu_reach if relu else soft_reach)
+                best = 0.004 if reached else max(e or 0.5, 0.01) * (1 + 0.01 * s)
+                attacked = {"row1": 0.0 if relu else best,
+                            "others": relu_others * (1 + s / 10) if relu else best,
+                            "trigger": relu_trigger * (1 + s / 10) if relu else best}
+                top = max(attacked.values())
+                sampled = (top / 5 if relu_sampled is None else relu_sampled) if relu else best
+                rows.append({"rule": rule, "setting": setting, "eps": e, "seed": s,
+                             "converged": reached,
+                             "status": "converged" if reached else soft_status,
+                             "steps": 700 + s if reached else 3000,
+                             "best_train_linf": best, "best_train_mse": best ** 2,
+                             "test_linf": sampled, "bos_mass_nontrigger": 0.0})
                 worst.append({"rule": rule, "setting": setting, "eps": e, "seed": s,
-                              "row1": 0.0 if relu else best,
-                              "others": relu_others * (1 + s / 10) if relu else best,
-                              "trigger": relu_trigger * (1 + s / 10) if relu else best,
-                              "floor": 0.0})
-    return {"protocol": {"tol": 0.005, "denied_steps": 3000}, "denied": rows,
-            "denied_settings": thr.denied_settings(rows), "worst": {"denied": worst}}
+                              **attacked, "floor": 0.0})
+    finals = [{"rule": rule, "seed": s, "steps": 800 + s, "converged": undenied}
+              for rule in ("softmax", "relu") for s in range(seeds)]
+    protocol = {"tol": 0.005, "denied_steps": 3000, "lr": 1e-3, "beta1": 0.9, "beta2": 0.95,
+                "batch_size": 128, "patience": 2000, "eval_sequences": 1000}
+    return {"protocol": protocol, "denied": rows,
+            "denied_settings": thr.denied_settings(rows),
+            "worst": {"denied": worst, "finals": finals,
+                      "settings": {"attack_steps": 100, "denied_restarts": 4}}}
 
 
 def _denied_claims(records):
@@ -551,39 +568,72 @@ def _denied_claims(records):
                                *thc.denied_worst_claims(records)]}
 
 
-def test_denied_claims_pool_the_settings_with_the_other_rule_as_control():
+DENIED_CONTRASTS = ("denied.reaches_stop", "denied.worst_case", "denied.worst_beyond_row1")
+
+
+def test_denied_claims_are_contrasts_of_the_rules_pooled_over_the_settings():
     claims = _denied_claims(_denied_records(5))
-    assert set(claims) == {"denied.softmax.reaches_stop", "denied.relu.reaches_stop",
-                           "denied.softmax.worst_above_stop", "denied.softmax.beyond_row1"}
-    soft = claims["denied.softmax.reaches_stop"]
-    # one claim over the three settings' seeds, with each setting's count beside it
-    assert soft.rule == "rate_at_most" and soft.n == 15 and soft.outcome == SUPPORTED
-    assert [(p["setting"], p["k"], p["n"]) for p in soft.parts] == [
-        ("removed", 0, 5), ("capped-0.01", 0, 5), ("capped-0.1", 0, 5)]
-    # its control, the denied ReLU runs through the same test, comes out the other way
-    assert soft.standing == DISCRIMINATING and soft.control_claim().outcome == CONTRADICTED
-    assert soft.control_claim().n == 15 and soft.counted
-    relu = claims["denied.relu.reaches_stop"]
-    assert relu.rule == "rate_at_least" and relu.outcome == SUPPORTED and relu.counted
-    for key in ("denied.softmax.worst_above_stop", "denied.softmax.beyond_row1"):
-        assert claims[key].outcome == SUPPORTED and claims[key].standing == DISCRIMINATING
+    assert set(claims) == {*DENIED_CONTRASTS, "denied.softmax.worst_above_stop",
+                           "denied.softmax.beyond_row1_above_stop"}
+    reach = claims["denied.reaches_stop"]
+    # one contrast over the three settings' seeds of both rules, each setting's counts beside it
+    assert reach.rule == "rates_contrast" and reach.n == 2 * 15 and reach.outcome == SUPPORTED
+    assert [(p["setting"], p["k1"], p["n1"], p["k2"], p["n2"]) for p in reach.parts] == [
+        ("removed", 0, 5, 5, 5), ("capped-0.01", 0, 5, 5, 5), ("capped-0.1", 0, 5, 5, 5)]
+    assert reach.effect["groups"] == ["denied softmax", "denied ReLU"]
+    assert reach.estimate == -1.0 and reach.control is None
+    # the checks beside it: the budget, the undenied runs, and the shared protocol described
+    checks = {k.key: k for k in reach.check_claims()}
+    assert {k: c.outcome for k, c in checks.items()} == {
+        "denied.softmax.not_cut_short": VERIFIED, "denied.undenied_reach_stop": VERIFIED,
+        "denied.same_protocol": "described"}
+    assert "15 on the plateau rule" in checks["denied.same_protocol"].data
+    assert reach.counted
+    for key in DENIED_CONTRASTS[1:]:
+        claim = claims[key]
+        assert claim.rule == "locations_contrast" and claim.outcome == SUPPORTED
+        assert claim.n == 2 * 15 and claim.counted
+        assert {k.key for k in claim.check_claims()} == {"denied.softmax.not_cut_short",
+                                                         "denied.attack_beats_sampling"}
+    # each softmax arm beside the stop rule is described, with its bound and no verdict
+    arm = claims["denied.softmax.beyond_row1_above_stop"]
+    assert arm.kind == DESCRIPTIVE and "at least" in arm.sentence and arm.parts
 
 
-def test_denied_claims_can_fail_and_their_controls_can_pass():
-    # softmax runs that reach the stop rule with the sink denied contradict the prediction
-    reached = _denied_claims(_denied_records(5, soft_reach=5))
-    assert reached["denied.softmax.reaches_stop"].outcome == CONTRADICTED
-    assert reached["denied.relu.reaches_stop"].standing == NON_DISCRIMINATING
-    # the attack pushes the ReLU models' trigger rows above the stop rule too, as it does in the
-    # committed records: the worst case over every row type no longer tells the rules apart,
-    # while the rows away from row 1 still do
-    loud = _denied_claims(_denied_records(5, relu_trigger=0.05))
-    worst = loud["denied.softmax.worst_above_stop"]
-    assert worst.outcome == SUPPORTED and worst.standing == NON_DISCRIMINATING
-    assert not worst.counted
-    assert loud["denied.softmax.beyond_row1"].standing == DISCRIMINATING
-    both = _denied_claims(_denied_records(5, relu_others=0.05))
-    assert both["denied.softmax.beyond_row1"].standing == NON_DISCRIMINATING
+def test_denied_contrasts_are_contradicted_or_undetermined_without_the_effect():
+    # softmax runs reach the stop rule as often as ReLU runs: no difference to support
+    same = _denied_claims(_denied_records(5, soft_reach=5))["denied.reaches_stop"]
+    assert same.outcome == UNDETERMINED and same.estimate == 0.0
+    # softmax runs reach it, ReLU runs do not: the other way
+    other = _denied_claims(_denied_records(5, soft_reach=5, relu_reach=0))
+    assert other["denied.reaches_stop"].outcome == CONTRADICTED
+    # ReLU models whose worst case lies above softmax's, at every row type and away from row 1
+    loud = _denied_claims(_denied_records(5, relu_trigger=2.0, relu_others=1.0))
+    for key in DENIED_CONTRASTS[1:]:
+        assert loud[key].outcome in (CONTRADICTED, UNDETERMINED), key
+    assert loud["denied.worst_beyond_row1"].outcome == CONTRADICTED
+    # the attack pushes the ReLU models' trigger rows above the stop rule, as it does in the
+    # committed records: both worst cases miss the stop rule, and softmax's is still larger
+    above = _denied_claims(_denied_records(5, relu_trigger=0.006))["denied.worst_case"]
+    assert above.outcome == SUPPORTED and above.counted
+
+
+def test_denied_contrasts_are_not_counted_when_a_check_beside_them_fails():
+    def failed(claim):
+        return {k.key for k in claim.check_claims() if k.outcome == FAILED}
+
+    # softmax runs stopped by the step cap: their budget, not the sink, may have held them back
+    capped = _denied_claims(_denied_records(5, soft_status="max_steps"))
+    for key in DENIED_CONTRASTS:
+        assert capped[key].outcome == SUPPORTED and not capped[key].counted
+        assert failed(capped[key]) == {"denied.softmax.not_cut_short"}
+    # undenied runs that miss the stop rule too: the protocol fails without any denial
+    stuck = _denied_claims(_denied_records(5, undenied=False))["denied.reaches_stop"]
+    assert failed(stuck) == {"denied.undenied_reach_stop"} and not stuck.counted
+    # an attack weaker than random sampling on the ReLU models understates their worst case
+    weak = _denied_claims(_denied_records(5, relu_sampled=0.5))
+    assert failed(weak["denied.worst_case"]) == {"denied.attack_beats_sampling"}
+    assert not weak["denied.worst_beyond_row1"].counted and weak["denied.reaches_stop"].counted
 
 
 def _frontier_run(experiment, rule, seed, points):
@@ -597,37 +647,59 @@ def _point(linf, bos):
     return {"step": 0, "train_linf": linf, "bos_min": 0.0, "bos_max": bos}
 
 
-def _frontier(seeds, soft_bos=0.99, relu_bos=0.001, soft_bad=0):
+def _frontier(seeds, soft_bos=0.99, relu_bos=0.001, soft_bad=0, relu_early=0.95,
+              relu_low=0.004):
     """Frontier runs of three configurations: a high-error checkpoint and a low-error one with
     the given largest BOS mass; the first ``soft_bad`` softmax runs of each configuration have a
-    low-error checkpoint without a sink head."""
+    low-error checkpoint without a sink head. The ReLU runs' high-error checkpoint has largest
+    BOS weight ``relu_early``, their low-error one training-batch L∞ ``relu_low``."""
     runs = [_frontier_run(e, "softmax", s, [_point(0.5, 0.3), _point(0.004, soft_bos)]
                           + ([_point(0.003, 0.5)] if s < soft_bad else []))
             for e in ("1x1", "2x2", "4x4") for s in range(seeds)]
-    runs += [_frontier_run(e, "relu", s, [_point(0.5, 0.0), _point(0.004, relu_bos)])
+    runs += [_frontier_run(e, "relu", s, [_point(0.5, relu_early), _point(relu_low, relu_bos)])
              for e in ("1x1", "2x2", "4x4") for s in range(seeds)]
     return {c.key: c for c in thc.frontier_claims({"frontier_runs": runs})}
 
 
-def test_frontier_claims_pool_the_configurations_with_the_other_rule_as_control():
+def test_frontier_contrast_pools_the_configurations_with_its_checks():
     claims = _frontier(3)
-    sink = claims["frontier.softmax.low_error_needs_sink"]
-    assert sink.outcome == SUPPORTED and sink.n == 9 and "9 of 9 checkpoints" in sink.data
-    assert [p["n"] for p in sink.parts] == [3, 3, 3]
-    assert sink.standing == DISCRIMINATING and sink.control_claim().data.startswith("0 of 9")
-    assert claims["frontier.relu.low_error_without_sink"].standing == DISCRIMINATING
+    assert set(claims) == {"frontier.low_error_sink", "frontier.relu.low_error_without_sink"}
+    sink = claims["frontier.low_error_sink"]
+    assert sink.rule == "rates_contrast" and sink.outcome == SUPPORTED and sink.n == 2 * 9
+    assert "9 of 9 checkpoints do" in sink.data and "ReLU: 0 of 9" in sink.data
+    assert [(p["k1"], p["n1"], p["k2"], p["n2"]) for p in sink.parts] == [(3, 3, 0, 3)] * 3
+    assert {k.key: k.outcome for k in sink.check_claims()} == {
+        "frontier.same_errors": VERIFIED, "frontier.relu_reaches_threshold": VERIFIED}
+    assert sink.counted and sink.control is None
     # the theorem is attributed to the single-layer models only
     assert "outside its setting" in sink.sentence
+    # ReLU's own rate is described, with the bound it gives
+    arm = claims["frontier.relu.low_error_without_sink"]
+    assert arm.kind == DESCRIPTIVE and "9 of 9 runs, at least" in arm.sentence
 
 
-def test_frontier_claims_can_fail_and_their_controls_can_pass():
-    # half the softmax runs reach low error without a sink head: the rate is below r0
-    bad = _frontier(10, soft_bad=5)["frontier.softmax.low_error_needs_sink"]
-    assert bad.outcome == CONTRADICTED and bad.counterexamples == 15
-    # ReLU runs that sink at low error too: the sink claim no longer tells the rules apart
-    both = _frontier(3, relu_bos=0.99)
-    assert both["frontier.softmax.low_error_needs_sink"].standing == NON_DISCRIMINATING
-    assert both["frontier.relu.low_error_without_sink"].outcome == CONTRADICTED
+def test_frontier_contrast_fails_without_the_effect_or_for_another_reason():
+    # ReLU runs that sink at low error too: nothing tells the rules apart
+    both = _frontier(3, relu_bos=0.99)["frontier.low_error_sink"]
+    assert both.outcome == UNDETERMINED
+    # softmax runs without a sink head and ReLU runs with one: the other way
+    assert _frontier(3, soft_bos=0.5, relu_bos=0.99)["frontier.low_error_sink"].outcome == \
+        CONTRADICTED
+    # half the softmax runs reach low error without a sink head: still more than ReLU's none
+    assert _frontier(10, soft_bad=5)["frontier.low_error_sink"].outcome == SUPPORTED
+
+    def failed(claim):
+        return {k.key for k in claim.check_claims() if k.outcome == FAILED}
+
+    # ReLU heads that never put the threshold's weight on BOS, as in the committed records:
+    # their lack of a sink head may be their scale, so the contrast is not counted
+    small = _frontier(3, relu_early=0.01)["frontier.low_error_sink"]
+    assert small.outcome == SUPPORTED and not small.counted
+    assert failed(small) == {"frontier.relu_reaches_threshold"}
+    # ReLU's low-error checkpoints more than twice softmax's: the rules reached other errors
+    apart = _frontier(3, relu_low=0.0095)["frontier.low_error_sink"]
+    assert failed(apart) == {"frontier.same_errors"} and not apart.counted
+
 
 
 def _split(const, var):
@@ -755,7 +827,16 @@ def test_the_committed_report_decides_every_claim_with_its_kind_and_control():
     claims = th.STUDY.decide(tha.complete(result["records"], opts), opts)
     assert [c.to_dict()["key"] for c in claims] == [c["key"] for c in result["claims"]]
     assert {c.key for c in claims if c.primary} == set(th.PRIMARY)
-    assert all(c.control is not None for c in claims if c.kind == EMPIRICAL)
+    assert all(c.control is not None or c.is_contrast for c in claims if c.kind == EMPIRICAL)
+    # no claim's control is the other arm of its own comparison: softmax against ReLU is a
+    # contrast, with its checks beside it; a control is the same models before any update
+    assert all("before any update" in c.control["setting"] or "step 0" in c.control["setting"]
+               for c in claims if c.control is not None)
+    contrasts = [c for c in claims if c.is_contrast]
+    assert {c.key for c in contrasts} == {
+        "denied.reaches_stop", "denied.worst_case", "denied.worst_beyond_row1",
+        "frontier.low_error_sink", "plain.sink_head"}
+    assert all(any(k.kind == CHECK for k in c.check_claims()) for c in contrasts)
     assert not any(c.counted for c in claims if c.kind != EMPIRICAL)
     assert not any(" every seed" in c.sentence.lower() or "never" in c.sentence.lower()
                    for c in claims if c.kind == EMPIRICAL)

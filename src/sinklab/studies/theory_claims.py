@@ -1,5 +1,8 @@
-"""The theory study's claims: each a sentence, its data, its test and (empirical ones) its
-control, decided from the records (``theory_records``) together by ``STUDY.decide``.
+"""The theory study's claims: each a sentence, its data, its test and, for an empirical one,
+its control (the same models before any update) or, where it compares softmax with ReLU, one
+contrast of the two rules (``sinklab.contrasts``) with the checks that could set them apart for
+another reason beside it; decided from the records (``theory_records``) together by
+``STUDY.decide``.
 
 Kept apart from ``theory_analysis`` because the claims are a concern of their own, and the
 largest one: the constructions' and the certifier's checks, the worst-case and necessity
@@ -10,11 +13,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 from sinklab import claims as cl
-from sinklab import stats
+from sinklab import contrasts, stats
 from sinklab.claims import Claim
 from sinklab.definitions import SINK_HEAD_THRESHOLD
 from sinklab.stats import finite
@@ -24,6 +29,7 @@ from sinklab.studies.theory import (
     FACTOR,
     FAMILY_SLOPE,
     FAMILY_SLOPE_TOL,
+    FRONTIER_ERROR_FACTOR,
     FRONTIER_LOW,
     IDENTITY_REL,
     RELU_BOUND,
@@ -36,6 +42,8 @@ from sinklab.studies.theory_records import all_covered, by_config
 from sinklab.theory.bounds import SAMPLED, upper
 
 NAMES = {"softmax": "softmax", "relu": "ReLU"}  # the rules as the reports write them
+STOP_WORDS = {"converged": "at the stop rule", "plateau": "on the plateau rule",
+              "max_steps": "at the step cap", "diverged": "diverged"}  # how a run ended
 
 
 # ------------------------------------------------------------- constructions and heads
@@ -83,48 +91,89 @@ def family_claims(records: dict[str, Any]) -> list[Claim]:
     ]
 
 
+def _steps_words(steps: list[int]) -> str:
+    """'median 4,038 steps (2,471 to 7,811)': a list of step counts in words."""
+    if not steps:
+        return "no runs"
+    return (f"median {statistics.median(steps):,.0f} steps ({min(steps):,} to "
+            f"{max(steps):,})")
+
+
+def denied_checks(records: dict[str, Any]) -> list[Claim]:
+    """What could keep the denied softmax runs from the stop rule, or set them apart from the
+    denied ReLU runs, other than the denied sink: a budget cut short (a check), the protocol
+    failing without any denial (a check on the undenied 1x1 runs of both rules, ``frontier/``),
+    and the protocol the two rules shared (a description)."""
+    p = records["protocol"]
+    rows = records["denied"]
+    finals = records["worst"]["finals"]
+    reached = ([r["steps"] for r in rows if r["converged"]]
+               + [f["steps"] for f in finals if f["converged"]])
+    need = max(reached, default=0)
+    missed = [r for r in rows if r["rule"] == "softmax" and not r["converged"]]
+    short = [r for r in missed if r["status"] != "plateau" or r["steps"] < need]
+    budget = cl.check(
+        "denied.softmax.not_cut_short",
+        f"The denied softmax runs that missed the stop rule were not cut short: each ended on "
+        f"the plateau rule (no new best training-batch L∞ in {p['patience']:,} steps), not at "
+        f"the cap of {p['denied_steps']:,} steps or by diverging"
+        + (f", and ran at least the {need:,} steps that the slowest run to reach the stop rule "
+           "needed (denied ReLU, or undenied 1x1 of either rule)" if need else ""),
+        len(short), 0,
+        f"denied softmax runs that missed the stop rule and ended otherwise, or earlier (of "
+        f"{len(missed)} that missed it)")
+    share = {}
+    for rule in RULES:
+        sel = [f for f in finals if f["rule"] == rule]
+        share[rule] = (sum(not f["converged"] for f in sel), len(sel))
+    undenied = cl.check(
+        "denied.undenied_reach_stop",
+        f"Without the denial the protocol trains both rules: the undenied 1x1 runs of each "
+        f"rule (`frontier/`: the same learning rate {p['lr']:g}, optimiser, batch and stop "
+        f"rule, with the sink free) miss the stop rule at a share of at most "
+        f"{1 - stats.R0:.2g}",
+        max(m / n for m, n in share.values()) if all(n for _, n in share.values())
+        else math.nan,
+        1 - stats.R0,
+        "the larger share of undenied runs that missed the stop rule ("
+        + "; ".join(f"{NAMES[r]}: {m} of {n}" for r, (m, n) in share.items()) + ")")
+    ended = "; ".join(
+        f"{NAMES[rule]}: " + ", ".join(f"{n} {STOP_WORDS.get(s, s)}" for s, n in Counter(
+            r["status"] for r in rows if r["rule"] == rule).items())
+        + f", {_steps_words([r['steps'] for r in rows if r['rule'] == rule])}"
+        for rule in RULES)
+    protocol = cl.descriptive(
+        "denied.same_protocol",
+        f"Both rules' denied runs were trained by one protocol: Adam ({p['beta1']:g}, "
+        f"{p['beta2']:g}), learning rate {p['lr']:g}, batch {p['batch_size']}, the stop rule "
+        f"at training-batch L∞ below {p['tol']:g}, the plateau rule after "
+        f"{p['patience']:,} steps, a cap of {p['denied_steps']:,} steps; the same settings and "
+        "seeds",
+        f"how the runs ended: {ended}", n=len(rows))
+    return [budget, undenied, protocol]
+
+
 def denied_claims(records: dict[str, Any]) -> list[Claim]:
-    """The denied-sink runs, each claim pooled over the settings (one prediction): softmax
-    reaches the stop rule at a rate below 1 - r0 (control: the denied ReLU runs), ReLU at a
-    rate above r0 (control: the denied softmax runs), and the softmax worst case stays above
-    the stop rule (control: the denied ReLU runs, which it does not tell apart)."""
+    """The denied-sink runs, one contrast pooled over the settings (one prediction): softmax
+    runs with their sink denied reach the stop rule at a lower rate than ReLU runs denied the
+    same way, with the checks that could explain the gap otherwise (``denied_checks``)."""
     tol = records["protocol"]["tol"]
     steps = records["protocol"]["denied_steps"]
     settings = records["denied_settings"]
     n_settings = len({s["setting"] for s in settings})
-    parts = {rule: [(s["setting"], s["converged"], s["n"]) for s in settings
-                    if s["rule"] == rule] for rule in RULES}
-    stop = (f"(training-batch L∞ below {tol:g}, before the plateau rule or the cap of {steps:,} "
-            "steps ends the run)")
-    pooled = f"pooled over the {n_settings} denied-sink settings (BOS removed, or its share capped)"
-    out = []
-    for rule, other, build, r0 in (("softmax", "relu", cl.rate_at_most, 1 - stats.R0),
-                                   ("relu", "softmax", cl.rate_at_least, stats.R0)):
-        key = f"denied.{rule}.reaches_stop"
-        side = "below" if build is cl.rate_at_most else "above"
-        name = NAMES[rule]
-        sentence = (f"{name[:1].upper()}{name[1:]} 1x1 runs with their sink denied reach the "
-                    f"stop rule at a rate {side} {r0:.2g} {stop}; {pooled}")
-        claim, control = (build(k, sentence, None, None, "reached the stop rule",
-                                parts=parts[r])
-                          for k, r in ((key, rule), (f"{key}.control", other)))
-        out.append(cl.with_control(
-            claim, control, f"the denied {NAMES[other]} 1x1 runs (same settings, seeds "
-                            "and protocol)"))
-    worst = {rule: denied_parts(records["worst"]["denied"], rule,
-                                         lambda r: max(r["row1"], r["others"], r["trigger"]))
-             for rule in RULES}
-    if worst["softmax"]:
-        sentence = (f"Softmax 1x1 models with their sink denied: the worst-case L∞ error over "
-                    f"every input (attacked, a lower bound; every row type) stays above the stop "
-                    f"rule's {tol:g}: the median over seeds, {pooled}")
-        what = ("attacked worst-case error over every row type (row 1, the other non-trigger rows "
-                "and the trigger rows), per seed")
-        claim, control = (cl.median_at_least(k, sentence, None, tol, what=what, parts=worst[r])
-                          for k, r in (("denied.softmax.worst_above_stop", "softmax"),
-                                       ("denied.softmax.worst_above_stop.control", "relu")))
-        out.append(cl.with_control(claim, control, DENIED_CONTROL))
-    return out
+    count = {(s["rule"], s["setting"]): (s["converged"], s["n"]) for s in settings}
+    parts = [(setting, *count[("softmax", setting)], *count[("relu", setting)])
+             for setting in dict.fromkeys(s["setting"] for s in settings)]
+    sentence = (f"With their sink denied, softmax 1x1 runs reach the stop rule (training-batch "
+                f"L∞ below {tol:g}, before the plateau rule or the cap of {steps:,} steps ends "
+                f"the run) at a lower rate than ReLU 1x1 runs denied the same way, which need "
+                f"no sink; pooled over the {n_settings} denied-sink settings (BOS removed, or "
+                "its share capped)")
+    return [contrasts.rates_contrast(
+        "denied.reaches_stop", sentence, None, None, None, None, "reached the stop rule",
+        groups=("denied softmax", "denied ReLU"), greater=False,
+        checks=denied_checks(records), parts=parts)]
+
 
 def _frontier_parts(records: dict[str, Any], rule: str, sinks: bool
                     ) -> tuple[list[tuple[str, int, int]], int, int]:
@@ -144,41 +193,89 @@ def _frontier_parts(records: dict[str, Any], rule: str, sinks: bool
     return parts, (hits if sinks else n_low - hits), n_low
 
 
+def reach_check(key: str, weights: list[float], where: str) -> Claim:
+    """A check beside a softmax-against-ReLU sink contrast: the sink threshold is within the
+    ReLU heads' reach. ReLU rows need not sum to 1, so a ReLU head's BOS mass is its raw
+    weight; when no ReLU head ever puts that much on BOS, "ReLU has no sink head" may be its
+    weights' scale rather than its need, and the contrast is not counted. The records hold no
+    row totals, from which BOS's share of a non-empty ReLU row could be taken instead."""
+    thr = SINK_HEAD_THRESHOLD
+    top = max(finite(weights), default=math.nan)
+    return cl.check(
+        key,
+        f"The sink threshold is within the ReLU heads' reach ({where}): some ReLU head puts a "
+        f"raw weight of at least {thr:g} on BOS (ReLU rows need not sum to 1, and the records "
+        f"hold no row totals from which BOS's share of a non-empty row could be taken)",
+        thr - top, 0.0,
+        f"{thr:g} minus the largest non-trigger BOS weight of any ReLU head ({top:.3g})")
+
+
+def _or_none(value: float) -> str:
+    return "none" if math.isnan(value) else f"{value:.3g}"
+
+
+def _low_points(records: dict[str, Any], experiment: str, rule: str) -> list[float]:
+    """Training-batch L∞ of every checkpoint of ``rule``'s runs of ``experiment`` below
+    FRONTIER_LOW."""
+    return [p["train_linf"] for r in records["frontier_runs"]
+            if r["experiment"] == experiment and r["rule"] == rule
+            for p in r["points"] if p["train_linf"] < FRONTIER_LOW]
+
+
 def frontier_claims(records: dict[str, Any]) -> list[Claim]:
-    """The error-BOS frontier of the reproduction's runs, pooled over the configurations: at
-    low error softmax runs have a sink head at every checkpoint (control: the ReLU runs through
-    the same test), ReLU runs at none (control: the softmax runs)."""
+    """The error-BOS frontier of the reproduction's runs, one contrast pooled over the
+    configurations: at low error softmax runs have a sink head at every checkpoint at a higher
+    rate than ReLU runs, beside checks that the two rules reached the same errors and that the
+    threshold is within ReLU's reach; how often ReLU runs have no such head at any low-error
+    checkpoint is described."""
     thr, low = SINK_HEAD_THRESHOLD, FRONTIER_LOW
-    configs = ", ".join(dict.fromkeys(r["experiment"] for r in records["frontier_runs"]))
+    experiments = list(dict.fromkeys(r["experiment"] for r in records["frontier_runs"]))
+    configs = ", ".join(experiments)
     where = ("the theorem predicts this for the single-layer models, which have no residual "
              "stream; the residual multi-layer stacks are outside its setting, and for them it is "
              "the paper's observation")
-    out = []
-    for rule, other, sinks in (("softmax", "relu", True), ("relu", "softmax", False)):
-        key = ("frontier.softmax.low_error_needs_sink" if sinks else
-               "frontier.relu.low_error_without_sink")
-        if sinks:
-            sentence = (f"Softmax runs of the reproduction ({configs}) have a head at non-trigger "
-                        f"BOS mass >= {thr:g} at each of their checkpoints with training-batch "
-                        f"L∞ below {low:g}, at a rate above {stats.R0:g}; pooled over the "
-                        f"configurations; {where}")
-            have = f"have such a head at each checkpoint below L∞ {low:g}"
-        else:
-            sentence = (f"ReLU needs no sink: ReLU runs of the reproduction ({configs}) have all "
-                        f"heads at non-trigger BOS mass below {thr:g} at each of their "
-                        f"checkpoints with training-batch L∞ below {low:g}, at a rate above "
-                        f"{stats.R0:g}; pooled over the configurations")
-            have = f"have no such head at any checkpoint below L∞ {low:g}"
-        pair = []
-        for k, r in ((key, rule), (f"{key}.control", other)):
-            parts, hits, n_low = _frontier_parts(records, r, sinks)
-            pair.append(cl.rate_at_least(
-                k, sentence, None, None,
-                f"(of the {NAMES[r]} runs with a checkpoint there) {have} ({hits} of "
-                f"{n_low} checkpoints do)", parts=parts))
-        out.append(cl.with_control(pair[0], pair[1], f"the {NAMES[other]} runs of "
-                                                      "the same configurations and seeds"))
-    return out
+    soft, soft_hits, soft_low = _frontier_parts(records, "softmax", True)
+    relu, relu_hits, relu_low = _frontier_parts(records, "relu", True)
+    ratios = []
+    for e in experiments:
+        a, b = (_low_points(records, e, rule) for rule in RULES)
+        ma, mb = (statistics.median(v) if v else math.nan for v in (a, b))
+        ratios.append((e, ma, mb, max(ma, mb) / min(ma, mb) if a and b and min(ma, mb) > 0
+                       else math.inf))
+    comparable = cl.check(
+        "frontier.same_errors",
+        f"Both rules' runs reached the same low errors: in each configuration the median "
+        f"training-batch L∞ of the checkpoints below {low:g} is within a factor "
+        f"{FRONTIER_ERROR_FACTOR:g} between softmax and ReLU",
+        max((r for *_, r in ratios), default=math.nan), FRONTIER_ERROR_FACTOR,
+        "largest ratio of the two rules' medians over the configurations ("
+        + "; ".join(f"{e}: softmax {_or_none(a)}, ReLU {_or_none(b)}" for e, a, b, _ in ratios)
+        + ")")
+    reach = reach_check("frontier.relu_reaches_threshold",
+                        [p["bos_max"] for r in records["frontier_runs"] if r["rule"] == "relu"
+                         for p in r["points"]], "at any checkpoint of the ReLU runs")
+    sentence = (f"Runs of the reproduction ({configs}) with a checkpoint at training-batch L∞ "
+                f"below {low:g} have a head at non-trigger BOS mass >= {thr:g} at each such "
+                f"checkpoint at a higher rate with softmax than with ReLU; pooled over the "
+                f"configurations; {where}")
+    contrast = contrasts.rates_contrast(
+        "frontier.low_error_sink", sentence, None, None, None, None,
+        f"(of the runs with a checkpoint there) have such a head at each checkpoint below L∞ "
+        f"{low:g} (softmax: {soft_hits} of {soft_low} checkpoints do; ReLU: {relu_hits} of "
+        f"{relu_low})",
+        groups=("softmax", "ReLU"), greater=True, checks=[comparable, reach],
+        parts=[(e, k1, n1, k2, n2) for (e, k1, n1), (_, k2, n2) in zip(soft, relu)])
+    parts, hits, n_low = _frontier_parts(records, "relu", False)
+    none = cl.rate_at_least(
+        "frontier.relu.low_error_without_sink", "", None, None,
+        f"(of the ReLU runs with a checkpoint there) have no such head at any checkpoint below "
+        f"L∞ {low:g} ({hits} of {n_low} checkpoints do)", parts=parts)
+    k, n = sum(p[1] for p in parts), sum(p[2] for p in parts)
+    return [contrast, cl.as_descriptive(none, (
+        f"ReLU runs of the reproduction ({configs}) with a checkpoint below L∞ {low:g} have "
+        f"all heads at non-trigger BOS mass below {thr:g} at each such checkpoint: {k} of {n} "
+        f"runs, {cl.bound_words(k, n)}; pooled over the configurations (descriptive: the "
+        "contrast with softmax above is the claim)"))]
 
 
 def head_claims(records: dict[str, Any]) -> list[Claim]:
@@ -224,8 +321,9 @@ def head_claims(records: dict[str, Any]) -> list[Claim]:
     return out
 
 def claims(records: dict[str, Any], opts: TheoryOptions) -> list[Claim]:
-    """The theory's claims, each with its kind, test and (empirical ones) control; decided
-    together by ``STUDY.decide``, the ``PRIMARY`` ones corrected by Holm."""
+    """The theory's claims, each with its kind, test and (empirical ones) control or, for a
+    contrast of the rules, its checks; decided together by ``STUDY.decide``, the ``PRIMARY``
+    ones corrected by Holm."""
     return [*relu_claims(records), *family_claims(records), *worst_claims(records),
             *necessity_claims(records), *denied_claims(records),
             *denied_worst_claims(records),
@@ -248,18 +346,21 @@ def ratio_certified_attacked(final: dict[str, Any]) -> float:
     return cert / att if att > 0 else (1.0 if cert <= 0 else math.inf)
 
 
-def no_premise(claim: Claim, why: str, cap: int | None) -> Claim:
+def no_premise(claim: Claim, why: str, cap: int | None, contrast: bool = False) -> Claim:
     """A rate claim over the seeds that reached the stop rule, when none did: there is nothing
     to test, and the claim says so, with what would decide it (instead of a count of zero seeds
-    and a sample size worked out from it). ``cap`` is the largest step count of those runs."""
+    and a sample size worked out from it). ``cap`` is the largest step count of those runs. A
+    ``contrast`` with an arm that has no such seed keeps its data (the other arm's counts)."""
     cap_words = (f"these runs all stopped by step {cap:,}: a longer budget" if cap else
                  "a longer budget")
+    need = (f"at least {stats.MIN_N} in each arm for any decision" if contrast else
+            f"at least {stats.MIN_N} for any decision, and {stats.seeds_all_agreeing(1)} all "
+            f"agreeing before even an uncorrected test could support it")
     reason = (f"{why}, so the claim has nothing to test; it needs seeds that reach the stop rule "
-              f"({cap_words}, or another protocol): at least {stats.MIN_N} for any decision, and "
-              f"{stats.seeds_all_agreeing(1)} all agreeing before even an uncorrected test could "
-              f"support it")
+              f"({cap_words}, or another protocol): {need}")
     return dataclasses.replace(claim, reason=reason, basis=None, needed=None,
-                               needed_against=None, data=why, needed_text=f"{reason}.")
+                               needed_against=None, data=claim.data if contrast else why,
+                               needed_text=f"{reason}.")
 
 
 def worst_claims(records: dict[str, Any]) -> list[Claim]:
@@ -355,9 +456,6 @@ def necessity_claims(records: dict[str, Any]) -> list[Claim]:
     return out
 
 
-DENIED_CONTROL = "the denied ReLU 1x1 runs (same settings, seeds, protocol and attack)"
-
-
 def denied_parts(rows: list[dict[str, Any]], rule: str, value: Callable[[dict[str, Any]], float]
                  ) -> list[tuple[str, list[float]]]:
     """Per denied-sink setting (in order), the value of each of ``rule``'s rows."""
@@ -365,26 +463,70 @@ def denied_parts(rows: list[dict[str, Any]], rule: str, value: Callable[[dict[st
             for setting in dict.fromkeys(r["setting"] for r in rows)]
 
 
+def attack_check(records: dict[str, Any]) -> Claim:
+    """A check beside the denied worst-case contrasts: the attack, the same for both rules, is
+    at least as strong as random sampling on every run of each (a weak attack on one rule
+    would understate its worst case and make the rules differ for that reason)."""
+    s = records["worst"]["settings"]
+    worst = {(r["rule"], r["setting"], r["seed"]): max(r["row1"], r["others"], r["trigger"])
+             for r in records["worst"]["denied"]}
+    ratios: dict[str, list[float]] = {rule: [] for rule in RULES}
+    for r in records["denied"]:
+        attacked = worst.get((r["rule"], r["setting"], r["seed"]), math.nan)
+        ratios[r["rule"]].append(r["test_linf"] / attacked if attacked > 0 else
+                                 1.0 if r["test_linf"] == 0 else math.inf)
+    top = {rule: max(v, default=math.nan) for rule, v in ratios.items()}
+    value = math.nan if any(math.isnan(v) for v in top.values()) else max(top.values())
+    return cl.check(
+        "denied.attack_beats_sampling",
+        f"The attack ({s['attack_steps']} steps, {s['denied_restarts']} random starts per "
+        f"trigger position and row, the same for both rules) is at least as strong as random "
+        f"sampling on every denied run of each rule: its worst case over every input is at "
+        f"least the largest error on the {records['protocol']['eval_sequences']:,} test "
+        f"sequences (to {IDENTITY_REL:g}, the float32 tolerance)",
+        value, 1 + IDENTITY_REL,
+        "largest test L∞ over attacked worst-case L∞ over the runs ("
+        + "; ".join(f"{NAMES[r]}: up to {v:.3g}" for r, v in top.items()) + ")")
+
+
 def denied_worst_claims(records: dict[str, Any]) -> list[Claim]:
-    """Away from row 1, whose error the cap forces by arithmetic, the denied softmax models'
-    worst-case non-trigger error stays above the stop rule; pooled over the settings, with the
-    denied ReLU models (whose non-trigger rows can be zero) through the same test."""
+    """The denied models' worst case over every input (attacked, a lower bound), softmax against
+    ReLU: over every row type, and away from row 1, whose error a cap forces by arithmetic; one
+    contrast each, over the seeds of every setting, with the checks beside it. The softmax
+    arm's median against the stop rule is described beside each."""
     tol = records["protocol"]["tol"]
     rows = records["worst"]["denied"]
     if not any(r["rule"] == "softmax" for r in rows):
         return []
-    parts = {rule: denied_parts(rows, rule, lambda r: r["others"]) for rule in RULES}
-    n_settings = len(parts["softmax"])
-    sentence = (f"Softmax 1x1 models with their sink denied: away from row 1 too (the other "
-                f"non-trigger rows, which the arithmetic of row 1 does not reach), the worst-case "
-                f"error over every input (attacked, a lower bound) stays above the stop rule's "
-                f"{tol:g}: the median over seeds, pooled over the {n_settings} denied-sink "
-                f"settings")
-    what = "attacked worst-case error at the non-trigger rows other than row 1, per seed"
-    claim, control = (cl.median_at_least(key, sentence, None, tol, what=what, parts=parts[rule])
-                      for key, rule in (("denied.softmax.beyond_row1", "softmax"),
-                                        ("denied.softmax.beyond_row1.control", "relu")))
-    return [cl.with_control(claim, control, DENIED_CONTROL)]
+    n_settings = len(dict.fromkeys(r["setting"] for r in rows))
+    checks = [*denied_checks(records)[:1], attack_check(records)]
+    pooled = (f"over the seeds of the {n_settings} denied-sink settings, the same settings and "
+              "seeds in both groups (the rank test pools them without strata)")
+    out = []
+    for key, arm, where, value in (
+            ("denied.worst_case", "denied.softmax.worst_above_stop",
+             "over every row type (row 1, the other non-trigger rows and the trigger rows)",
+             lambda r: max(r["row1"], r["others"], r["trigger"])),
+            ("denied.worst_beyond_row1", "denied.softmax.beyond_row1_above_stop",
+             "at the non-trigger rows other than row 1 (those the arithmetic of row 1 does not "
+             "reach)", lambda r: r["others"])):
+        what = f"attacked worst-case error {where}, per seed"
+        values = {rule: [value(r) for r in rows if r["rule"] == rule] for rule in RULES}
+        out.append(contrasts.locations_contrast(
+            key, f"With their sink denied, softmax 1x1 models have a larger worst-case error "
+                 f"{where} than ReLU 1x1 models denied the same way (the worst case over every "
+                 f"input, attacked: a lower bound); {pooled}",
+            values["softmax"], values["relu"], what,
+            groups=("denied softmax", "denied ReLU"), greater=True, checks=checks))
+        level = cl.median_at_least(arm, "", None, tol, what=what,
+                                   parts=denied_parts(rows, "softmax", value))
+        bound = (f", at least {level.interval[0]:.3g} (one-sided {stats.CONFIDENCE})"
+                 if level.interval is not None else "")
+        out.append(cl.as_descriptive(level, (
+            f"The denied softmax models' worst-case error {where}, beside the stop rule's "
+            f"{tol:g}: median over seeds {level.estimate:.3g}{bound}; pooled over the "
+            "settings (descriptive: the contrast with ReLU above is the claim)")))
+    return out
 
 
 # ------------------------------------------------------------------------ plain stacks
@@ -395,10 +537,11 @@ def plain_claims(records: list[dict[str, Any]]) -> list[Claim]:
     reached the stop rule, pooled over the stack shapes (one prediction; the per-shape counts
     and a heterogeneity test are in each claim). Softmax: such seeds have a sink head, and a
     sinking head at every non-trigger position, at a rate above r0; the control is the same
-    seeds' stacks before any update (``untrained``), through the same test. ReLU: such seeds
-    have a sink head at a rate below 1 - r0 (control: the softmax seeds at the stop rule). With
-    no seed at the stop rule a claim (or its control) has nothing to test, and says so; how
-    often the seeds that did not get there sink is a table (``plain_groups``), not a claim."""
+    seeds' stacks before any update (``untrained``), through the same test. Softmax against
+    ReLU: such seeds have a sink head at a higher rate with softmax (a contrast, beside a check
+    that the threshold is within ReLU's reach). With no seed at the stop rule a claim (or its
+    control, or an arm of the contrast) has nothing to test, and says so; how often the seeds
+    that did not get there sink is a table (``plain_groups``), not a claim."""
     thr = SINK_HEAD_THRESHOLD
     configs = by_config(records)
     if not configs:
@@ -418,44 +561,61 @@ def plain_claims(records: list[dict[str, Any]]) -> list[Claim]:
                 found.append((e, sum(test(x) for x in conv), len(conv)))
         return found
 
-    def build(key: str, sentence: str, rule: str, control: str, above: bool,
-              test: Callable[[dict[str, Any]], bool], what: str) -> Claim:
-        rate = cl.rate_at_least if above else cl.rate_at_most
+    def none_there(rule: str) -> str:
+        runs = [(e, len(sel)) for e, rr, sel in configs if rr == rule]
+        return (f"none of the {sum(n for _, n in runs)} plain-target {NAMES[rule]} seeds "
+                f"({', '.join(f'{e}: {n}' for e, n in runs)}) reached the stop rule within the "
+                "step cap, so none of its models reached it" if runs else
+                f"no plain-target {NAMES[rule]} stack was trained")
+
+    def build(key: str, sentence: str, test: Callable[[dict[str, Any]], bool],
+              what: str) -> Claim:
         pair = []
-        untrained = control == "untrained"
-        for k, r, before in ((key, rule, False),
-                             (f"{key}.control", rule if untrained else control, untrained)):
-            c = rate(k, sentence, None, None,
-                     f"{'before any update' if before else 'at the stop rule'} {what}",
-                     parts=parts(r, test, before))
-            if c.n == 0:
-                runs = [(e, len(sel)) for e, rr, sel in configs if rr == r]
-                why = (f"none of the {sum(n for _, n in runs)} plain-target {NAMES[r]} seeds "
-                       f"({', '.join(f'{e}: {n}' for e, n in runs)}) reached the stop rule "
-                       "within the step cap, so none of its models reached it" if runs else
-                       f"no plain-target {NAMES[r]} stack was trained")
-                c = no_premise(c, why, cap)
-            pair.append(c)
-        where = (f"the same seeds' softmax stacks ({shapes}) before any update, at their "
-                 "initial weights" if untrained else
-                 f"the plain-target {NAMES[control]} seeds ({shapes}) that reached the stop rule")
-        return cl.with_control(pair[0], pair[1], where)
+        for k, before in ((key, False), (f"{key}.control", True)):
+            c = cl.rate_at_least(k, sentence, None, None,
+                                 f"{'before any update' if before else 'at the stop rule'} "
+                                 f"{what}", parts=parts("softmax", test, before))
+            pair.append(no_premise(c, none_there("softmax"), cap) if c.n == 0 else c)
+        return cl.with_control(pair[0], pair[1], f"the same seeds' softmax stacks ({shapes}) "
+                                                  "before any update, at their initial weights")
 
     setting = (f"Plain-target softmax stacks ({shapes}: no residual stream, the theorem's own "
                "multi-layer setting) that reached the stop rule")
     sink = f"have a head at non-trigger BOS mass >= {thr:g}"
+    arms = {rule: {e: (k, n) for e, k, n in parts(rule, has_sink, False)} for rule in RULES}
+    shape_list = list(dict.fromkeys(e for e, _, _ in configs))
+    trained = {(e, r): len(sel) for e, r, sel in configs}
+    at_stop = "; ".join(f"{NAMES[rule]}: " + ", ".join(
+        f"{e} {arms[rule][e][1]} of {trained[(e, rule)]}" for e in shape_list
+        if e in arms[rule]) for rule in RULES)
+    contrast = contrasts.rates_contrast(
+        "plain.sink_head",
+        f"Plain-target stacks ({shapes}) that reached the stop rule have a sink head at a "
+        f"higher rate with softmax than with ReLU: ReLU needs none without a residual stream "
+        "either; pooled over the shapes", None, None, None, None, f"at the stop rule {sink}",
+        groups=("plain softmax", "plain ReLU"), greater=True,
+        checks=[reach_check("plain.relu_reaches_threshold",
+                            [w for _, r, sel in configs if r == "relu" for x in sel
+                             for layer in x["head_bos"] for w in layer],
+                            "at any head of the plain ReLU stacks"),
+                cl.descriptive("plain.seeds_at_stop",
+                               "The seeds each arm rests on: those that reached the stop rule, "
+                               "each rule trained by the protocol the same search chose for it "
+                               "(section 7)", f"seeds at the stop rule: {at_stop}",
+                               n=sum(len(sel) for _, _, sel in configs))],
+        parts=[(e, *arms["softmax"].get(e, (0, 0)), *arms["relu"].get(e, (0, 0)))
+               for e in shape_list])
+    empty = [rule for rule in RULES if not sum(n for _, n in arms[rule].values())]
+    if empty:
+        why = "; ".join(none_there(rule) for rule in empty)
+        contrast = no_premise(contrast, why, cap, contrast=True)
     return [
         build("plain.softmax.some_head_sinks",
               f"{setting} have some head that sinks (the theorem's existential claim), at a rate "
-              f"above {stats.R0:g}; pooled over the shapes", "softmax", "untrained", True,
-              has_sink, sink),
+              f"above {stats.R0:g}; pooled over the shapes", has_sink, sink),
         build("plain.softmax.every_position_covered",
               f"{setting} have, at every non-trigger query position, a head somewhere in the "
               f"stack with BOS mass >= {thr:g} there, at a rate above {stats.R0:g}; pooled over "
-              "the shapes", "softmax", "untrained", True, all_covered,
-              "have such a head at every non-trigger position"),
-        build("plain.relu.no_sink_head",
-              f"Plain-target ReLU stacks ({shapes}) that reached the stop rule have a sink head "
-              f"at a rate below {1 - stats.R0:.2g}: ReLU needs none without a residual stream "
-              "either; pooled over the shapes", "relu", "softmax", False, has_sink, sink),
+              "the shapes", all_covered, "have such a head at every non-trigger position"),
+        contrast,
     ]
