@@ -411,9 +411,10 @@ def test_zoo_end_to_end_searches_trains_fresh_and_denied_seeds_and_resumes(
     claims = {c["key"]: c for c in result["claims"]}
     assert claims["1x1.relu_len.reached_stop_rule"]["kind"] == "descriptive"
     assert claims["1x1.softmax.removed.reached_stop_rule"]["kind"] == "descriptive"
-    assert claims["relu_len.no_bos_sink"]["kind"] == "descriptive"  # free rows: described
+    assert claims["relu_len.bos_sink"]["kind"] == "descriptive"  # free rows: described
     assert {c["key"] for c in result["claims"] if c["primary"]} == set(zoo.PRIMARY)
-    assert claims["relu.no_bos_sink"]["n"] == 0  # the paper's ReLU was not trained
+    sink = claims[zoo.SINK_CONTRAST]  # the paper's ReLU was not trained: undetermined, and why
+    assert sink["outcome"] == "undetermined" and "relu was not trained" in sink["reason"]
     assert claims["1x1.relu_len.capacity_floor"]["outcome"] == "verified"
     # one softmax layer with BOS removed is forced to err: a check, out of the primary claim
     assert claims["1x1.softmax.removed.denied_floor"]["outcome"] == "verified"
@@ -516,6 +517,7 @@ def _entry(config, rule, sinks, n=9, converged=None, capacity=None, capacity_mse
     forced = arguments.no_other_zero(rule)
     removed = (0 if forced else n) if removed is None else removed
     return {"config": config, "rule": rule, "row_kind": rule_info(rule).row_kind, "lr": 1e-3,
+            "at_ladder_end": False,
             "n": n, "converged": converged, "n_solved": converged, "bos_sinks": sinks,
             "ends": {"converged": converged, "plateau": n - converged},
             "solves": 2 * converged >= n, "no_other_zero": forced,
@@ -529,13 +531,30 @@ def _entry(config, rule, sinks, n=9, converged=None, capacity=None, capacity_mse
                                    "ends": {"converged": removed, "plateau": n - removed}}}}
 
 
+def _runs(e):
+    """Runs of ``zoo_analysis``'s shape with only what the claims read, agreeing with entry
+    ``e``: its first ``converged`` seeds reach the stop rule and the first ``bos_sinks`` of them
+    sink; the others' rows are empty when the rule's rows may be all zero, else on content."""
+    runs = []
+    for i in range(e["n"]):
+        empty = rule_info(e["rule"]).zero_row and i >= e["bos_sinks"]
+        share = 0.99 if i < e["bos_sinks"] else None if empty else 0.3
+        runs.append({"config": e["config"], "rule": e["rule"], "seed": i,
+                     "converged": i < e["converged"], "test_linf": 2e-3,
+                     "bos_share_max_on": share, "row_sum_nontrigger": [[1e-5 if empty else 1.0]],
+                     "bos_share_nontrigger": [[0.5 if share is None else share]]})
+    return runs
+
+
 RULE_SET = ("clipped_softmax", "gated", "relu", "relu_len", "softmax", "softpick", "uniform")
 
 
-def _records(sinks, uniform_sinks=0, capacity_mse=0.015, removed=None):
+def _records(sinks, uniform_sinks=0, capacity_mse=0.015, removed=None, converged=None):
     """Records of a zoo with the rules of ``RULE_SET``, 9 seeds each per configuration;
     ``sinks`` maps a rule to the seeds sinking on BOS in each configuration, ``removed`` to the
-    seeds that reach the stop rule with BOS removed (default: as the rule's class predicts)."""
+    seeds that reach the stop rule with BOS removed (default: as the rule's class predicts),
+    ``converged`` to the seeds that reach it with BOS visible (default: all 9, none for the
+    rules that cannot express the task)."""
     bounds = arguments.capacity_bounds(zoo.run_config("1x1", "softmax", 1e-3, 0, False, "auto"))
     entries = []
     for config in zoo.CONFIGS:
@@ -544,54 +563,67 @@ def _records(sinks, uniform_sinks=0, capacity_mse=0.015, removed=None):
             cannot = capacity or rule == "uniform"
             entries.append(_entry(config, rule, uniform_sinks if rule == "uniform"
                                   else sinks.get(rule, 0), capacity=capacity,
-                                  converged=0 if cannot else None,
+                                  converged=0 if cannot else (converged or {}).get(rule),
                                   capacity_mse=[capacity_mse] * 9 if capacity else None,
                                   removed=(removed or {}).get(rule)))
-    return {"entries": entries, "capacity": bounds, "screen": []}
+    runs = [r for e in entries for r in _runs(e)]
+    return {"entries": entries, "runs": runs, "capacity": bounds, "screen": []}
 
 
-def _decide(records):
-    opts = zoo.ZooOptions(seeds=9, rules=RULE_SET)
+def _decide(records, rules=RULE_SET):
+    opts = zoo.ZooOptions(seeds=9, rules=rules)
     return {c.key: c for c in zoo.STUDY.decide(zoo.STUDY.complete(records, opts), opts)}
 
 
-def test_the_zoo_claims_have_kinds_controls_and_four_pooled_primaries():
+def test_the_zoo_claims_are_contrasts_with_checks_and_two_pooled_primaries():
     claims = _decide(_records({"softmax": 9, "gated": 9, "clipped_softmax": 9}))
-    assert zoo.STUDY.primary == ("softmax.bos_sink", "relu.no_bos_sink",
-                                 "denied.no_other_zero.fails", "denied.other_zero.reaches")
+    assert zoo.STUDY.primary == ("softmax.bos_sink_vs_relu", "denied.other_zero_vs_none")
     for key in zoo.STUDY.primary:
         c = claims[key]
         assert c.primary and c.correction == "holm" and c.outcome == "supported" and c.counted
-        assert c.n >= stats.seeds_all_agreeing(len(zoo.STUDY.primary))
-        assert c.control_claim().outcome == "contradicted"
-    for key in ("softmax.bos_sink", "relu.no_bos_sink"):
-        c = claims[key]
-        assert c.n == 18 and [p["setting"] for p in c.parts] == ["1x1", "2x2"]
-    assert claims["softmax.bos_sink"].control["setting"].startswith("relu")
-    assert claims["relu.no_bos_sink"].control["setting"].startswith("softmax")
-    # the denied claims pool the rules that solve the task with BOS, by class
-    forced = claims["denied.no_other_zero.fails"]  # one layer with BOS removed is a check
-    assert [p["setting"] for p in forced.parts] == ["2x2 clipped_softmax removed",
-                                                    "2x2 softmax removed"]
-    free = claims["denied.other_zero.reaches"]
-    assert {p["setting"] for p in free.parts} == {
-        f"{c} {r} removed" for c in ("1x1", "2x2") for r in ("gated", "relu", "softpick")} | {
-        "2x2 relu_len removed"}  # 1x1 relu_len and uniform do not solve the task with BOS
+        assert c.is_contrast and c.control is None
+        checks = c.check_claims()
+        assert {k.key.rsplit(".", 1)[1] for k in checks if k.kind == "check"} == {
+            "reached", "errors", "search"}
+        assert all(k.outcome == "verified" for k in checks if k.kind == "check")
+    sink = claims["softmax.bos_sink_vs_relu"]
+    assert sink.effect["groups"] == ["softmax", "relu"] and sink.estimate == 1.0
+    assert [(p["setting"], p["k1"], p["n1"], p["k2"], p["n2"]) for p in sink.parts] == [
+        ("1x1", 9, 9, 0, 9), ("2x2", 9, 9, 0, 9)]
+    scale = next(k for k in sink.check_claims() if k.key.endswith(".scale"))
+    assert scale.kind == "descriptive" and "relu: 0 of 18 seeds" in scale.data
+    assert "ReLU's non-trigger rows are empty" in sink.sentence  # why ReLU carries no sink
+    # the denied contrast pools the rules that solve the task with BOS, by class, per setting
+    denied = claims["denied.other_zero_vs_none"]
+    assert [(p["setting"], p["k1"], p["n1"], p["k2"], p["n2"]) for p in denied.parts] == [
+        ("2x2 removed", 36, 36, 0, 18)]  # where both classes have seeds
+    # 1x1 relu_len and uniform do not solve the task with BOS; 1x1 softmax and clipped softmax
+    # with BOS removed are forced to fail by a proof: a check, out of the contrast
+    assert [p["setting"] for p in claims["denied.no_other_zero.reached"].parts] == [
+        "2x2 clipped_softmax removed", "2x2 softmax removed"]
+    assert claims["denied.other_zero.reached"].kind == "descriptive"
     for rule in ("softmax", "clipped_softmax", "uniform"):
         check = claims[f"1x1.{rule}.removed.denied_floor"]
         assert check.kind == "check" and check.outcome == "verified"
     assert "2x2.softmax.removed.denied_floor" not in claims
-    assert claims["gated.no_bos_sink"].outcome == "contradicted"  # it sinks though it has a gate
-    assert claims["gated.no_bos_sink"].correction == "benjamini-hochberg"
-    assert claims["relu_len.no_bos_sink"].kind == "descriptive"  # free rows: described only
-    assert claims["softpick.no_bos_sink"].kind == "descriptive"
+    gated = claims["gated.bos_sink_vs_softmax"]  # it sinks as often as softmax, gate or not
+    assert gated.outcome == "undetermined" and gated.correction == "benjamini-hochberg"
+    assert gated.effect["estimate"] == 0.0 and not gated.counted
+    assert "at least" in claims["gated.bos_sink"].sentence  # its own rate, with its bound
+    assert claims["softmax.bos_sink"].kind == "descriptive"
+    assert "at most" in claims["relu.bos_sink"].sentence
+    assert "relu_len.bos_sink_vs_softmax" not in claims  # free rows: described only
+    assert claims["relu_len.bos_sink"].kind == "descriptive"
+    assert claims["softpick.bos_sink"].kind == "descriptive"
     assert claims["uniform.no_bos_sink"].kind == "check"  # it cannot sink by construction
     assert claims["uniform.no_bos_sink"].outcome == "verified"
     assert claims["1x1.relu_len.capacity_floor"].outcome == "verified"
     reached = claims["2x2.softmax.reached_stop_rule"]
     assert reached.kind == "descriptive" and reached.sentence.startswith("9 of 9 2x2 softmax")
     assert claims["2x2.softmax.removed.reached_stop_rule"].kind == "descriptive"
-    assert all(c.control is not None for c in claims.values() if c.kind == "empirical")
+    # no empirical claim uses the other arm of its own comparison as a control
+    assert all(c.is_contrast and c.control is None for c in claims.values()
+               if c.kind == "empirical")
     for c in claims.values():  # no universal word about a rate, and no "solves"
         assert not any(word in c.sentence.lower().split()
                        for word in ("every", "never", "solves", "solved", "converged"))
@@ -599,37 +631,90 @@ def test_the_zoo_claims_have_kinds_controls_and_four_pooled_primaries():
     assert {e["outcome"] for e in records["entries"]} >= {"reached the stop rule (9 of 9)"}
 
 
-def test_denied_claims_come_out_the_other_way_when_the_classes_swap():
+def test_the_denied_contrast_is_contradicted_when_the_classes_swap():
     claims = _decide(_records({"softmax": 9}, removed={
         "softmax": 9, "clipped_softmax": 9, "relu": 0, "gated": 0, "softpick": 0,
         "relu_len": 0}))
-    assert claims["denied.no_other_zero.fails"].outcome == "contradicted"
-    assert claims["denied.other_zero.reaches"].outcome == "contradicted"
+    c = claims["denied.other_zero_vs_none"]
+    assert c.outcome == "contradicted" and not c.counted and c.effect["estimate"] == -1.0
 
 
-def test_a_relu_that_sinks_contradicts_its_claim_and_makes_softmaxs_non_discriminating():
+def test_the_sink_contrast_is_contradicted_when_relu_sinks_and_softmax_does_not():
+    claims = _decide(_records({"relu": 9}))
+    c = claims["softmax.bos_sink_vs_relu"]
+    assert c.outcome == "contradicted" and not c.counted and c.effect["estimate"] == -1.0
+    assert "ReLU's non-trigger rows are on in 18 of the 18" in c.sentence
+
+
+def test_a_relu_that_sinks_as_softmax_does_leaves_the_sink_contrast_undetermined():
     claims = _decide(_records({"softmax": 9, "relu": 9}))
-    assert claims["relu.no_bos_sink"].outcome == "contradicted"
-    soft = claims["softmax.bos_sink"]
-    assert soft.outcome == "supported" and soft.standing == "non-discriminating"
-    assert not soft.counted
+    c = claims["softmax.bos_sink_vs_relu"]
+    assert c.outcome == "undetermined" and c.reason is None and not c.counted
+    assert c.effect["estimate"] == 0.0
 
 
-def test_a_softmax_that_does_not_sink_leaves_the_no_sink_claims_non_discriminating():
+def test_a_failed_check_keeps_a_supported_contrast_from_counting():
+    # ReLU reaches the stop rule in 5 of 9 seeds per configuration against softmax's 9 of 9:
+    # the seeds compared would be a selection of ReLU's
+    records = _records({"softmax": 9}, converged={"relu": 5})
+    c = _decide(records)["softmax.bos_sink_vs_relu"]
+    reached = next(k for k in c.check_claims() if k.key.endswith(".reached"))
+    assert reached.outcome == "failed"
+    assert c.outcome == "supported" and not c.counted
+    for run in records["runs"]:  # the same reach, but ReLU's solving seeds err 10 times more
+        if run["rule"] == "relu":
+            run["converged"], run["test_linf"] = True, 2e-2
+    for e in records["entries"]:
+        if e["rule"] == "relu":
+            e["converged"] = e["n_solved"] = 9
+    c = _decide(records)["softmax.bos_sink_vs_relu"]
+    checks = {k.key.rsplit(".", 1)[1]: k.outcome for k in c.check_claims()}
+    assert checks == {"reached": "verified", "errors": "failed", "search": "verified",
+                      "scale": "described"}
+    assert c.outcome == "supported" and not c.counted
+    for e in records["entries"]:  # and a search stopped at the ladder's end fails its check
+        e["at_ladder_end"] = e["rule"] == "softmax" and e["config"] == "2x2"
+    for run in records["runs"]:
+        run["test_linf"] = 2e-3
+    c = _decide(records)["softmax.bos_sink_vs_relu"]
+    search_check = next(k for k in c.check_claims() if k.key.endswith(".search"))
+    assert search_check.outcome == "failed" and "2x2 softmax" in search_check.data
+    assert c.outcome == "supported" and not c.counted
+
+
+def test_a_rule_with_no_seed_at_the_stop_rule_leaves_its_contrast_undetermined_with_why():
+    claims = _decide(_records({"softmax": 9}, converged={"clipped_softmax": 0}))
+    c = claims["clipped_softmax.bos_sink_vs_softmax"]
+    assert c.outcome == "undetermined" and c.effect["estimate"] is None
+    assert c.reason.startswith("only 0 of the 18 clipped_softmax seeds reached the stop rule")
+    assert c.needed_text.startswith(c.reason)
+    assert claims["clipped_softmax.bos_sink"].sentence.startswith("None of the 18")
+    # the paper's ReLU left out of the study: the primary contrast says so, and does not crash
+    rules = tuple(r for r in RULE_SET if r != "relu")
+    records = _records({"softmax": 9})
+    records["entries"] = [e for e in records["entries"] if e["rule"] != "relu"]
+    records["runs"] = [r for r in records["runs"] if r["rule"] != "relu"]
+    c = _decide(records, rules)["softmax.bos_sink_vs_relu"]
+    assert c.outcome == "undetermined" and c.reason == (
+        "relu was not trained in this study, so it has no seeds to count")
+
+
+def test_a_softmax_that_does_not_sink_leaves_the_sink_contrasts_undetermined():
     claims = _decide(_records({}))
-    assert claims["softmax.bos_sink"].outcome == "contradicted"
-    for key in ("relu.no_bos_sink", "gated.no_bos_sink", "clipped_softmax.no_bos_sink"):
+    assert claims["softmax.bos_sink"].sentence.startswith("0 of 18 softmax seeds")
+    for key in ("softmax.bos_sink_vs_relu", "gated.bos_sink_vs_softmax",
+                "clipped_softmax.bos_sink_vs_softmax"):
         c = claims[key]
-        assert c.outcome == "supported" and c.standing == "non-discriminating" and not c.counted
+        assert c.outcome == "undetermined" and not c.counted
 
 
 def test_sink_claims_count_only_the_seeds_that_reached_the_stop_rule():
-    records = _records({"softmax": 5})
-    for e in records["entries"]:
-        if e["rule"] == "softmax":
-            e["n_solved"], e["converged"] = 5, 5
-    c = _decide(records)["softmax.bos_sink"]
+    records = _records({"softmax": 5}, converged={"softmax": 5})
+    claims = _decide(records)
+    c = claims["softmax.bos_sink"]
     assert c.n == 10 and [(p["k"], p["n"]) for p in c.parts] == [(5, 5), (5, 5)]
+    assert [(p["k1"], p["n1"]) for p in claims["softmax.bos_sink_vs_relu"].parts] == [
+        (5, 5), (5, 5)]
 
 
 def test_the_checks_fail_on_records_built_to_break_them():
@@ -644,14 +729,19 @@ def test_the_checks_fail_on_records_built_to_break_them():
     assert claims["1x1.relu_len.capacity_floor"].outcome == "failed"
 
 
-def test_a_mixed_rule_is_pooled_with_its_heterogeneity_and_left_undetermined():
+def test_a_mixed_rule_is_pooled_with_its_heterogeneity():
     records = _records({"softmax": 9})
     for e in records["entries"]:
         if e["rule"] == "gated":
             e["bos_sinks"] = 4 if e["config"] == "1x1" else 0
-    c = _decide(records)["gated.no_bos_sink"]
-    assert [(p["setting"], p["k"], p["n"]) for p in c.parts] == [("1x1", 4, 9), ("2x2", 0, 9)]
-    assert c.heterogeneity_p < 0.2 and c.outcome == "undetermined" and c.counterexamples == 4
+    claims = _decide(records)
+    rate = claims["gated.bos_sink"]
+    assert [(p["setting"], p["k"], p["n"]) for p in rate.parts] == [("1x1", 4, 9), ("2x2", 0, 9)]
+    assert rate.heterogeneity_p < 0.2 and rate.kind == "descriptive"
+    c = claims["gated.bos_sink_vs_softmax"]  # sinks less often than softmax, 4 of 18 to 18
+    assert [(p["setting"], p["k1"], p["n1"], p["k2"], p["n2"]) for p in c.parts] == [
+        ("1x1", 4, 9, 9, 9), ("2x2", 0, 9, 9, 9)]
+    assert c.outcome == "supported" and c.estimate == pytest.approx(4 / 18 - 1)
 
 
 def test_the_argument_floor_check_verifies_trained_errors_and_fails_below_the_floor():

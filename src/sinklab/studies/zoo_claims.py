@@ -12,21 +12,23 @@ re-decided by ``sinklab render`` without the machinery that trains and measures.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from sinklab import claims as cl
-from sinklab import stats
+from sinklab import contrasts, stats
 from sinklab.attention import RULES
 from sinklab.claims import Claim
+from sinklab.definitions import OFF_ROW
 from sinklab.errors import ResultsError
 from sinklab.studies.zoo import (
     CONFIGS,
-    NO_OTHER_ZERO_FAILS,
+    DENIED_CONTRAST,
     NON_SINKING_RULE,
-    OTHER_ZERO_REACHES,
+    SINK_CONTRAST,
     SINKING_RULE,
     ZooOptions,
 )
@@ -119,6 +121,10 @@ def sink_parts(entries: list[dict[str, Any]], rule: str) -> list[tuple[str, int,
             if (e["config"], e["rule"]) == (config, rule)]
 
 
+REACH_GAP = 0.25  # the most two sides' shares of seeds reaching the stop rule may differ
+ERROR_RATIO = 2.0  # the most one side's median test L∞ error may be of the other's
+
+
 def _reached(entries: list[dict[str, Any]], rule: str) -> str:
     """How many of a pooled rule's seeds reached the stop rule, for the claim's data."""
     k = sum(e["n_solved"] for e in entries if e["rule"] == rule)
@@ -126,87 +132,200 @@ def _reached(entries: list[dict[str, Any]], rule: str) -> str:
     return f"(counting the {k} of {n} seeds that reached the stop rule)"
 
 
-def _control_rule(rules: list[str]) -> str:
-    """softmax's control: the paper's ReLU, or else the first trained rule whose rows need not
-    sum to 1 (its name is the setting shown), or the paper's ReLU untrained (0 seeds)."""
-    if NON_SINKING_RULE in rules:
-        return NON_SINKING_RULE
-    free = [r for r in rules if RULES[r].row_kind == "free"]
-    return free[0] if free else NON_SINKING_RULE
+def _too_few(entries: list[dict[str, Any]], rule: str) -> str | None:
+    """Why a rule's seeds cannot be counted by the sink test, in words: not trained, or fewer
+    than MIN_N of them reached the stop rule (None when they can)."""
+    chosen = [e for e in entries if e["rule"] == rule]
+    if not chosen:
+        return f"{rule} was not trained in this study, so it has no seeds to count"
+    k, n = sum(e["n_solved"] for e in chosen), sum(e["n"] for e in chosen)
+    if k < stats.MIN_N:
+        return (f"only {k} of the {n} {rule} seeds reached the stop rule, and the sink test "
+                f"counts only those: fewer than the {stats.MIN_N} a decision needs")
+    return None
 
 
-def _sinks_claim(entries: list[dict[str, Any]], rules: list[str]) -> Claim:
-    """The paper's prediction for softmax: its seeds sink on BOS (rate above r0), pooled over
-    the configurations; the control is a rule whose rows need not sum to 1 through the same
-    test."""
-    rule, control = SINKING_RULE, _control_rule(rules)
-
-    def test(key: str, name: str) -> Claim:
-        return cl.rate_at_least(
-            key, f"{name} seeds that reach the stop rule sink on BOS at a rate above {stats.R0:g}",
-            None, None, f"sink on BOS {_reached(entries, name)}", parts=sink_parts(entries, name))
-
-    claim = test(f"{rule}.bos_sink", rule)
-    claim = replace(claim, sentence=(
-        f"Softmax attention sinks on BOS: the rate of softmax seeds that reach the stop rule and "
-        f"{SINK_WORDS} is above {stats.R0:g}, pooled over 1x1 (one attention layer without a "
-        f"residual stream, the theorem's setting) and 2x2 (residual, the paper's multi-layer "
-        f"setting)"))
-    return cl.with_control(claim, test(f"{control}.bos_sink", control),
-                           f"{control} (rows need not sum to 1), the same configurations")
+def _with_reason(claim: Claim, reasons: list[str | None]) -> Claim:
+    """An undetermined contrast with the ``reasons`` that apply (one per side) as why, in place
+    of the bare group size the contrast reads (which does not say that a rule's seeds did not
+    reach the stop rule, or that a class has no rule that solves the task)."""
+    why = "; ".join(r for r in reasons if r)
+    if claim.reason is None or not why:
+        return claim
+    return replace(claim, reason=why, needed_text=f"{why}.")
 
 
-def _empty_rows(runs: list[dict[str, Any]], rule: str) -> str:
-    """Why a rule whose rows may sum to zero shows no sink, in words: how little weight its
-    solving seeds' non-trigger rows carry, and how many of them still put ``SINK_SHARE`` of
-    that little on BOS (the sink test counts a head only where its rows are on)."""
+def _side(entries: list[dict[str, Any]], runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the checks read of one side of a contrast (its (configuration, rule) entries): the
+    fresh seeds that reached the stop rule with BOS visible, the test L∞ errors of those seeds,
+    the rates found and the searches that stopped at the ladder's end."""
+    pairs = {(e["config"], e["rule"]) for e in entries}
+    linf = [r["test_linf"] for r in runs if (r["config"], r["rule"]) in pairs and r["converged"]]
+    named = len({e["rule"] for e in entries}) > 1
+    rates = "; ".join(f"{c} " + ", ".join(f"{e['rule']} " * named + f"{e['lr']:g}"
+                                            for e in entries if e["config"] == c)
+                      for c in CONFIGS if any(e["config"] == c for e in entries))
+    return {"k": sum(e["converged"] for e in entries), "n": sum(e["n"] for e in entries),
+            "linf": linf, "rates": rates or "none",
+            "edge": [f"{e['config']} {e['rule']}" for e in entries if e["at_ladder_end"]]}
+
+
+def _median_words(linf: list[float]) -> str:
+    if not linf:
+        return "no seed reached the stop rule"
+    return f"median {np.median(linf):.2e} over {len(linf)} seeds"
+
+
+def _side_checks(key: str, names: tuple[str, str], sides: tuple[list, list],
+                 runs: list[dict[str, Any]]) -> list[Claim]:
+    """The checks run beside a contrast of two sides trained by the same protocol, each a reason
+    other than the factor compared for which the sides could differ: they reached the stop rule
+    at different shares (the seeds compared would be a selection of one side's), their solving
+    seeds err differently, or a rate search stopped at the ladder's end (one side's rate chosen
+    by the ladder, not the data)."""
+    (a, b), (sa, sb) = names, (_side(sides[0], runs), _side(sides[1], runs))
+    gap = abs(sa["k"] / sa["n"] - sb["k"] / sb["n"]) if sa["n"] and sb["n"] else math.inf
+    reach = cl.check(
+        f"{key}.reached",
+        f"With BOS visible, {a} and {b} reached the stop rule at shares of their fresh seeds "
+        f"within {REACH_GAP:g} of each other ({a}: {sa['k']} of {sa['n']}; {b}: {sb['k']} of "
+        f"{sb['n']}), so the seeds compared are not a selection of one side's",
+        gap, REACH_GAP, "difference of the shares")
+    la, lb = sa["linf"], sb["linf"]
+    low, high = (sorted((float(np.median(la)), float(np.median(lb)))) if la and lb
+                 else (0.0, math.inf))
+    ratio = high / low if low > 0 else (1.0 if high == 0 else math.inf)
+    errors = cl.check(
+        f"{key}.errors",
+        f"The seeds of {a} and {b} that reached the stop rule with BOS visible err alike on the "
+        f"test set: the larger median test L∞ error is at most {ERROR_RATIO:g} times the "
+        f"smaller ({a}: {_median_words(la)}; {b}: {_median_words(lb)})",
+        ratio, ERROR_RATIO, "larger median over the smaller")
+    edge = sa["edge"] + sb["edge"]
+    search = cl.check(
+        f"{key}.search",
+        f"The learning rates of {a} and {b} came from the same search (the same starting grid, "
+        f"ladder and ranking, on screening seeds apart from the fresh ones; the rate found with "
+        f"BOS visible is used with BOS denied too), and no search of theirs stopped at the "
+        f"ladder's end, where the ladder, not the data, chose the rate (rates found: {a}: "
+        f"{sa['rates']}; {b}: {sb['rates']})",
+        len(edge), 0, "searches at the ladder's end" + (f" ({', '.join(edge)})" if edge else ""))
+    return [reach, errors, search]
+
+
+def _rows_on(runs: list[dict[str, Any]], rule: str) -> str:
+    """How many of a rule's solving seeds have a head whose non-trigger rows are on, and the
+    share of those rows on BOS (the most-BOS such head per seed), in words."""
+    solved = [r for r in runs if r["rule"] == rule and r["converged"]]
+    shares = [r["bos_share_max_on"] for r in solved if r["bos_share_max_on"] is not None]
+    words = (f"{rule}: {len(shares)} of {len(solved)} seeds that reached the stop rule have a "
+             f"head whose non-trigger rows are on")
+    if shares:
+        words += (f", the BOS share of those rows (most-BOS head) median {np.median(shares):.3g}"
+                  f" (range {min(shares):.3g} to {max(shares):.3g})")
+    return words
+
+
+def _scale(key: str, rules: tuple[str, str], runs: list[dict[str, Any]]) -> Claim:
+    """Whether the sink threshold is within reach of both rules' scale: described beside a sink
+    contrast (the test reads a share of rows that are on, so no scale puts it out of reach)."""
+    n = sum(1 for r in runs if r["rule"] in rules and r["converged"])
+    return cl.descriptive(
+        f"{key}.scale",
+        f"The sink test reads the share of a row on BOS among rows that are on (a head's "
+        f"non-trigger rows summing to at least {OFF_ROW:g} of its trigger row's), not the row's "
+        f"mass, so its threshold {SINK_SHARE:g} is within reach of weights of any scale; a "
+        f"rule whose non-trigger rows are all off carries no sink there because it carries no "
+        f"weight there",
+        "; ".join(_rows_on(runs, rule) for rule in rules), n=n)
+
+
+def _sink_contrast(entries: list[dict[str, Any]], runs: list[dict[str, Any]], key: str,
+                   sentence: str, rules: tuple[str, str], greater: bool) -> Claim:
+    """A contrast of two rules' solving seeds sinking on BOS, 1x1 and 2x2 pooled by the exact
+    stratified test, with the checks of ``_side_checks`` and the scale described beside it."""
+    first, second = ({c: (k, n) for c, k, n in sink_parts(entries, r)} for r in rules)
+    parts = [(c, *first.get(c, (0, 0)), *second.get(c, (0, 0))) for c in CONFIGS]
+    sides = tuple([e for e in entries if e["rule"] == r] for r in rules)
+    claim = contrasts.rates_contrast(
+        key, sentence, None, None, None, None,
+        "sink on BOS (of the seeds that reached the stop rule)", groups=rules, greater=greater,
+        checks=[*_side_checks(key, rules, sides, runs), _scale(key, rules, runs)], parts=parts)
+    return _with_reason(claim, [_too_few(entries, r) for r in rules])
+
+
+def _sinks_claim(entries: list[dict[str, Any]], runs: list[dict[str, Any]]) -> Claim:
+    """The paper's prediction, one contrast: softmax's solving seeds sink on BOS more often than
+    the paper's ReLU's, 1x1 and 2x2 pooled; undetermined, saying why, when ReLU was not trained
+    (the study's primary claim is about the paper's ReLU, not a stand-in)."""
+    rules = (SINKING_RULE, NON_SINKING_RULE)
+    return _sink_contrast(entries, runs, SINK_CONTRAST, (
+        f"Softmax seeds that reach the stop rule {SINK_WORDS} more often than the paper's ReLU "
+        f"seeds, pooled over 1x1 (one attention layer without a residual stream, the theorem's "
+        f"setting) and 2x2 (residual, the paper's multi-layer setting): softmax's rows sum to "
+        f"1, while ReLU's need not" + _empty_rows(runs, NON_SINKING_RULE, "ReLU's")),
+        rules, greater=True)
+
+
+def _empty_rows(runs: list[dict[str, Any]], rule: str, subject: str = "its") -> str:
+    """Why a rule whose rows may sum to zero shows no sink, in words (``subject`` names the
+    rule): how little weight its solving seeds' non-trigger rows carry, and how many of them
+    still put ``SINK_SHARE`` of that little on BOS (the sink test counts a head only where its
+    rows are on); where some seeds' rows are on, how many."""
     solved = [r for r in runs if r["rule"] == rule and r["converged"]]
     if not solved:
         return ""
+    on = sum(r["bos_share_max_on"] is not None for r in solved)
+    if on:  # rows that are on: the sink test reads them, and the scale beside it says how
+        return (f"; {subject} non-trigger rows are on in {on} of the {len(solved)} seeds that "
+                f"reached the stop rule")
     largest = max(x for r in solved for row in r["row_sum_nontrigger"] for x in row)
     on_bos = sum(any(share is not None and share >= SINK_SHARE
                      for row in r["bos_share_nontrigger"] for share in row) for r in solved)
-    return (f"; its non-trigger rows are empty (no head's row sums to more than {largest:.2g}), "
+    return (f"; {subject} non-trigger rows are empty (no head's row sums to more than "
+            f"{largest:.2g}), "
             f"and among those tiny weights {on_bos} of {len(solved)} seeds put at least "
             f"{SINK_SHARE:g} of a row on BOS: the rows carry no sink because they carry no "
             "weight, not because their weight stays off BOS")
 
 
-def _no_sink_claim(entries: list[dict[str, Any]], rule: str,
-                   runs: list[dict[str, Any]]) -> Claim:
-    """A rule's seeds that reach the stop rule do not sink on BOS (rate below 1 - r0), pooled
-    over the configurations; the control is softmax's seeds of the same configurations through
-    the same test. For a rule whose rows may sum to zero the sentence says why (``_empty_rows``)."""
-    kind = RULES[rule].row_kind
-    why = ESCAPE.get(kind)
-
-    def test(key: str, name: str) -> Claim:
-        return cl.rate_at_most(
-            key, f"{name} seeds that reach the stop rule sink on BOS at a rate below "
-                 f"{1 - stats.R0:.2g}", None, None, f"sink on BOS {_reached(entries, name)}",
-            parts=sink_parts(entries, name))
-
-    claim = test(f"{rule}.no_bos_sink", rule)
-    escape = f" (it could output zero another way: {why})" if why else ""
-    claim = replace(claim, sentence=(
-        f"{rule} attention does not sink on BOS{escape}: the rate of {rule} seeds that reach "
-        f"the stop rule and sink on BOS is below {1 - stats.R0:.2g}, pooled over 1x1 and 2x2"
-        + (_empty_rows(runs, rule) if RULES[rule].zero_row else "")))
-    return cl.with_control(claim, test(f"{SINKING_RULE}.no_bos_sink", SINKING_RULE),
-                           f"{SINKING_RULE} (rows sum to 1, no escape), the same configurations")
+def _escape_contrast(entries: list[dict[str, Any]], runs: list[dict[str, Any]],
+                     rule: str) -> Claim:
+    """A rule with an implicit or learned sink key, a gate or a clip against softmax: its
+    solving seeds sink on BOS less often than softmax's, 1x1 and 2x2 pooled (secondary)."""
+    why = ESCAPE.get(RULES[rule].row_kind)
+    escape = f" ({why})" if why else ""
+    return _sink_contrast(entries, runs, f"{rule}.bos_sink_vs_{SINKING_RULE}", (
+        f"{rule} seeds that reach the stop rule sink on BOS less often than {SINKING_RULE} "
+        f"seeds, pooled over 1x1 and 2x2: {rule} could output zero another way{escape}, "
+        f"{SINKING_RULE} cannot" + (_empty_rows(runs, rule) if RULES[rule].zero_row else "")),
+        (rule, SINKING_RULE), greater=False)
 
 
-def _sinks_described(entries: list[dict[str, Any]], rule: str) -> Claim:
-    """How many of a rule's solving seeds sink on BOS, where its rows need not sum to 1 (a zero
-    row is always open to it): described, not tested against softmax."""
-    parts = sink_parts(entries, rule)
+def _sink_rate(entries: list[dict[str, Any]], rule: str, runs: list[dict[str, Any]]) -> Claim:
+    """How many of a rule's solving seeds sink on BOS, 1x1 and 2x2 pooled, with the one-sided
+    bound on the side the data lean to (described: one arm of a contrast, or a rule whose rows
+    need not sum to 1 described beside the paper's ReLU), and its rows that are on."""
+    parts = sink_parts(entries, rule) or [("none", 0, 0)]
     k, n = sum(p[1] for p in parts), sum(p[2] for p in parts)
-    words = ", ".join(f"{c}: {kk}/{nn}" for c, kk, nn in parts)
-    return cl.descriptive(
-        f"{rule}.no_bos_sink",
-        f"{k} of {n} {rule} seeds that reached the stop rule sink on BOS (its rows need not sum "
-        f"to 1, so an all-zero row is always open to it: described, not tested against softmax)",
-        f"{k} of {n} seeds ({words})", n=n, estimate=k / n if n else None)
+    above = n > 0 and 2 * k >= n
+    rate = (cl.rate_at_least if above else cl.rate_at_most)(
+        f"{rule}.bos_sink", "", None, None, f"sink on BOS {_reached(entries, rule)}", parts=parts)
+    total = sum(e["n"] for e in entries if e["rule"] == rule)
+    kind = RULES[rule].row_kind
+    sentence = (f"{k} of {n} {rule} seeds that reached the stop rule sink on BOS, 1x1 and 2x2 "
+                f"pooled: a sink on BOS in {cl.bound_words(k, n, above=above)}" if n else
+                f"None of the {total} {rule} seeds reached the stop rule, so the sink test "
+                f"counts none of them")
+    if rule != SINKING_RULE and ESCAPE.get(kind):
+        sentence += f"; {rule} could output zero another way ({ESCAPE[kind]})"
+    if RULES[rule].zero_row:
+        sentence += _empty_rows(runs, rule)
+    if kind == "free" and rule != NON_SINKING_RULE:
+        sentence += (f"; described, not compared with {SINKING_RULE}: the paper's ReLU stands "
+                     f"for the rules whose rows need not sum to 1 in the primary contrast")
+    described = cl.as_descriptive(rate, sentence)
+    return replace(described, data=f"{described.data}; {_rows_on(runs, rule)}")
 
 
 def _reached_claim(e: dict[str, Any]) -> Claim:
@@ -242,15 +361,40 @@ def _denied_claim(e: dict[str, Any], setting: str) -> Claim:
         n=n, estimate=k / n if n else None)
 
 
+def _class(entries: list[dict[str, Any]], other_zero: bool) -> list[dict[str, Any]]:
+    """The (configuration, rule) entries that solve the task with BOS (at least half their seeds
+    reach the stop rule) and have (``other_zero``) or have not another way to output zero."""
+    return [e for e in entries if e["solves"] and e["no_other_zero"] != other_zero]
+
+
+def _counted(side: list[dict[str, Any]], config: str, setting: str) -> tuple[int, int]:
+    """Seeds of ``side`` in ``config`` that reached the stop rule with BOS denied by
+    ``setting``, and seeds, leaving out the settings where a proof forces the failure."""
+    denied = [d for e in side if e["config"] == config
+              and (d := e["denied"].get(setting)) is not None and not d.get("forced")]
+    return sum(d["converged"] for d in denied), sum(d["n"] for d in denied)
+
+
+def denied_strata(entries: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """The (configuration, denied setting) pairs where both classes have seeds to count: the
+    strata the denied contrast compares them in (a proof forces one layer of softmax, clipped
+    softmax or uniform to fail with BOS removed, and softmax capped at eps >= 0.03; those runs
+    are a check, ``denied_floor``, not evidence)."""
+    settings = list(dict.fromkeys(s for e in entries for s in e["denied"]))
+    sides = (_class(entries, True), _class(entries, False))
+    return [(config, setting) for config in CONFIGS for setting in settings
+            if all(_counted(side, config, setting)[1] for side in sides)]
+
+
 def denied_parts(entries: list[dict[str, Any]], other_zero: bool
                  ) -> list[tuple[str, int, int]]:
     """(config rule setting, seeds that reached the stop rule with BOS denied so, seeds) of
-    every (configuration, rule) that solves the task with BOS and has (``other_zero``) or has
-    not another way to output zero (``no_other_zero``), in every denied setting but those where
-    a proof forces the failure (``denied_floor``: a check, not evidence)."""
+    every (configuration, rule) of one class (``_class``) in the strata the denied contrast
+    counts (``denied_strata``)."""
+    strata = set(denied_strata(entries))
     return [(f"{e['config']} {e['rule']} {setting}", d["converged"], d["n"])
-            for e in entries if e["solves"] and e["no_other_zero"] != other_zero
-            for setting, d in e["denied"].items() if not d.get("forced")]
+            for e in _class(entries, other_zero) for setting, d in e["denied"].items()
+            if (e["config"], setting) in strata]
 
 
 def _floor_check(e: dict[str, Any], suffix: str, values: list[float | None], floor: float,
@@ -277,44 +421,67 @@ def _denied_check(e: dict[str, Any], setting: str) -> Claim:
 
 
 def _class_words(entries: list[dict[str, Any]], other_zero: bool) -> str:
-    rules = sorted({e["rule"] for e in entries if e["solves"] and e["no_other_zero"] != other_zero})
+    rules = sorted({e["rule"] for e in _class(entries, other_zero)})
     return ", ".join(rules) if rules else "none of the rules trained"
 
 
-def _denied_claims(entries: list[dict[str, Any]]) -> list[Claim]:
-    """With BOS denied to the non-trigger rows: rules with no other way to output zero do not
-    reach the stop rule, rules with another way do; each pooled over the (configuration, rule)
-    pairs that solve the task with BOS and the denied settings not forced by a proof, each the
-    other's control."""
-    def fails(key: str, other_zero: bool) -> Claim:
-        return cl.rate_at_most(key, "seeds reach the stop rule with BOS denied at a rate below "
-                               f"{1 - stats.R0:.2g}", None, None,
-                               "reached the stop rule with BOS denied",
-                               parts=denied_parts(entries, other_zero) or [("none", 0, 0)])
+CLASSES = ("rules with another way to output zero", "rules with no other way")
 
-    def reaches(key: str, other_zero: bool) -> Claim:
-        return cl.rate_at_least(key, "seeds reach the stop rule with BOS denied at a rate "
-                                f"above {stats.R0:g}", None, None,
-                                "reached the stop rule with BOS denied",
-                                parts=denied_parts(entries, other_zero) or [("none", 0, 0)])
 
-    forced = replace(fails(NO_OTHER_ZERO_FAILS, False), sentence=(
-        f"Rules with no other way to output zero than BOS (a row with one visible key puts "
-        f"exactly 1 on it: {_class_words(entries, False)}) do not reach the stop rule when BOS "
-        f"is denied to the non-trigger rows (removed, or its share capped): the rate of their "
-        f"seeds that reach it is below {1 - stats.R0:.2g}, pooled over the configurations where "
-        f"they solve the task with BOS and the denied settings, leaving out one layer with BOS "
-        f"removed, where a proof forces the failure (checked below)"))
-    free = replace(reaches(OTHER_ZERO_REACHES, True), sentence=(
-        f"Rules with another way to output zero (an all-zero row, an implicit or learned sink "
-        f"key, a closed gate: {_class_words(entries, True)}) reach the stop rule when BOS is "
-        f"denied to the non-trigger rows (removed, or its share capped): the rate of their seeds "
-        f"that reach it is above {stats.R0:g}, pooled over the configurations where they solve the "
-        f"task with BOS and the denied settings"))
-    return [cl.with_control(forced, fails(f"{NO_OTHER_ZERO_FAILS}.control", True),
-                            "the rules with another way to output zero, the same test"),
-            cl.with_control(free, reaches(f"{OTHER_ZERO_REACHES}.control", False),
-                            "the rules with no other way, the same test")]
+def _class_reason(entries: list[dict[str, Any]], parts: list[tuple[str, int, int, int, int]],
+                  other_zero: bool) -> str | None:
+    """Why a class cannot be counted with BOS denied, in words (None when it can)."""
+    name = CLASSES[0 if other_zero else 1]
+    n = sum(p[2 if other_zero else 4] for p in parts)
+    if not _class(entries, other_zero):
+        return (f"no rule of the {name} reached the stop rule with BOS visible in at least half "
+                f"its seeds, so that class has no seeds to count with BOS denied")
+    if n < stats.MIN_N:
+        return (f"the {name} have {n} seeds in the denied settings where both classes have "
+                f"seeds, fewer than the {stats.MIN_N} a decision needs")
+    return None
+
+
+def _denied_contrast(entries: list[dict[str, Any]], runs: list[dict[str, Any]]) -> Claim:
+    """With BOS denied to the non-trigger rows, one contrast: the seeds of rules with another
+    way to output zero reach the stop rule more often than those of rules with no other way,
+    over the (configuration, rule) pairs that solve the task with BOS, compared within each
+    (configuration, denied setting) where both classes have seeds (``denied_strata``)."""
+    sides = (_class(entries, True), _class(entries, False))
+    parts = [(f"{config} {setting}", *_counted(sides[0], config, setting),
+              *_counted(sides[1], config, setting))
+             for config, setting in denied_strata(entries)] or [("none", 0, 0, 0, 0)]
+    claim = contrasts.rates_contrast(
+        DENIED_CONTRAST,
+        f"With BOS denied to the non-trigger rows (removed, or its share capped), the seeds of "
+        f"rules with another way to output zero (an all-zero row, an implicit or learned sink "
+        f"key, a closed gate: {_class_words(entries, True)}) reach the stop rule more often "
+        f"than those of rules with no other way (a row with one visible key puts exactly 1 on "
+        f"it: {_class_words(entries, False)}), over the configurations where they solve the "
+        f"task with BOS, compared within each configuration and denied setting where both "
+        f"classes have seeds, leaving out those where a proof forces the failure (checked "
+        f"below)",
+        None, None, None, None, "reached the stop rule with BOS denied", groups=CLASSES,
+        greater=True, checks=_side_checks(DENIED_CONTRAST, CLASSES, sides, runs), parts=parts)
+    return _with_reason(claim, [_class_reason(entries, parts, True),
+                                _class_reason(entries, parts, False)])
+
+
+def _denied_rate(entries: list[dict[str, Any]], other_zero: bool) -> Claim:
+    """How many seeds of one class reach the stop rule with BOS denied, with the one-sided bound
+    on the side the data lean to: one arm of the denied contrast, described."""
+    parts = denied_parts(entries, other_zero) or [("none", 0, 0)]
+    k, n = sum(p[1] for p in parts), sum(p[2] for p in parts)
+    above = n > 0 and 2 * k >= n
+    key = f"denied.{'other_zero' if other_zero else 'no_other_zero'}.reached"
+    rate = (cl.rate_at_least if above else cl.rate_at_most)(
+        key, "", None, None, "reached the stop rule with BOS denied", parts=parts)
+    name = CLASSES[0 if other_zero else 1]
+    sentence = (f"{k} of {n} seeds of the {name} ({_class_words(entries, other_zero)}) reached "
+                f"the stop rule with BOS denied, in the settings the contrast counts: that "
+                f"share is {cl.bound_words(k, n, above=above)}" if n else
+                f"The {name} have no seeds in the denied settings the contrast counts")
+    return cl.as_descriptive(rate, sentence)
 
 
 def _fixed_weights_check(entries: list[dict[str, Any]], rule: str) -> Claim:
@@ -354,28 +521,26 @@ def _argument_check(e: dict[str, Any], floor: float) -> Claim:
 
 
 def claims(records: dict[str, Any], opts: ZooOptions) -> list[Claim]:
-    """The zoo's claims: the four primary ones (softmax sinks on BOS; the paper's ReLU does
-    not; with BOS removed rules without another zero fail and rules with one reach the stop
-    rule), each with its control; whether each rule with an implicit or learned sink key, a
-    gate or a clip avoids a BOS sink (softmax's seeds as the control), described for the other
-    rules whose rows need not sum to 1; how many seeds reached the stop rule, with BOS and
-    denied (descriptive); and the checks: a rule whose weights ignore the scores cannot sink,
-    the trained models stay above the proven capacity floor."""
-    entries = records["entries"]
+    """The zoo's claims: the two primary contrasts (softmax's seeds sink on BOS more often than
+    the paper's ReLU's; with BOS denied, rules with another way to output zero reach the stop
+    rule more often than rules with no other way), each with the checks beside it; for each rule
+    with an implicit or learned sink key, a gate or a clip, a contrast with softmax (secondary);
+    each rule's own rate of sinking and each class's rate with BOS denied, described with their
+    bounds; how many seeds reached the stop rule, with BOS and denied (descriptive); and the
+    checks: a rule whose weights ignore the scores cannot sink, the trained models stay above
+    the floors the arguments prove."""
+    entries, runs = records["entries"], records.get("runs", [])
     rules = list(dict.fromkeys(e["rule"] for e in entries))
     fixed = fixed_weight_rules()
-    out: list[Claim] = [_sinks_claim(entries, rules),
-                        _no_sink_claim(entries, NON_SINKING_RULE, records.get("runs", [])),
-                        *_denied_claims(entries)]
+    out: list[Claim] = [_sinks_claim(entries, runs), _denied_contrast(entries, runs),
+                        _denied_rate(entries, True), _denied_rate(entries, False)]
     for rule in rules:
-        if rule in (SINKING_RULE, NON_SINKING_RULE):
-            continue
         if rule in fixed:
             out.append(_fixed_weights_check(entries, rule))
-        elif RULES[rule].row_kind == "free":
-            out.append(_sinks_described(entries, rule))
-        else:
-            out.append(_no_sink_claim(entries, rule, records.get("runs", [])))
+            continue
+        out.append(_sink_rate(entries, rule, runs))
+        if rule != SINKING_RULE and RULES[rule].row_kind != "free":
+            out.append(_escape_contrast(entries, runs, rule))
     out += [_reached_claim(e) for e in entries]
     out += [_denied_claim(e, setting) for e in entries for setting in e["denied"]]
     out += [_denied_check(e, setting) for e in entries
