@@ -11,7 +11,7 @@ import json
 import pytest
 
 from helpers import DOCS, run_cli
-from sinklab import measure
+from sinklab import claims, measure
 from sinklab.config import build_run_config
 from sinklab.runs import folders
 from sinklab.runs.files import read_json, write_json
@@ -132,49 +132,99 @@ def test_emergence_reads_landmarks_off_the_training_log(tmp_path):
     assert exa.first_step(rows, "linf", lambda v: v < 1e-9) is None
 
 
-def _settings(bos: dict[str, list[float]], converged: bool = True):
-    """Per rule, two settings of runs with the given BOS weights (split in halves)."""
+def _settings(bos: dict[str, list[float]], converged: bool = True, share: float | None = None,
+              error: dict[str, float] | None = None):
+    """Per rule, two settings of runs with the given BOS weights (split in halves); every run's
+    rows are recorded as empty (no BOS share) unless ``share`` is given, and its test L∞ is
+    ``error[rule]`` (0.004 by default)."""
     out = {}
     for rule, values in bos.items():
-        rows = [{"bos_max": b, "converged": converged} for b in values]
+        rows = [{"bos_max": b, "converged": converged, "row_sum_max": 0.01,
+                 "bos_share_on": share, "test_linf": (error or {}).get(rule, 0.004)}
+                for b in values]
         half = len(rows) // 2
         out[rule] = [("A", rows[:half]), ("B", rows[half:])]
     return out
 
 
-def test_sink_claims_pool_settings_and_take_the_other_rule_as_control():
+def _check(claim, name):
+    return next(c for c in claim.check_claims() if c.key.endswith(name))
+
+
+def test_sink_contrast_compares_the_rules_once_pooled_over_settings():
     settings = _settings({"softmax": [0.99] * 10, "relu": [0.01] * 10})
-    soft = exa.sink_claim("k", "softmax", "at L = 8", settings)
-    assert soft.rule == "rate_at_least" and soft.kind == "empirical" and soft.n == 10
-    assert [(q["setting"], q["k"], q["n"]) for q in soft.parts] == [("A", 5, 5), ("B", 5, 5)]
-    assert soft.heterogeneity_p == 1.0
-    assert soft.outcome == "supported" and soft.standing == "discriminating" and soft.counted
-    assert soft.control_claim().outcome == "contradicted"  # ReLU through the same test
-    assert "10 of 10 reached the stop rule" in soft.sentence
-    relu = exa.sink_claim("k", "relu", "at L = 8", settings)
-    assert relu.rule == "rate_at_most" and relu.outcome == "supported" and relu.counted
-    assert relu.control["setting"].startswith("the softmax seeds")
+    contrast, soft, relu = exa.sink_contrast("k", "at L = 8", settings)
+    assert contrast.key == "k.sink" and contrast.rule == "rates_contrast" and contrast.n == 20
+    assert contrast.control is None and contrast.effect["groups"] == ["softmax", "ReLU"]
+    assert [(q["setting"], q["k1"], q["n1"], q["k2"], q["n2"]) for q in contrast.parts] == [
+        ("A", 5, 5, 0, 5), ("B", 5, 5, 0, 5)]
+    assert contrast.outcome == "supported" and contrast.counted
+    assert [c.outcome for c in contrast.check_claims()] == ["verified"] * 3
+    # each rule's own rate is described, with the bound its data give
+    assert (soft.key, relu.key) == ("k.softmax.sink", "k.relu.sink")
+    assert soft.kind == relu.kind == "descriptive" and soft.bound > 0.7 and relu.bound < 0.3
+    assert "10 of 10, at least 74% of seeds (one-sided 95%)" in soft.sentence
+    assert "0 of 10, at most 26% of seeds (one-sided 95%)" in relu.sentence
     assert exa._within(0.01, 0.005) and not exa._within(0.0101, 0.005)
     assert exa._within(0.0, 0.0) and not exa._within(None, 0.1)
 
 
-def test_sink_claim_is_contradicted_on_seeds_built_to_contradict_it():
-    # softmax seeds without a sink head (and ReLU seeds with one): both predictions fail
+def test_sink_contrast_is_contradicted_on_seeds_built_to_contradict_it():
+    # softmax seeds without a sink head, ReLU seeds with one: the comparison comes out reversed
     settings = _settings({"softmax": [0.2] * 10, "relu": [0.99] * 10})
-    for rule in ext.RULES:
-        claim = exa.sink_claim("k", rule, "at L = 8", settings)
-        assert claim.outcome == "contradicted" and not claim.counted
-        assert claim.counterexamples == 10
-    # one counterexample among few seeds: undetermined, not supported
-    few = _settings({"softmax": [0.99, 0.99, 0.99, 0.2, 0.99, 0.99], "relu": [0.0] * 6})
-    assert exa.sink_claim("k", "softmax", "at L = 8", few).outcome == "undetermined"
+    contrast = exa.sink_contrast("k", "at L = 8", settings)[0]
+    assert contrast.outcome == "contradicted" and not contrast.counted
+    assert contrast.effect["estimate"] == -1.0
+    # both rules sink: no difference to find, so nothing is supported
+    same = exa.sink_contrast("k", "at L = 8", _settings({"softmax": [0.99] * 10,
+                                                          "relu": [0.95] * 10}))[0]
+    assert same.outcome == "undetermined" and not same.counted
+    # too few seeds in a group: no decision
+    few = exa.sink_contrast("k", "at L = 8", _settings({"softmax": [0.99] * 4,
+                                                         "relu": [0.0] * 4}))[0]
+    assert few.outcome == "undetermined" and "fewer than the 5" in few.needed_text
 
 
-def test_sink_claim_is_non_discriminating_when_the_control_sinks_too():
-    settings = _settings({"softmax": [0.99] * 10, "relu": [0.95] * 10})
-    soft = exa.sink_claim("k", "softmax", "at L = 8", settings)
-    assert soft.outcome == "supported" and soft.standing == "non-discriminating"
-    assert not soft.counted
+@pytest.mark.parametrize(("settings", "failed"), [
+    # ReLU puts 0.95 of its (tiny) non-empty rows on BOS: a sink the absolute threshold misses
+    (_settings({"softmax": [0.99] * 10, "relu": [0.01] * 10}, share=0.95), "scale"),
+    # ReLU's rows were never measured: the share is unknown
+    ({r: [(s, [{k: v for k, v in row.items() if k != "row_sum_max"} for row in rows])
+          for s, rows in parts] for r, parts in
+      _settings({"softmax": [0.99] * 10, "relu": [0.01] * 10}).items()}, "scale"),
+    # ReLU trained to 5x softmax's error
+    (_settings({"softmax": [0.99] * 10, "relu": [0.01] * 10},
+               error={"softmax": 0.004, "relu": 0.02}), "errors"),
+])
+def test_a_sink_contrast_is_not_counted_when_a_check_beside_it_fails(settings, failed):
+    contrast = exa.sink_contrast("k", "at L = 8", settings)[0]
+    assert contrast.outcome == "supported"
+    assert _check(contrast, failed).outcome == "failed" and not contrast.counted
+    assert claims.summary_counts([contrast])[claims.CHECK_FAILED] == 1
+
+
+def test_trained_checks_compare_stop_rule_shares_and_errors():
+    def rows(reached, n, error):
+        return [{"converged": i < reached, "test_linf": error} for i in range(n)]
+
+    shares, errors = exa.trained_checks("k", ("a", "b"), rows(10, 10, 0.004), rows(7, 10, 0.004))
+    assert shares.outcome == "failed" and shares.estimate == pytest.approx(0.3)
+    assert errors.outcome == "verified" and errors.estimate == 1.0
+    shares, errors = exa.trained_checks("k", ("a", "b"), rows(9, 10, 0.004), rows(10, 10, 0.0))
+    assert shares.outcome == "verified" and errors.outcome == "failed"  # 0 against 0.004
+    assert [c.outcome for c in exa.trained_checks("k", ("a", "b"), rows(9, 10, 0.1), [])] == [
+        "failed", "failed"]  # an empty group passes nothing
+
+
+def test_row_scale_reads_bos_share_of_the_rows_that_are_not_empty():
+    summary = {"bos_mass_nontrigger": [[0.001, 0.3]], "row_sum_nontrigger": [[0.002, 0.4]],
+               "row_sum_trigger": [[1.0, 1.0]]}
+    # head 0's rows are empty (0.002 of its trigger row): its 0.5 share does not count
+    assert exa._row_scale(summary) == {"row_sum_max": 0.4, "bos_share_on": pytest.approx(0.75)}
+    summary["row_sum_nontrigger"] = [[0.002, 0.1]]
+    assert exa._row_scale(summary) == {"row_sum_max": 0.1, "bos_share_on": None}
+    assert exa._row_scale({"bos_mass_nontrigger": [[0.5]]}) == {"row_sum_max": None,
+                                                                 "bos_share_on": None}
 
 
 def test_solves_is_descriptive_with_the_test_errors_beside_it():
@@ -192,23 +242,29 @@ def _committed():
     return result["records"], ext.ExtensionsOptions(**result["options"])
 
 
-def test_committed_claims_have_controls_kinds_and_sized_primaries():
+def test_committed_claims_are_contrasts_with_checks_and_no_mirror_controls():
     from sinklab import stats
 
     records, opts = _committed()
-    decided = ext.STUDY.decide(records, opts)  # raises on a claim with no control
+    decided = ext.STUDY.decide(records, opts)
     by_key = {c.key: c for c in decided}
-    assert set(ext.STUDY.primary) <= set(by_key)
-    need = stats.seeds_all_agreeing(len(ext.STUDY.primary))
-    for key in ext.STUDY.primary:
-        assert by_key[key].primary and by_key[key].correction == "holm"
-        assert by_key[key].n >= need and len(by_key[key].parts) == len(ext.SEQ_LENS)
+    assert set(ext.STUDY.primary) == {"seq_len.sink"}
+    primary = by_key["seq_len.sink"]
+    assert primary.primary and primary.correction == "holm" and primary.is_contrast
+    assert len(primary.parts) == len(ext.SEQ_LENS)
+    assert min(min(q["n1"], q["n2"]) for q in primary.parts) * len(ext.SEQ_LENS) >= stats.MIN_N
     for c in decided:
         assert c.kind in ("empirical", "descriptive")
+        assert c.control is None  # no claim has the other arm of its comparison as control
         for word in ("every", "never", "no seed", "all seeds", "converged", "solves"):
             assert word not in c.sentence.lower(), (c.key, word)  # words a rate cannot carry
         if c.kind == "empirical":
-            assert c.control_claim().rule == c.rule and c.standing is not None
+            assert c.rule == "rates_contrast" and len(c.check_claims()) >= 2
+    # a sink contrast reads ReLU's scale; the standard block's, with no seed at the stop rule,
+    # is described
+    assert _check(primary, "scale") and by_key["block.sink"].kind == "descriptive"
+    assert claims.summary_counts(decided)["contrasts"] == sum(
+        c.kind == "empirical" for c in decided)
 
 
 def test_committed_claims_can_fail_when_the_records_say_otherwise():
@@ -219,12 +275,27 @@ def test_committed_claims_can_fail_when_the_records_say_otherwise():
     by_key = {c.key: c for c in ext.STUDY.decide(records, opts)}
     for key in ext.STUDY.primary:
         assert by_key[key].outcome == "contradicted" and by_key[key].adjusted_p_against < 0.05
-    for row in records["trigger"]:  # ReLU trained with one trigger now keeps its error
-        row["mixed_linf_several"] = row["mixed_linf_one"]
+    for row in records["trigger"]:  # softmax loses its error on several triggers, ReLU keeps it
+        one = row["mixed_linf_one"]
+        row["mixed_linf_several"] = one if row["rule"] == "relu" else 10 * one
     by_key = {c.key: c for c in ext.STUDY.decide(records, opts)}
-    assert by_key["trigger.relu.several_unseen"].outcome == "contradicted"
-    assert by_key["trigger.softmax.several_unseen"].standing == "non-discriminating"
-    assert by_key["trigger.relu.several_seen"].standing == "non-discriminating"
+    assert by_key["trigger.several_unseen"].outcome == "contradicted"
+    assert by_key["trigger.relu.several_seen"].outcome == "undetermined"  # ReLU keeps it anyway
+
+
+def test_committed_sink_contrast_is_counted_only_once_relu_rows_are_measured():
+    records, opts = _committed()
+    records = json.loads(json.dumps(records))
+    decided = {c.key: c for c in ext.STUDY.decide(records, opts)}
+    primary = decided["seq_len.sink"]  # these records hold no row sums: the scale is unknown
+    assert primary.outcome == "supported" and not primary.counted
+    assert "hold no row sums" in _check(primary, "scale").sentence
+    for share, counted in ((None, True), (0.95, False)):
+        for row in records["seq_len"]:  # ReLU's rows empty, or tiny with most of them on BOS
+            row.update(row_sum_max=1.0 if row["rule"] == "softmax" else 0.01,
+                       bos_share_on=row["bos_max"] if row["rule"] == "softmax" else share)
+        primary = {c.key: c for c in ext.STUDY.decide(records, opts)}["seq_len.sink"]
+        assert primary.outcome == "supported" and primary.counted == counted
 
 
 def _finished_zoo_run(root, cell):
@@ -294,15 +365,18 @@ def test_extensions_end_to_end_reuse_another_folder(tmp_path, capsys, tiny):
             assert row["linf_nontrigger"] == pytest.approx(summary["linf_nontrigger"])
     for curve in records["curves"]:  # logged every LOG_EVERY steps up to the stop step
         assert curve["step"][:3] == [0, ext.LOG_EVERY, 2 * ext.LOG_EVERY]
-    keys = {c["key"] for c in result["claims"]}
-    for key in ("seq_len.softmax.sink", "seq_len.relu.solves", "trigger.relu.sink",
+    rules = {c["key"]: c["rule"] for c in result["claims"]}
+    for key in ("seq_len.sink", "trigger.sink", "trigger.several_unseen", "block.sink",
+                "length.nontrigger", "emergence.bos_half"):
+        assert rules[key] in ("rates_contrast", "descriptive"), key  # block: unless unsolved
+    for key in ("seq_len.softmax.sink", "seq_len.relu.sink", "seq_len.relu.solves",
                 "trigger.relu.several_unseen", "block.softmax.self", "length.relu.nontrigger",
                 "length.softmax.trigger", "emergence.softmax.sink_first",
                 "emergence.relu.bos_half"):
-        assert key in keys
-    rules = {c["key"]: c["rule"] for c in result["claims"]}
-    assert rules["seq_len.softmax.sink"] == "rate_at_least"
-    assert rules["seq_len.relu.sink"] == "rate_at_most"
+        assert rules[key] == "descriptive", key
+    assert rules["seq_len.sink"] == "rates_contrast"
+    for row in records["seq_len"]:  # fresh runs record ReLU's row sums for the scale check
+        assert row["row_sum_max"] is not None
     assert {c["key"] for c in result["claims"] if c["primary"]} == set(ext.PRIMARY)
     text = (out / "EXTENSIONS.md").read_text()
     assert text.startswith("# Extensions: past the paper's setting\n")

@@ -3,13 +3,16 @@
 ``collect`` reads every sweep's runs (one row per run and seed), evaluates the L = 16 models at
 longer lengths and the trigger-frequency models on one mixed test set (cached in ``cache/``),
 reads the sink-emergence curves from the training logs and summarises each setting over its
-seeds; ``claims`` pools each prediction over the settings that share it, with the other rule as
-its control; ``FIGURES`` draws the sweeps; ``check`` looks at ``--reuse`` before anything is
-written. The declaration (options, runs, ``STUDY``) is ``sinklab.studies.extensions``.
+seeds; ``claims`` compares softmax with ReLU once per sweep (a contrast pooled over the settings
+the rules share, with the checks of other reasons beside it); ``FIGURES`` draws the sweeps;
+``check`` looks at ``--reuse`` before anything is written. The declaration (options, runs,
+``STUDY``) is ``sinklab.studies.extensions``.
 """
 
 from __future__ import annotations
 
+from math import inf, nan
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +22,8 @@ from sinklab import claims as cl
 from sinklab import measure, stats
 from sinklab.claims import Claim
 from sinklab.config import TaskConfig
-from sinklab.definitions import SINK_HEAD_THRESHOLD
+from sinklab.contrasts import rates_contrast
+from sinklab.definitions import OFF_ROW, SINK_HEAD_THRESHOLD
 from sinklab.runs import folders
 from sinklab.runs.files import read_log
 from sinklab.stats import finite, finite_median
@@ -40,10 +44,6 @@ from sinklab.studies.extensions import (
 from sinklab.studies.options import named
 from sinklab.studies.study import Context, Execution, FigureSpec, check_reuse
 
-# What the theorem predicts of each rule: softmax must sink to solve the task, ReLU need not
-# (its all-zero rows output zero), so a softmax seed has a sink head at a rate above r0 and a
-# ReLU seed at a rate below 1 - r0, each with the other rule as its control.
-EXPECTS_SINK = {"softmax": True, "relu": False}
 EVAL_LENGTHS = (16, 32, 64)
 # The shared test set of the trigger-frequency sweep: a third of the sequences without a
 # trigger, the rest with 1-4 triggers (so half of all sequences have several).
@@ -87,7 +87,22 @@ def _run(ctx: Context, name: str) -> dict[str, Any]:
     return {"seed": s["seed"], "converged": s["converged"], "steps": s["steps"],
             "test_linf": s["linf_error"], "mse": s["mse"],
             "linf_nontrigger": s["linf_nontrigger"], "linf_trigger": s["linf_trigger"],
-            "bos_max": _max_head(s["bos_mass_nontrigger"]), "sink_heads": s["sink_heads"]}
+            "bos_max": _max_head(s["bos_mass_nontrigger"]), "sink_heads": s["sink_heads"],
+            **_row_scale(s)}
+
+
+def _row_scale(s: dict[str, Any]) -> dict[str, Any]:
+    """Beside the absolute BOS weight (ReLU rows need not sum to 1): the largest non-trigger row
+    sum of any head, and BOS's largest share of the non-trigger rows among heads whose rows are
+    not empty (their sum at least ``OFF_ROW`` of the trigger row's; None when none are). Both
+    None for a summary without row sums."""
+    if "row_sum_nontrigger" not in s:
+        return {"row_sum_max": None, "bos_share_on": None}
+    heads = [h for layer in zip(s["bos_mass_nontrigger"], s["row_sum_nontrigger"],
+                                s["row_sum_trigger"]) for h in zip(*layer)]
+    shares = [b / rn for b, rn, rt in heads if rn > 0 and rn >= OFF_ROW * rt]
+    return {"row_sum_max": float(max(rn for _, rn, _ in heads)),
+            "bos_share_on": float(max(shares)) if shares else None}
 
 
 def first_step(log: list[dict[str, Any]], key: str, test: Any) -> int | None:
@@ -228,17 +243,18 @@ def _emergence_group(rows: list[dict[str, Any]], config: str, rule: str) -> dict
 
 # ------------------------------------------------------------------------------- claims
 #
-# Each empirical claim below is one prediction, pooled over the replicate settings that share it
-# (``parts``: per-setting counts and a heterogeneity test), and carries its control: the same
-# test run on the setting that differs in the one factor the claim is about (the other rule for
-# a claim about the rule). Where no setting can come out the other way the claim is descriptive.
+# Each comparison of two groups is one contrast (`sinklab.contrasts.rates_contrast`), pooled over
+# the settings they share, with the checks of other reasons they could differ beside it (stop
+# rule, errors, and ReLU's scale for an absolute BOS threshold: its rows need not sum to 1); each
+# group's own rate is descriptive, with the bound its data give.
 
 RULE_NAMES = {"softmax": "softmax", "relu": "ReLU"}
 Parts = list[tuple[str, int, int]]
-
-
-def _other(rule: str) -> str:
-    return next(r for r in RULES if r != rule)
+Settings = list[tuple[str, list[Any]]]  # (setting, its rows) per setting
+SHARE_GAP = 0.2  # two groups reached the stop rule at "comparable" shares: within this
+ERROR_FACTOR = GENERALISE_FACTOR  # ... and trained to "comparable" errors: within this factor
+REACHED = itemgetter("converged")  # a run reached the stop rule
+SINK_WHAT = f"have a sink head (non-trigger BOS weight >= {SINK_HEAD_THRESHOLD:g})"
 
 
 def _seeds(rule: str, where: str, start: bool = True) -> str:
@@ -253,92 +269,141 @@ def _rate(key: str, sentence: str, parts: Parts, what: str, above: bool) -> Clai
     return build(key, sentence, None, None, what, parts=parts)
 
 
-def _controlled(key: str, sentence: str, what: str, above: bool, parts: Parts,
-                control: Parts, setting: str) -> Claim:
-    """The pooled rate claim with its control: the same test on the ``control`` parts."""
-    claim = _rate(key, sentence, parts, what, above)
-    test = _rate(f"{key}.control", f"the same test on {setting}", control, what, above)
-    return cl.with_control(claim, test, setting)
-
-
-def _count(rows: list[dict[str, Any]], test: Any) -> tuple[int, int]:
+def _count(rows: list[Any], test: Any) -> tuple[int, int]:
     return sum(bool(test(r)) for r in rows), len(rows)
 
 
-def _parts(settings: list[tuple[str, list[dict[str, Any]]]], test: Any) -> Parts:
+def _parts(settings: Settings, test: Any) -> Parts:
     """(setting, k, n) per setting: k of its n rows pass ``test``."""
     return [(name, *_count(rows, test)) for name, rows in settings]
 
 
-def _reached(settings: list[tuple[str, list[dict[str, Any]]]]) -> tuple[int, int]:
-    rows = [r for _, rows in settings for r in rows]
-    return _count(rows, lambda r: r["converged"])
+def _rows(settings: Settings) -> list[Any]:
+    return [r for _, rows in settings for r in rows]
 
 
-SINK_WHAT = f"have a sink head (non-trigger BOS weight >= {SINK_HEAD_THRESHOLD:g})"
+def _described(key: str, rule: str, where: str, parts: Parts, what: str, above: bool = True,
+               why: str = "") -> Claim:
+    """One group's own rate, described with the one-sided bound its data give (``above``)."""
+    k, n = (sum(p[i] for p in parts) for i in (1, 2))
+    return cl.as_descriptive(_rate(key, "", parts, what, above), (
+        f"{_seeds(rule, where)} {what}: {k} of {n}, {cl.bound_words(k, n, above)}{why}"))
 
 
-def sink_claim(key: str, rule: str, where: str,
-               settings: dict[str, list[tuple[str, list[dict[str, Any]]]]]) -> Claim:
-    """The theorem's prediction for ``rule`` pooled over ``settings[rule]`` (setting, rows): a
-    softmax seed has a sink head at a rate above r0, a ReLU seed at a rate below 1 - r0; the
-    control is the other rule through the same test, in the same settings. The sentence says
-    how many of the seeds reached the stop rule."""
-    above = EXPECTS_SINK[rule]
-    k, n = _reached(settings[rule])
-    rate = f"above {stats.R0:g}" if above else f"below {1 - stats.R0:.2g}"
-    sentence = (f"{_seeds(rule, where)} have a sink head at a rate {rate} ({k} of {n} reached "
-                f"the stop rule)")
-    other = _other(rule)
-    return _controlled(key, sentence, SINK_WHAT, above, _parts(settings[rule], is_sink),
-                       _parts(settings[other], is_sink),
-                       f"the {RULE_NAMES[other]} seeds {where}")
+def trained_checks(key: str, groups: tuple[str, str], a: list[dict[str, Any]],
+                   b: list[dict[str, Any]], field: str = "test_linf", words: str = "test L∞"
+                   ) -> list[Claim]:
+    """Whether two groups trained alike (else they could differ for that, not their factor):
+    their shares that reached the stop rule within ``SHARE_GAP``, their median ``field``
+    within ``ERROR_FACTOR`` of each other; each fails otherwise, or for an empty group."""
+    (ka, na), (kb, nb) = (_count(rows, REACHED) for rows in (a, b))
+    ma, mb = (float(np.median([r[field] for r in rows])) if rows else nan for rows in (a, b))
+    lo, hi = min(ma, mb), max(ma, mb)
+    ratio = nan if not (a and b) else 1.0 if hi == 0 else hi / lo if lo > 0 else inf
+    return [cl.check(f"{key}.reached", f"Both groups reached the stop rule at comparable "
+                     f"shares ({groups[0]}: {ka} of {na}, {groups[1]}: {kb} of {nb}; within "
+                     f"{SHARE_GAP:g})", abs(ka / na - kb / nb) if na and nb else nan,
+                     SHARE_GAP, "the difference of the shares that reached the stop rule"),
+            cl.check(f"{key}.errors", f"Both groups trained to comparable errors (median "
+                     f"{words}: {groups[0]} {ma:.3g}, {groups[1]} {mb:.3g}; within "
+                     f"{ERROR_FACTOR:g}x)", ratio, ERROR_FACTOR,
+                     f"the larger median {words} over the smaller")]
 
 
-def unless_unsolved(claim: Claim, rule: str, where: str,
-                    settings: dict[str, list[tuple[str, list[dict[str, Any]]]]]) -> Claim:
-    """A sweep's sink claim, or the same numbers as a description where fewer than
-    ``stats.MIN_N`` of its seeds reached the stop rule (the standard block's): the theorem
+def scale_check(key: str, relu: list[dict[str, Any]], level: float) -> Claim:
+    """Whether the absolute BOS threshold ``level`` could miss a ReLU sink (its rows need not
+    sum to 1): fails on a seed whose non-empty non-trigger rows put ``level`` of their weight on
+    BOS below it in absolute terms, or whose records hold no row sums (``_row_scale``)."""
+    known = [r for r in relu if r.get("row_sum_max") is not None]
+    shares = [r["bos_share_on"] for r in known if r["bos_share_on"] is not None]
+    hidden = sum(share >= level > r["bos_max"] for r in known
+                 if (share := r["bos_share_on"]) is not None)
+    words = [f"{len(shares)} of {len(known)} seeds with row sums recorded have a head whose "
+             f"non-trigger rows are not empty (at least {OFF_ROW:g} of its trigger row's sum)"
+             + (f", the largest BOS share of those rows {max(shares):.3g}" if shares else "")
+             ] if known else []
+    if len(known) < len(relu):
+        words += [
+            f"the records of {len(relu) - len(known)} of {len(relu)} hold no row sums (collected "
+            f"before they were recorded), so their share is unknown (their absolute BOS weight "
+            f"is at most {max(r['bos_max'] for r in relu):.2g}); a collection from run summaries "
+            "that hold row sums records it"]
+    return cl.check(f"{key}.scale", f"The BOS threshold {level:g} is within ReLU's scale: no "
+                    f"ReLU seed puts {level:g} of its non-empty non-trigger rows on BOS while "
+                    f"its absolute BOS weight stays below {level:g} ({'; '.join(words)})",
+                    hidden + len(relu) - len(known), 0,
+                    "ReLU seeds the threshold could miss (share at or above it, or unknown)")
+
+
+def compare(key: str, sentence: str, what: str, test: Any, rules: tuple[str, str],
+            settings: dict[str, Settings], where: str,
+            trained: dict[str, list[dict[str, Any]]] | None = None,
+            error: tuple[str, str] = ("test_linf", "test L∞"), scale: float | None = None,
+            arms: bool = True) -> list[Claim]:
+    """The contrast 'rules[0]'s seeds pass ``test`` more often than rules[1]'s', pooled over
+    the settings, with `trained_checks` on the ``trained`` runs (the rows tested by default)
+    and, given a ``scale``, `scale_check` beside it; with ``arms``, each rule's own rate
+    follows, descriptive, keyed ``prefix.rule.rest`` for ``key`` ``prefix.rest``."""
+    a, b = rules
+    trained = trained or {r: _rows(settings[r]) for r in rules}
+    groups = (RULE_NAMES[a], RULE_NAMES[b])
+    checks = trained_checks(key, groups, trained[a], trained[b], *error)
+    if scale is not None:
+        checks.append(scale_check(key, trained["relu"], scale))
+    pa, pb = _parts(settings[a], test), _parts(settings[b], test)
+    parts = [(s, ka, na, kb, nb) for (s, ka, na), (_, kb, nb) in zip(pa, pb)]
+    out = [rates_contrast(key, sentence, None, None, None, None, what, groups, checks=checks,
+                          parts=parts)]
+    head, rest = key.split(".", 1)
+    return out + [_described(f"{head}.{r}.{rest}", r, where, p, what, r == a)
+                  for r, p in ((a, pa), (b, pb)) if arms]
+
+
+def sink_contrast(prefix: str, where: str, settings: dict[str, Settings],
+                  arms: bool = True) -> list[Claim]:
+    """The theorem's prediction as one contrast, ``prefix.sink``: softmax seeds have a sink head
+    more often than ReLU seeds in the same settings (softmax must sink to solve the task, ReLU
+    need not: its all-zero rows output zero), with the checks of `compare` and ReLU's scale."""
+    return compare(f"{prefix}.sink", f"Softmax seeds {where} have a sink head more often than "
+                   "ReLU seeds trained alike", SINK_WHAT, is_sink, RULES, settings, where,
+                   scale=SINK_HEAD_THRESHOLD, arms=arms)
+
+
+def unless_unsolved(claim: Claim, where: str, settings: dict[str, Settings]) -> Claim:
+    """A sweep's sink contrast, or the same numbers as a description where a rule has fewer
+    than ``stats.MIN_N`` seeds that reached the stop rule (the standard block's): the theorem
     predicts the sink of a model that solves the task, so such seeds cannot test it."""
-    k, n = _reached(settings[rule])
-    if k >= stats.MIN_N:
+    reached = {r: _count(_rows(settings[r]), REACHED) for r in RULES}
+    if all(k >= stats.MIN_N for k, _ in reached.values()):
         return claim
-    sinking = sum(is_sink(r) for _, rows in settings[rule] for r in rows)
+    words = "; ".join(
+        f"{_count(_rows(settings[r]), is_sink)[0]} of {n} {RULE_NAMES[r]} seeds have a sink "
+        f"head, {k} of {n} reached the stop rule" for r, (k, n) in reached.items())
     return cl.as_descriptive(claim, (
-        f"{sinking} of {n} {_seeds(rule, where, False)} have a sink head (descriptive: {k} of "
-        f"{n} reached the stop rule, and the theorem predicts the sink of a model that reaches "
-        "it, so these seeds cannot test it)"))
+        f"Sink heads of the seeds {where} ({words}): descriptive, since the theorem predicts "
+        f"the sink of a model that reaches the stop rule and fewer than {stats.MIN_N} seeds of "
+        "a rule did, so these seeds cannot test it"))
 
 
-def _errors(rows: list[dict[str, Any]], tol: float) -> str:
-    """The test L∞ over ``rows`` in words: median, range and how many exceed the tolerance."""
-    if not rows:
-        return "no seeds"
-    values = np.array([r["test_linf"] for r in rows])
-    return (f"test L∞ median {np.median(values):.3g} (range {values.min():.3g} to "
-            f"{values.max():.3g}), above the tolerance {tol:g} in {int(np.sum(values > tol))} "
-            f"of {values.size}")
-
-
-def solves_claim(key: str, rule: str, where: str,
-                 settings: list[tuple[str, list[dict[str, Any]]]], tol: float) -> Claim:
-    """How many seeds reached the stop rule, with their test errors: the protocol's outcome,
-    descriptive (there is nothing for a control to differ in)."""
-    k, n = _reached(settings)
-    per = ", ".join(f"{name}: {_count(rows, lambda r: r['converged'])[0]}/{len(rows)}"
-                    for name, rows in settings)
-    rows = [r for _, rows in settings for r in rows]
+def solves_claim(key: str, rule: str, where: str, settings: Settings, tol: float) -> Claim:
+    """How many seeds reached the stop rule, with their test errors (median, range, how many
+    above the tolerance): the protocol's outcome, descriptive (nothing for a control to
+    differ in)."""
+    (k, n), errors = _count(_rows(settings), REACHED), np.array(
+        [r["test_linf"] for r in _rows(settings)])
+    per = ", ".join(f"{name}: {_count(rows, REACHED)[0]}/{len(rows)}" for name, rows in settings)
     data = (f"{k} of {n} seeds reached the stop rule (a training batch's L∞ below {tol:g}); "
-            f"per setting {per}; {_errors(rows, tol)}")
+            f"per setting {per}; " + (f"test L∞ median {np.median(errors):.3g} (range "
+                                      f"{errors.min():.3g} to {errors.max():.3g}), above the "
+                                      f"tolerance {tol:g} in {int(np.sum(errors > tol))} of "
+                                      f"{errors.size}" if n else "no seeds"))
     return cl.descriptive(key, f"{k} of {n} {_seeds(rule, where, False)} reached the stop "
                           "rule", data, n=n, estimate=k / n if n else None)
 
 
 def _within(ratio_of: float | None, base: float | None) -> bool:
     """Whether an error stays within ``GENERALISE_FACTOR`` of the base error (two zeros do)."""
-    if ratio_of is None or base is None:
-        return False
-    return ratio_of <= GENERALISE_FACTOR * base
+    return ratio_of is not None and base is not None and ratio_of <= GENERALISE_FACTOR * base
 
 
 def keeps_several(run: dict[str, Any]) -> bool:
@@ -350,65 +415,60 @@ def keeps_several(run: dict[str, Any]) -> bool:
 def _trigger_claims(records: dict[str, Any], opts: ExtensionsOptions) -> list[Claim]:
     """Sink heads pooled over the trigger settings; several triggers split by whether training
     had as many triggers as the mixed test set (a different prediction for ReLU)."""
-    out: list[Claim] = []
-    f = GENERALISE_FACTOR
-    most = records["protocol"]["mixed"]["max_triggers"]
+    f, most = GENERALISE_FACTOR, records["protocol"]["mixed"]["max_triggers"]
+    fewer = " or ".join(str(k) for k in sorted({k for _, k in frequencies(opts) if k < most}))
 
-    def settings(rule: str, seen: bool | None = None) -> list[tuple[str, list[dict[str, Any]]]]:
+    def settings(rule: str, seen: bool | None = None) -> Settings:
         return [(f"P(no trigger) {p:g}, <= {k}",
                  _group(records["trigger"], rule=rule, no_trigger_prob=p, max_triggers=k))
                 for p, k in frequencies(opts) if seen is None or (k >= most) == seen]
 
     where = f"trained at {len(frequencies(opts))} trigger frequencies"
-    by_rule = {r: settings(r) for r in RULES}
-    for rule in RULES:
-        out.append(sink_claim(f"trigger.{rule}.sink", rule, where, by_rule))
+    out = sink_contrast("trigger", where, {r: settings(r) for r in RULES})
     what = (f"keep their L∞ on the mixed set's sequences with several triggers within {f:g}x "
             f"their L∞ on those with one")
-    fewer = " or ".join(str(k) for k in sorted({k for _, k in frequencies(opts) if k < most}))
-    unseen = {r: _parts(settings(r, seen=False), keeps_several) for r in RULES}
-    seen = {r: _parts(settings(r, seen=True), keeps_several) for r in RULES}
+    one = ("mixed_linf_one", "L∞ on the mixed set's sequences with one trigger")
+    unseen, seen = ({r: settings(r, seen=s) for r in RULES} for s in (False, True))
     unseen_where = (f"trained with at most {fewer} trigger(s) per sequence (fewer than the "
                     f"mixed set's up to {most})")
-    seen_where = (f"trained with up to {most} triggers per sequence (as many as the mixed set "
-                  "has)")
+    seen_where = f"trained with up to {most} triggers per sequence (as many as the mixed set has)"
     if unseen["softmax"]:
-        for rule in RULES:
-            above = rule == "softmax"
-            other = _other(rule)
-            rate = f"above {stats.R0:g}" if above else f"below {1 - stats.R0:.2g}"
-            out.append(_controlled(
-                f"trigger.{rule}.several_unseen",
-                f"{_seeds(rule, unseen_where)} keep their error on several triggers within "
-                f"{f:g}x their error on one at a rate {rate}", what, above, unseen[rule],
-                unseen[other], f"the {RULE_NAMES[other]} seeds {unseen_where}"))
+        out += compare("trigger.several_unseen", f"Softmax seeds {unseen_where} keep their "
+                       f"error on several triggers within {f:g}x their error on one more often "
+                       "than ReLU seeds trained alike", what, keeps_several, RULES, unseen,
+                       unseen_where, error=one)
     if seen["relu"]:
-        # the factor here is training with several triggers: the control is the ReLU seeds
-        # trained with fewer, through the same test (softmax passes it either way: below)
-        out.append(_controlled(
-            "trigger.relu.several_seen",
-            f"{_seeds('relu', seen_where)} keep their error on several triggers within "
-            f"{f:g}x their error on one at a rate above {stats.R0:g}", what, True, seen["relu"],
-            unseen["relu"], f"the ReLU seeds {unseen_where}"))
-        k, n, kf, nf, kr, nr = (sum(q[i] for q in parts) for parts in (
-            seen["softmax"], unseen["softmax"], seen["relu"]) for i in (1, 2))
-        out.append(cl.as_descriptive(
-            _rate("trigger.softmax.several_seen", "", seen["softmax"], what, True),
-            f"{k} of {n} {_seeds('softmax', seen_where, False)} keep their error on several "
-            f"triggers within {f:g}x their error on one (descriptive; the settings a control "
-            f"could come from: {kf} of {nf} softmax seeds trained with fewer triggers and {kr} "
-            f"of {nr} ReLU seeds trained alike do so)"))
+        # the factor is training with several triggers, within ReLU (softmax: described)
+        a, b = _rows(seen["relu"]), _rows(unseen["relu"])
+        groups = (f"ReLU trained with up to {most}", f"ReLU trained with {fewer}")
+        key = "trigger.relu.several_seen"
+        out.append(rates_contrast(
+            key, f"ReLU seeds {seen_where} keep their error on several triggers within {f:g}x "
+                 f"their error on one more often than ReLU seeds {unseen_where}",
+            *_count(a, keeps_several), *_count(b, keeps_several), what, groups,
+            checks=trained_checks(key, groups, a, b, *one)))
+        kf, nf = _count(_rows(unseen["softmax"]), keeps_several)
+        out.append(_described(
+            "trigger.softmax.several_seen", "softmax", seen_where,
+            _parts(seen["softmax"], keeps_several), what, why=(
+                f" (descriptive: the softmax seeds trained with fewer triggers do so too, {kf} "
+                f"of {nf}, so no setting here tests whether training with several matters)")))
     return out
+
+
+def _plain(records: dict[str, Any], opts: ExtensionsOptions) -> dict[str, list[dict[str, Any]]]:
+    """Per rule, the attention-only L = 16 runs as trained (the block sweep's rows of them)."""
+    return {r: [row for c in block_configs(opts)
+                for row in _group(records["block"], config=c, rule=r, block="attention")]
+            for r in RULES}
 
 
 def _length_claims(records: dict[str, Any], opts: ExtensionsOptions) -> list[Claim]:
     """The L = 16 models at longer lengths, over the seeds that reached the stop rule there."""
-    out: list[Claim] = []
     p = records["protocol"]
     tol, f, trained = p["tol"], GENERALISE_FACTOR, p["seq_len"]
 
-    def seeds_of(rule: str) -> list[tuple[str, list[list[dict[str, Any]]]]]:
-        """Per configuration, each seed's tests (the seeds that reached the stop rule)."""
+    def seeds_of(rule: str) -> Settings:  # per configuration, each seed's tests (if it solved)
         result = []
         for config in block_configs(opts):
             rows = _group(records["length"], config=config, rule=rule)
@@ -416,122 +476,91 @@ def _length_claims(records: dict[str, Any], opts: ExtensionsOptions) -> list[Cla
             result.append((config, [[r for r in rows if r["seed"] == s] for s in ids]))
         return result
 
-    def base(tests: list[dict[str, Any]], key: str) -> float:
-        return next(t[key] for t in tests
-                    if t["seq_len"] == trained and t["trigger"] == p["eval_trigger"])
-
-    def parts(rule: str, test: Any) -> Parts:
-        return [(config, sum(bool(test(s)) for s in seeds), len(seeds))
-                for config, seeds in seeds_of(rule)]
-
     def carried(key: str) -> Any:
-        return lambda tests: all(_within(t[key], base(tests, key)) for t in tests)
-
-    def below_tol(tests: list[dict[str, Any]]) -> bool:
-        return all(t["linf_nontrigger"] <= tol for t in tests)
+        def base(tests: list[dict[str, Any]]) -> float:
+            return next(t[key] for t in tests
+                        if t["seq_len"] == trained and t["trigger"] == p["eval_trigger"])
+        return lambda tests: all(_within(t[key], base(tests)) for t in tests)
 
     lengths = ", ".join(str(n) for n in p["eval_lengths"])
     where = (f"trained at L = {trained} that reached the stop rule there, tested at L = "
              f"{lengths}")
-    what = (f"keep their non-trigger L∞ within {f:g}x their L = {trained} value at each tested "
-            f"length and trigger position")
-    counts = {r: parts(r, carried("linf_nontrigger")) for r in RULES}
-    for rule in RULES:
-        above = not EXPECTS_SINK[rule]  # ReLU's all-zero rows do not see the length
-        other = _other(rule)
-        rate = f"above {stats.R0:g}" if above else f"below {1 - stats.R0:.2g}"
-        out.append(_controlled(
-            f"length.{rule}.nontrigger",
-            f"{_seeds(rule, where)} keep their non-trigger L∞ within {f:g}x their L = "
-            f"{trained} value at a rate {rate}", what, above, counts[rule], counts[other],
-            f"the {RULE_NAMES[other]} seeds {where}"))
+    seeds = {r: seeds_of(r) for r in RULES}
+    # ReLU's all-zero rows do not see the length; a softmax sink's leak grows with it
+    out = compare("length.nontrigger", f"ReLU seeds {where} keep their non-trigger L∞ within "
+                  f"{f:g}x their L = {trained} value more often than softmax seeds",
+                  f"keep their non-trigger L∞ within {f:g}x their L = {trained} value at each "
+                  "tested length and trigger position", carried("linf_nontrigger"),
+                  ("relu", "softmax"), seeds, where, trained=_plain(records, opts))
     for key, test, what in (
-            ("tol", below_tol, f"keep their non-trigger L∞ below the stop tolerance {tol:g} at "
-                               "each tested length and trigger position"),
+            ("tol", lambda tests: all(t["linf_nontrigger"] <= tol for t in tests),
+             f"keep their non-trigger L∞ below the stop tolerance {tol:g} at each tested "
+             "length and trigger position"),
             ("trigger", carried("linf_trigger"),
              f"keep their trigger-row L∞ within {f:g}x their L = {trained} value at each tested "
              "length and trigger position")):
-        both = {r: parts(r, test) for r in RULES}
-        for rule in RULES:
-            other = _other(rule)
-            k, n = (sum(q[i] for q in both[rule]) for i in (1, 2))
+        both = {r: _parts(seeds[r], test) for r in RULES}
+        for rule, other in (RULES, RULES[::-1]):
             ko, no = (sum(q[i] for q in both[other]) for i in (1, 2))
-            out.append(cl.as_descriptive(
-                _rate(f"length.{rule}.{key}", "", both[rule], what, True),
-                f"{k} of {n} {_seeds(rule, where, False)} {what} (descriptive; the same "
-                f"count for the {RULE_NAMES[other]} seeds: {ko} of {no})"))
+            out.append(_described(f"length.{rule}.{key}", rule, where, both[rule], what, why=(
+                f" (descriptive; the same count for the {RULE_NAMES[other]} seeds: {ko} of "
+                f"{no})")))
     return out
 
 
 def _emergence_claims(records: dict[str, Any], opts: ExtensionsOptions) -> list[Claim]:
     """When the sink forms in the L = 16 runs' training logs, pooled over the configurations."""
     level, low = max(SINK_STEP_LEVELS), min(SINK_STEP_LEVELS)
-
-    def settings(rule: str) -> list[tuple[str, list[dict[str, Any]]]]:
-        return [(config, _group(records["emergence"], config=config, rule=rule))
-                for config in block_configs(opts)]
+    settings = {r: [(c, _group(records["emergence"], config=c, rule=r))
+                    for c in block_configs(opts)] for r in RULES}
 
     def first(r: dict[str, Any]) -> bool:
         sink, drop = r[f"bos{level:g}_step"], r["error_drop_step"]
         return sink is not None and drop is not None and sink < drop
 
-    def half(r: dict[str, Any]) -> bool:
-        return r[f"bos{low:g}_step"] is not None
-
     where = f"trained at L = {records['protocol']['seq_len']}"
-    order = _controlled(
-        "emergence.softmax.sink_first", "",
-        f"reach BOS weight {level:g} before the batch L∞ falls below {ERROR_DROP:g}", True,
-        _parts(settings("softmax"), first), _parts(settings("relu"), first),
-        f"the ReLU seeds {where}")
-    k, n = (sum(part[i] for part in _parts(settings("softmax"), first)) for i in (1, 2))
-    return [
-        # The order is largely forced: a softmax model's non-trigger rows are far from zero
-        # until it has a sink, so its batch L∞ cannot fall far before the sink forms; and ReLU,
-        # which forms none, cannot test the order, only the sink's existence. Descriptive.
-        cl.as_descriptive(order, (
-            f"{k} of {n} {_seeds('softmax', where, False)} form the sink before the error "
-            f"drops: the most sinking head reaches BOS weight {level:g} at an earlier logged "
-            f"step than the training batch L∞ falls below {ERROR_DROP:g} (descriptive: a "
-            "softmax model's non-trigger rows cannot be near zero before it has a sink, so the "
-            "order is largely forced, and the ReLU seeds, which form no sink, could test only "
-            "whether a sink forms, not when)")),
-        _controlled(
-            "emergence.relu.bos_half",
-            f"{_seeds('relu', where)} reach BOS weight {low:g} (the most sinking head, at "
-            f"any logged training step) at a rate below {1 - stats.R0:.2g}",
-            f"reach BOS weight {low:g} at a logged step", False,
-            _parts(settings("relu"), half), _parts(settings("softmax"), half),
-            f"the softmax seeds {where}"),
-    ]
+    # The order is largely forced: a softmax model's non-trigger rows are far from zero until
+    # it has a sink, so its batch L∞ cannot fall far before the sink forms; and ReLU, which
+    # forms none, cannot test the order, only the sink's existence. Descriptive.
+    order = _described(
+        "emergence.softmax.sink_first", "softmax", where, _parts(settings["softmax"], first),
+        f"form the sink before the error drops (the most sinking head reaches BOS weight "
+        f"{level:g} at an earlier logged step than the training batch L∞ falls below "
+        f"{ERROR_DROP:g})", why=(
+            " (descriptive: a softmax model's non-trigger rows cannot be near zero before it "
+            "has a sink, so the order is largely forced, and the ReLU seeds, which form no "
+            "sink, could test only whether a sink forms, not when)"))
+    # the scale check reads the same seeds' final models (the training logs hold no row sums)
+    return [order, *compare(
+        "emergence.bos_half", f"Softmax seeds {where} reach BOS weight {low:g} (the most "
+        "sinking head, at some logged training step) more often than ReLU seeds",
+        f"reach BOS weight {low:g} at a logged step",
+        lambda r: r[f"bos{low:g}_step"] is not None, RULES, settings, where,
+        trained=_plain(records, opts), scale=low)]
 
 
 def claims(records: dict[str, Any], opts: ExtensionsOptions) -> list[Claim]:
-    """The sweeps' claims over seeds: sink heads per sweep (pooled over its settings, the other
-    rule the control), how many seeds reached the stop rule, how errors carry over to unseen
-    lengths and trigger counts, and when the sink forms."""
-    out: list[Claim] = []
+    """The sweeps' claims over seeds: per sweep, softmax against ReLU as one contrast (pooled
+    over its settings, with its checks) and each rule's own rate described; how many seeds
+    reached the stop rule; how errors carry over to unseen lengths and trigger counts; and
+    when the sink forms."""
     tol = records["protocol"]["tol"]
     lens = seq_lens(opts)
     where = f"trained and tested at L = {lens[0]} to {lens[-1]}"
     seq = {r: [(f"L={n}", _group(records["seq_len"], rule=r, seq_len=n)) for n in lens]
            for r in RULES}
-    for rule in RULES:
-        out.append(sink_claim(f"seq_len.{rule}.sink", rule, where, seq))
-    for rule in RULES:
-        out.append(solves_claim(f"seq_len.{rule}.solves", rule, where, seq[rule], tol))
+    out = sink_contrast("seq_len", where, seq)
+    out += [solves_claim(f"seq_len.{rule}.solves", rule, where, seq[rule], tol) for rule in RULES]
     out += _trigger_claims(records, opts)
     configs = block_configs(opts)
     where = f"with the standard block ({', '.join(configs)})"
     block = {r: [(c, _group(records["block"], config=c, rule=r, block="standard"))
                  for c in configs] for r in RULES}
-    for rule in RULES:
-        out.append(unless_unsolved(sink_claim(f"block.{rule}.sink", rule, where, block), rule,
-                                   where, block))
+    out.append(unless_unsolved(sink_contrast("block", where, block, arms=False)[0], where,
+                               block))
     for rule in RULES:
         out.append(solves_claim(f"block.{rule}.solves", rule, where, block[rule], tol))
-        k, n = _count([r for _, rows in block[rule] for r in rows],
-                      lambda r: r["self_max"] >= MOVED)
+        k, n = _count(_rows(block[rule]), lambda r: r["self_max"] >= MOVED)
         out.append(cl.descriptive(
             f"block.{rule}.self",
             f"{k} of {n} {_seeds(rule, where, False)} have a head that puts at least "
@@ -541,9 +570,7 @@ def claims(records: dict[str, Any], opts: ExtensionsOptions) -> list[Claim]:
                 f"{c}: {_count(rows, lambda r: r['self_max'] >= MOVED)[0]}/{len(rows)}"
                 for c, rows in block[rule]) + "); no setting of this study must move its "
             "rows onto the query, so none is a control", n=n, estimate=k / n if n else None))
-    out += _length_claims(records, opts)
-    out += _emergence_claims(records, opts)
-    return out
+    return out + _length_claims(records, opts) + _emergence_claims(records, opts)
 
 
 # ------------------------------------------------------------------------------ figures
