@@ -392,7 +392,7 @@ def test_pretrain_quick_trains_measures_decides_and_resumes(tmp_path, capsys):
     assert [r["rule"] for r in records["rules"]] == ["softmax", "relu"]
     assert len(records["runs"]) == 4 and all(len(r["curve"]) == 4 for r in records["runs"])
     assert {c["key"] for c in result["claims"] if c["primary"]} == {
-        "softmax.sink_emerges", "no_sink.rules", "parity.rules", "eviction.softmax_hurts"}
+        "sink.softmax_vs_free", "parity.free_vs_softmax", "eviction.softmax_vs_free"}
     effects = records["runs"][0]["effects"]
     assert effects["eviction_cost"] == pytest.approx(effects["streaming_0"]
                                                      - effects["streaming_1"])
@@ -442,9 +442,11 @@ def test_pretrain_screens_rates_then_the_contrast_then_the_factors(tmp_path, cap
     assert "## Gu et al.'s factors" in text and "fig_pretrain_variants.png" in text
     assert (out / "figures" / "fig_pretrain_variants.png").is_file()
     claims = {c["key"]: c for c in json.loads((out / "records.json").read_text())["claims"]}
-    for key in ("factor.weight_decay_5.no_sink", "factor.window_64.no_sink",
-                "factor.no_fixed_first.lower"):
-        assert claims[key]["kind"] == "empirical" and claims[key]["control"] is not None
+    for key in ("factor.weight_decay_5.vs_softmax", "factor.window_64.vs_softmax",
+                "factor.no_fixed_first.vs_softmax"):
+        assert claims[key]["kind"] == "empirical" and claims[key]["control"] is None
+        assert claims[key]["effect"]["groups"][1] == "the contrast's softmax"
+        assert f"{key}.softmax_sinks" in {c["key"] for c in claims[key]["checks"]}
         assert not claims[key]["primary"]
     assert claims["budget.softmax"]["kind"] == "descriptive" and claims["budget.softmax"]["n"] == 1
     assert "emerged in" in claims["budget.softmax"]["data"]
@@ -649,8 +651,69 @@ def test_a_diverged_seed_is_counted_apart_and_in_no_median():
     rows = {r["rule"]: r for r in pt._rule_rows(runs)}
     assert rows["relu"]["n"] == 6 and rows["relu"]["diverged"] == 1
     assert rows["relu"]["val_loss_median"] == 2.0
-    records = {"rules": list(rows.values()), "runs": runs, "variants": []}
+    records = {"rules": list(rows.values()), "runs": runs, "variants": [], "screen": []}
     claims = {c.key: c for c in pt.claims(records, None)}
-    assert claims["no_sink.rules"].n == 5  # the diverged seed is in no median
-    assert claims["softmax.sink_emerges"].n == 6
+    sink = claims["sink.softmax_vs_free"]
+    assert sink.n == 6 + 5  # the diverged seed is in no group
+    diverged = {c.key: c for c in sink.check_claims()}["sink.softmax_vs_free.none_diverged"]
+    assert diverged.outcome == "failed" and diverged.data.startswith("11 of 12 runs")
     assert "emerged in 0 of 5 seeds" in claims["relu.sink"].data
+
+
+def _records(softmax_sink, free_sink, softmax_loss=1.75, free_loss=1.76, uniform_loss=2.5):
+    """Synthetic records of the rule contrast: per rule, seeds whose final numbers spread
+    a little around the given sink rate and loss (the free rules' eviction cost is small)."""
+    from sinklab.studies import pretrain_analysis as pt
+
+    def run(rule, seed, loss, rate, eviction):
+        return {"rule": rule, "seed": seed, "lr": 1e-3, "tokens": 100, "tokens_per_s": 1.0,
+                "diverged": False, "emergence_tokens": None, "curve": [], "val_loss": loss,
+                "sink_rate": rate, "sink_rate_relative": rate, "first_mass": 0.1,
+                "value_ratio": 1.0, "resid_ratio_max": 1.0,
+                "effects": {"eviction_cost": eviction, "streaming_1": 0.01}}
+
+    runs = [run("softmax", s, softmax_loss + s / 1000, softmax_sink + s / 1000,
+                0.2 + s / 1000) for s in range(10)]
+    runs += [run(rule, s, free_loss + s / 1000, free_sink + s / 1000, 0.001 * s)
+             for rule in pt.NO_SINK_RULES for s in range(5)]
+    runs += [run("uniform", s, uniform_loss + s / 1000, 0.0, 0.0) for s in range(5)]
+    screen = [{"rule": r, "lr": 1e-3, "at_ladder_end": False, "rates": []}
+              for r in ("softmax", *pt.NO_SINK_RULES, "uniform")]
+    return {"rules": pt._rule_rows(runs), "runs": runs, "variants": [], "screen": screen}
+
+
+def test_the_rule_contrasts_are_counted_only_when_the_sink_they_need_exists():
+    """Softmax against the rules without normalisation is one contrast per question, with no
+    mirror control; a sink contrast the data support is counted when softmax sinks, and not
+    when it does not (the check beside it fails), however clearly the groups differ."""
+    from sinklab import claims as cl
+    from sinklab.studies import pretrain
+
+    for softmax_sink, counted in ((0.5, True), (0.05, False)):
+        decided = {c.key: c for c in pretrain.STUDY.decide(_records(softmax_sink, 0.0), None)}
+        assert all(c.control is None for c in decided.values())
+        sink = decided["sink.softmax_vs_free"]
+        assert sink.primary and sink.outcome == cl.SUPPORTED and sink.counted is counted
+        checks = {c.key: c.outcome for c in sink.check_claims()}
+        assert checks["sink.softmax_vs_free.softmax_sinks"] == (
+            cl.VERIFIED if counted else cl.FAILED)
+        assert checks["sink.softmax_vs_free.comparable_loss"] == cl.VERIFIED
+    assert set(pretrain.PRIMARY) <= set(decided)
+
+
+def test_parity_is_a_non_inferiority_contrast_that_uniform_attention_must_fail():
+    from sinklab import claims as cl
+    from sinklab.studies import pretrain
+
+    def parity(**losses):
+        decided = {c.key: c for c in pretrain.STUDY.decide(_records(0.5, 0.0, **losses), None)}
+        claim = decided["parity.free_vs_softmax"]
+        return claim, {c.key: c.outcome for c in claim.check_claims()}
+
+    claim, checks = parity(free_loss=1.76)  # 0.01 above softmax: inside the margin
+    assert claim.outcome == cl.SUPPORTED and claim.counted
+    claim, _ = parity(free_loss=1.90)  # 0.15 above: beyond it
+    assert claim.outcome == cl.CONTRADICTED
+    claim, checks = parity(free_loss=1.76, uniform_loss=1.77)  # the test cannot tell uniform
+    assert claim.outcome == cl.SUPPORTED and not claim.counted
+    assert checks["parity.free_vs_softmax.can_fail"] == cl.FAILED

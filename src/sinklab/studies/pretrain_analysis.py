@@ -5,9 +5,10 @@ it decides and the figures it draws.
 (``search``) and adds the rounds after the first: the rates screened past the start, the rule
 contrast at each rule's rate found, then Gu et al.'s factors and the budget control; ``collect``
 records each run's numbers at the end of training and its curve; ``claims`` decides the primary
-claims, each beside its control, Gu et al.'s factors and a description per rule; ``FIGURES``
-draws the curves. The declaration (options, the runs of each round, ``STUDY``) is
-``sinklab.studies.pretrain``.
+contrasts (softmax against the rules without normalisation, each with the checks that could
+make it come out for another reason run beside it), Gu et al.'s factors as contrasts with the
+contrast's softmax seeds, and a description per rule; ``FIGURES`` draws the curves. The
+declaration (options, the runs of each round, ``STUDY``) is ``sinklab.studies.pretrain``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from sinklab import claims as cl
 from sinklab import stats
 from sinklab.attention import rule_info
 from sinklab.claims import Claim
+from sinklab.contrasts import locations_contrast
 from sinklab.definitions import GU_EPS
 from sinklab.lm.settings import HARMLESS
 from sinklab.pretrain.runconfig import ABLATE_HEADS, CAP_EPS, WINDOW
@@ -253,63 +255,169 @@ def _effects(records: dict[str, Any], rule: str, key: str) -> list[float]:
             if v is not None]
 
 
-def _sink_claim(key: str, sentence: str, values: list[float], above: bool) -> Claim:
-    what = (f"per seed, the share of (window, layer, head) whose first-key importance (the "
-            f"mean weight on key 0 over the queries that see it) exceeds eps = {GU_EPS:g} at "
-            "the end of training")
-    if above:
-        return cl.median_at_least(key, sentence, values, SINK_RATE, what=what)
-    return cl.median_at_most(key, sentence, values, SINK_RATE, what=what)
+def _per_seed(records: dict[str, Any], rule: str, key: str) -> list[float]:
+    """A number per seed of the rule: a final number (``FINAL_KEYS``) or an intervention's."""
+    return _values(records, rule, key) if key in FINAL_KEYS else _effects(records, rule, key)
+
+
+def _median(values: list[float]) -> float:
+    """The median, nan for no values (a check on it then fails)."""
+    return float(np.median(values)) if values else math.nan
+
+
+SINK_WHAT = (f"per seed, the share of (window, layer, head) whose first-key importance (the mean "
+             f"weight on key 0 over the queries that see it) exceeds eps = {GU_EPS:g} at the end "
+             "of training")
+EVICTION_WHAT = ("per seed, the mean next-token loss change (nats per token) over the probes when "
+                 f"StreamingLLM's cache of the {WINDOW} most recent tokens keeps no first token, "
+                 "against keeping it, at the positions where the cache has dropped keys")
+
+
+def softmax_sinks(key: str, softmax: list[float]) -> Claim:
+    """The check that the effect a contrast needs exists: softmax forms a first-token sink at
+    all in this protocol, i.e. at most half of the contrast's softmax seeds end without one
+    (their median sink rate reaches ``SINK_RATE``). Fails with no softmax seeds."""
+    without = sum(v < SINK_RATE for v in softmax)
+    return cl.check(f"{key}.softmax_sinks", "Softmax forms a first-token sink at all in this "
+                    f"protocol, which the comparison needs: at most half of the contrast's softmax "
+                    f"seeds end with a sink rate below {SINK_RATE:g}",
+                    without / len(softmax) if softmax else math.nan, 0.5,
+                    f"the share of the contrast's softmax seeds without a sink ({without} of "
+                    f"{len(softmax)})")
+
+
+def _gap_check(key: str, sentence: str, reference: tuple[str, list[float]],
+               others: list[tuple[str, list[float]]], bound: float, unit: str) -> Claim:
+    """A check that every compared arm's median lies within ``bound`` of the reference arm's:
+    the largest gap between medians, verified when at most ``bound`` (failed with no values)."""
+    name, ref = reference
+    gaps = [abs(_median(v) - _median(ref)) for _, v in others]
+    medians = ", ".join(f"{g} {_median(v):.4g}" for g, v in [reference, *others])
+    return cl.check(key, sentence, max(gaps, default=math.nan), bound,
+                    f"the largest gap between {name}'s median and a compared arm's ({medians}; "
+                    f"{unit})")
+
+
+def _loss_check(key: str, softmax: list[float], others: list[tuple[str, list[float]]]) -> Claim:
+    return _gap_check(f"{key}.comparable_loss", "The compared arms trained to comparable "
+                      f"validation loss, within {LOSS_MARGIN:g} nats per token of softmax's "
+                      "median, so that neither is simply less trained (a sink forms as the loss "
+                      "falls)", ("softmax", softmax), others, LOSS_MARGIN,
+                      "final validation loss, nats per token")
+
+
+def _finished_check(key: str, runs: list[dict[str, Any]], words: str) -> Claim:
+    """A check that no run of the compared arms diverged (a diverged seed is in no value)."""
+    finished = sum(not r["diverged"] for r in runs)
+    return cl.check_all(f"{key}.none_diverged", "No seed of the compared arms diverged, so the "
+                        "arms are compared on every seed trained", finished, len(runs),
+                        f"runs of {words} that finished without diverging")
+
+
+def _ladder_check(key: str, records: dict[str, Any], rules: list[str]) -> Claim:
+    """A check that each compared rule's learning rate was found inside the screened ladder
+    (with --quick there is no search, and it fails)."""
+    inside = [s["rule"] for s in records.get("screen", [])
+              if s["rule"] in rules and s["lr"] is not None and not s["at_ladder_end"]]
+    return cl.check_all(f"{key}.rates_found", "Each compared rule trained at a rate its screen "
+                        "found inside the ladder, not one cut off by the ladder's end", len(inside),
+                        len(rules), f"rules ({', '.join(rules)}) whose rate search ended inside "
+                        "the ladder")
+
+
+def _one_by_one(key: str, records: dict[str, Any], rules: list[str], value: str,
+                digits: int = 3) -> Claim:
+    """The pooled rules one by one (context for a pooled contrast; decides nothing)."""
+    each = []
+    for rule in rules:
+        v = _per_seed(records, rule, value)
+        each.append(f"{rule}: median {_median(v):.{digits}g} over {len(v)} seeds"
+                    + (f" (range {min(v):.{digits}g} to {max(v):.{digits}g})" if v else ""))
+    return cl.descriptive(f"{key}.each_rule", "The pooled rules one by one (a pooled "
+                          "comparison can hide one rule that differs)",
+                          "; ".join(each) or "none trained", n=len(rules))
 
 
 def claims(records: dict[str, Any], opts: PretrainOptions) -> list[Claim]:
-    """The three primary claims (each with a control, and without data, undetermined, where
-    --rules leaves their rules out) and a description per rule."""
+    """The three primary contrasts, softmax against the rules without normalisation (their
+    seeds pooled; a group with no runs leaves its contrast undetermined), each with the checks
+    run beside it; Gu et al.'s factors against the contrast's softmax seeds; a description per
+    rule."""
     rules = [r["rule"] for r in records["rules"]]
     softmax = _values(records, "softmax", "sink_rate")
     no_sink = [r for r in NO_SINK_RULES if r in rules]
-    pooled = [v for r in no_sink for v in _values(records, r, "sink_rate")]
     words = ", ".join(no_sink) or "relu, sigmoid, softpick (none trained)"
-    claim = _sink_claim("softmax.sink_emerges", "Softmax models form a first-token sink at "
-                        "this scale", softmax, above=True)
-    control = _sink_claim("softmax.sink_emerges.control", "The same test on the models "
-                          f"without normalisation ({words})", pooled, above=True)
-    out = [cl.with_control(claim, control, words)]
-    parts = [(r, _values(records, r, "sink_rate")) for r in no_sink]
-    claim = cl.median_at_most("no_sink.rules", f"Models with {words} attention form no "
-                              "first-token sink at this scale", pooled if not parts else None,
-                              SINK_RATE, parts=parts or None,
-                              what="per seed, the sink rate at the end of training")
-    control = _sink_claim("no_sink.rules.control", "The same test on softmax", softmax,
-                          above=False)
-    out.append(cl.with_control(claim, control, "softmax"))
+    pooled_group = f"{words} (seeds pooled)"
+    arms = [r for r in records["runs"] if r["rule"] in ("softmax", *no_sink)]
     losses = _values(records, "softmax", "val_loss")
-    reference = float(np.median(losses)) if losses else 0.0
-    what = (f"per seed, the final validation loss (nats per token) against softmax's median "
-            f"{reference:.4f}, within {LOSS_MARGIN:g}" if losses else "softmax was not trained")
-    parts = [(r, _values(records, r, "val_loss")) for r in no_sink]
-    claim = cl.median_within("parity.rules", f"Models with {words} attention train to "
-                             f"softmax's validation loss within {LOSS_MARGIN:g} nats per token",
-                             [] if not (parts and losses) else None, reference, LOSS_MARGIN,
-                             parts=parts if parts and losses else None, what=what)
-    uniform = _values(records, CONTROL_RULE, "val_loss") if losses else []
-    control = cl.median_within("parity.rules.control", "The same test on uniform attention "
-                               "(fixed weights, no content attention)", uniform, reference,
-                               LOSS_MARGIN, what=what)
-    out.append(cl.with_control(claim, control, CONTROL_RULE))
-    what = (f"per seed, the mean next-token loss change (nats per token) over the probes when "
-            f"StreamingLLM's cache of the {WINDOW} most recent tokens keeps no first token, "
-            "against keeping it, at the positions where the cache has dropped keys")
-    claim = cl.median_at_least("eviction.softmax_hurts", "Evicting the first token raises "
-                               f"softmax models' loss by more than {HARMLESS:g} nats per token",
-                               _effects(records, "softmax", "eviction_cost"), HARMLESS,
-                               what=what)
-    control = cl.median_at_least("eviction.softmax_hurts.control", f"The same test on {words}",
-                                 [v for r in no_sink for v in _effects(records, r,
-                                                                      "eviction_cost")],
-                                 HARMLESS, what=what)
-    out.append(cl.with_control(claim, control, words))
-    out += factor_claims(records, softmax)
+    free_losses = [(r, _values(records, r, "val_loss")) for r in no_sink]
+
+    def pooled(key: str) -> list[float]:
+        return [v for r in no_sink for v in _per_seed(records, r, key)]
+
+    key = "sink.softmax_vs_free"
+    relative = [(r, _values(records, r, "sink_rate_relative")) for r in no_sink]
+    out = [locations_contrast(
+        key, "Softmax models end training with a higher first-token sink rate than models "
+        f"with {words} attention (their seeds pooled)", softmax, pooled("sink_rate"),
+        what=SINK_WHAT, groups=("softmax", pooled_group), greater=True, checks=[
+            softmax_sinks(key, softmax),
+            _loss_check(key, losses, free_losses),
+            cl.check(f"{key}.within_reach", "The pooled rules lack a sink at their own scale "
+                     "too, so their low rate is not an eps their small weights cannot reach: "
+                     "with each row divided by its sum (an empty row counting as no weight), "
+                     f"each pooled rule's median sink rate is at most {SINK_RATE:g}",
+                     max((_median(v) for _, v in relative), default=math.nan), SINK_RATE,
+                     "the largest median relative sink rate of a pooled rule ("
+                     + ", ".join(f"{r} {_median(v):.3g}" for r, v in relative) + ")"),
+            _finished_check(key, arms, f"softmax, {words}"),
+            _ladder_check(key, records, ["softmax", *no_sink]),
+            _one_by_one(key, records, no_sink, "sink_rate")])]
+
+    key = "parity.free_vs_softmax"
+    uniform = _values(records, CONTROL_RULE, "val_loss")
+    out.append(locations_contrast(
+        key, f"Models with {words} attention (their seeds pooled) train to within "
+        f"{LOSS_MARGIN:g} nats per token of softmax's validation loss: their losses less "
+        f"{LOSS_MARGIN:g} lie below softmax's", [v - LOSS_MARGIN for v in pooled("val_loss")],
+        losses, what=f"per seed, the final validation loss (nats per token), the pooled rules' "
+        f"less the margin {LOSS_MARGIN:g} (a non-inferiority test)",
+        groups=(f"{pooled_group} less {LOSS_MARGIN:g}", "softmax"), greater=False, checks=[
+            cl.check(f"{key}.can_fail", "The test can tell a rule that cannot attend by content: "
+                     f"uniform attention's median loss lies more than {LOSS_MARGIN:g} above "
+                     "softmax's", _median(losses) + LOSS_MARGIN - _median(uniform), 0.0,
+                     f"softmax's median loss + {LOSS_MARGIN:g} minus uniform's "
+                     f"({_median(losses):.4g} + {LOSS_MARGIN:g} - {_median(uniform):.4g} over "
+                     f"{len(uniform)} seeds; nats per token)"),
+            _finished_check(key, arms, f"softmax, {words}"),
+            _ladder_check(key, records, ["softmax", *no_sink]),
+            _one_by_one(key, records, no_sink, "val_loss", digits=4)]))
+
+    key = "eviction.softmax_vs_free"
+    cache = [(r, _effects(records, r, "streaming_1")) for r in no_sink]
+    out.append(locations_contrast(
+        key, "Evicting the first token from StreamingLLM's cache costs softmax models more "
+        f"than models with {words} attention (their seeds pooled)",
+        _effects(records, "softmax", "eviction_cost"), pooled("eviction_cost"),
+        what=EVICTION_WHAT, groups=("softmax", pooled_group), greater=True, checks=[
+            softmax_sinks(key, softmax),
+            _gap_check(f"{key}.same_cache_cost", f"The cache alone (the {WINDOW} most recent "
+                       "tokens and the first, against the whole window) costs the compared arms "
+                       f"alike, within {HARMLESS:g} nats per token, so that an eviction cost is "
+                       "not a difference between two arms run at scales they never trained at",
+                       ("softmax", _effects(records, "softmax", "streaming_1")), cache,
+                       HARMLESS, "mean next-token loss change, nats per token"),
+            _loss_check(key, losses, free_losses),
+            _finished_check(key, arms, f"softmax, {words}"),
+            _ladder_check(key, records, ["softmax", *no_sink]),
+            _one_by_one(key, records, no_sink, "eviction_cost", digits=4)]))
+    out.append(cl.as_descriptive(
+        cl.median_at_least("eviction.softmax_cost", "", _effects(records, "softmax",
+                                                                  "eviction_cost"),
+                           HARMLESS, what=EVICTION_WHAT),
+        f"Softmax models' own eviction cost, against the {HARMLESS:g} nats per token below "
+        "which a change counts as harmless (the median's one-sided bounds in the data)"))
+    out += factor_claims(records, softmax, losses)
     for rule in rules:
         values = _values(records, rule, "sink_rate")
         if not values:
@@ -346,34 +454,45 @@ def emergence_text(times: list[int | None]) -> str:
     return text
 
 
-def factor_claims(records: dict[str, Any], softmax: list[float]) -> list[Claim]:
-    """Gu et al.'s factors, each against the contrast's softmax seeds as its control (the same
-    test, the factor reversed): weight decay 5.0 and windows of 64 tokens leave no sink (their
-    finding), and without a fixed first token the sink rate is at most half of softmax's median
-    (theirs fell from 74% to 18%). Without the factors' runs, nothing."""
-    by = {v: [r["sink_rate"] for r in records["variants"]
-              if r["variant"] == v and r["sink_rate"] is not None] for v in VARIANTS}
+def factor_claims(records: dict[str, Any], softmax: list[float],
+                  losses: list[float]) -> list[Claim]:
+    """Gu et al.'s factors, each a contrast of softmax with the factor against the contrast's
+    softmax seeds (the same rule, rate and budget, the factor reversed): with weight decay 5.0,
+    with windows of 64 tokens and without a fixed first token, the sink rate lies below
+    softmax's (their finding: the first two removed or prevented the sink, the third lowered
+    the rate from 74% to 18%). Each needs softmax to form a sink at all, which is checked
+    beside it. Without the factors' runs, nothing."""
+    runs = {v: [r for r in records["variants"] if r["variant"] == v] for v in VARIANTS}
+    by = {v: [r["sink_rate"] for r in sel if r["sink_rate"] is not None]
+          for v, sel in runs.items()}
     out: list[Claim] = []
     if not softmax or not any(by.values()):
         return out
-    for variant in ("weight_decay_5", "window_64"):
-        if by[variant]:
-            words = VARIANT_WORDS[variant]
-            claim = _sink_claim(f"factor.{variant}.no_sink", f"With {words}, softmax models "
-                                "form no first-token sink (Gu et al.)", by[variant], above=False)
-            control = _sink_claim(f"factor.{variant}.no_sink.control", "The same test on the "
-                                  "contrast's softmax seeds", softmax, above=False)
-            out.append(cl.with_control(claim, control, "the contrast's softmax seeds"))
-    if by["no_fixed_first"]:
-        half = 0.5 * float(np.median(softmax))
-        what = (f"per seed, the sink rate at the end of training, against half of the contrast's "
-                f"softmax median ({half:.3g})")
-        claim = cl.median_at_most("factor.no_fixed_first.lower", "Without a fixed first token, "
-                                  "softmax models' sink rate is at most half of softmax's with "
-                                  "one (Gu et al.)", by["no_fixed_first"], half, what=what)
-        control = cl.median_at_most("factor.no_fixed_first.lower.control", "The same test on "
-                                    "the contrast's softmax seeds", softmax, half, what=what)
-        out.append(cl.with_control(claim, control, "the contrast's softmax seeds"))
+    contrast = rows_of(records, "softmax")
+    for variant in ("weight_decay_5", "window_64", "no_fixed_first"):
+        if not by[variant]:
+            continue
+        words = VARIANT_WORDS[variant]
+        key = f"factor.{variant}.vs_softmax"
+        variant_losses = [r["val_loss"] for r in runs[variant] if r["val_loss"] is not None]
+        checks = [softmax_sinks(key, softmax),
+                  _finished_check(key, [*runs[variant], *contrast],
+                                  f"softmax with {words} and the contrast's softmax")]
+        if variant == "window_64":  # a loss on shorter windows is higher by construction
+            checks.append(cl.descriptive(
+                f"{key}.losses", "The validation losses, which do not compare: a window of 64 "
+                "tokens predicts from less context",
+                f"with {words}: median {_median(variant_losses):.4g} over "
+                f"{len(variant_losses)} seeds on 64-token windows; the contrast's softmax: "
+                f"median {_median(losses):.4g} over {len(losses)} seeds on its own windows",
+                n=len(variant_losses) + len(losses)))
+        else:
+            checks.append(_loss_check(key, losses, [(words, variant_losses)]))
+        out.append(locations_contrast(
+            key, f"With {words}, softmax models end training with a lower first-token sink "
+            "rate than the contrast's softmax models (Gu et al.)", by[variant], softmax,
+            what=SINK_WHAT, groups=(f"softmax with {words}", "the contrast's softmax"),
+            greater=False, checks=checks))
     budget = [r for r in records["variants"]
               if r["variant"] == f"budget_x{BUDGET_FACTOR}" and not r["diverged"]]
     if budget:
