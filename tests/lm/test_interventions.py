@@ -383,3 +383,90 @@ def test_a_capped_or_hidden_random_key_keeps_row_sums():
     assert (iv.hide_keys(weights, chosen) * chosen).sum(-1)[..., 2:].max() == 0
     with pytest.raises(ValueError, match="is not a row edit"):
         iv.chosen_keys("swap", chosen, N_LAYERS)
+
+
+# ------------------------------------- the intervention claims: contrasts with random units
+
+
+def _records(sink_cap: float, layer_cap: float, other_cap: float, cap_all: float,
+             cap_random: float, n_probes: int = 16) -> dict:
+    """A causal model's interventions record, numbers only: 4 layers x 8 heads, the sink heads
+    the first 6 of layer 0; capping a sink head, another head of layer 0 or any other head
+    raises the loss by ``sink_cap``, ``layer_cap`` and ``other_cap``; the global cap of the
+    first key by ``cap_all`` and of a random key by ``cap_random``; nothing else moves it."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+
+    def near(value: float) -> list:
+        return (value + rng.normal(0.0, 0.002, n_probes)).tolist()
+
+    rows = [{"layer": layer, "head": head, "zero": near(0.0), "mean": near(0.0),
+             "cap": near(sink_cap if (layer, head) < (0, 6) else
+                         layer_cap if layer == 0 else other_cap)}
+            for layer in range(4) for head in range(8)]
+    first = np.full((n_probes, 4, 8), 0.6)
+    first[:, 0, :6] = 0.95
+    stats = {"first": first.tolist(), "value_ratio": (0.5 + 0 * first).tolist(),
+             "output_norm": (1.0 + rng.normal(0.0, 0.01, first.shape)).tolist()}
+
+    def edit(key: str, value: float, random: float) -> dict:
+        bands = [{"band": b, "per_probe": near(value)} for b in ("0-3", "4-19", "20+")]
+        return {"key": key, "label": key, "per_probe": near(value), "bands": bands,
+                "control": {"label": "a random other key", "per_probe": near(random)}}
+
+    moved = np.full((n_probes, 4, 8, 4), 0.2)
+    return {"key": "m", "model": "m", "causal": True, "interventions": {
+        "baseline": near(4.0), "prefix": ["<s>"], "cap_eps": 0.5, "window": 16,
+        "compared_from": 20, "streaming_needs": 22,
+        "global": [edit("hide_first_key", 0.0, 0.0), edit("zero_first_value", 0.0, 0.0),
+                   edit("cap_first_mass", cap_all, cap_random)],
+        "streaming": [{"k": k, "per_probe": near(0.0)} for k in (0, 1, 4, "random")],
+        "heads": rows, "head_stats": stats, "sink_heads": [[0, h] for h in range(6)],
+        "moved": {"plain": moved.tolist(), "hidden": moved[..., 1:].tolist(),
+                  "proportional": moved[..., 1:].tolist()},
+        "destinations": ["1", "2-3", "4+"], "moved_from": 4, "targeted": []}}
+
+
+def _decided(model: dict) -> dict:
+    from sinklab import claims as cl
+    from sinklab.studies import lm as lm_study
+    from sinklab.studies.lm_contrasts import intervention_claims
+
+    found = intervention_claims(model)
+    return {c.key: c for c in cl.finalize(found, [f"m.{k}" for k in lm_study.PRIMARY])}
+
+
+def test_a_sink_cap_that_costs_more_than_random_heads_and_keys_is_one_counted_contrast():
+    claims = _decided(_records(0.2, 0.0, 0.0, cap_all=0.3, cap_random=0.0))
+    for key in ("m.sink_heads_cap_raises_loss", "m.cap_first_mass_raises_loss"):
+        c = claims[key]
+        assert c.rule == "bootstrap_contrast" and c.control is None and c.primary
+        assert c.outcome == "supported" and c.counted, key
+    assert claims["m.sink_heads_cap_raises_loss"].estimate == pytest.approx(0.2, abs=0.01)
+    assert claims["m.cap_first_mass_raises_loss"].estimate == pytest.approx(0.3, abs=0.01)
+    # the same cap costing as much on random units: no difference, so not supported
+    claims = _decided(_records(0.2, 0.2, 0.2, cap_all=0.3, cap_random=0.3))
+    for key in ("m.sink_heads_cap_raises_loss", "m.cap_first_mass_raises_loss"):
+        assert claims[key].outcome != "supported", key
+
+
+def test_a_contrast_that_only_depth_makes_fails_its_same_layer_check():
+    """The sink heads' layer costs as much when any of its heads is capped: against random
+    heads of every layer the sink heads stand out, against those of their own layer they do
+    not, so the contrast is supported but not counted."""
+    c = _decided(_records(0.2, 0.2, 0.0, cap_all=0.3, cap_random=0.0))[
+        "m.sink_heads_cap_raises_loss"]
+    assert c.outcome == "supported" and not c.counted
+    layer = next(k for k in c.check_claims() if k.key.endswith("same_layers"))
+    assert layer.outcome == "failed" and "layers (1: 2 heads)" in layer.sentence
+
+
+def test_harmless_sink_heads_are_judged_by_the_size_of_the_change_against_random_heads():
+    claims = _decided(_records(0.0, 0.0, 0.0, cap_all=0.0, cap_random=0.0))
+    harmless = claims["m.sink_heads_zero_ablation_harmless"]
+    # every head harmless: the sink heads move the loss no less than random heads
+    assert harmless.outcome != "supported" and harmless.effect["groups"][1].startswith(
+        "random sets of 6 of the 26 other heads")
+    change = claims["m.sink_heads_zero_ablation_change"]  # the threshold read, no verdict
+    assert change.kind == "descriptive" and "inside +-0.01" in change.sentence

@@ -108,13 +108,20 @@ def test_pipeline_on_a_tiny_llama(tmp_path, capsys, tiny_llama):
         "sink_heads_zero_ablation_harmless", "sink_heads_mean_ablation_harmless",
         "sink_heads_cap_raises_loss")}
     described = {f"{key}.{name}" for name in (
-        "sink_heads_zero_vs_random_heads", "sink_heads_mean_vs_random_heads",
-        "sink_heads_cap_vs_random_heads", "hidden_first_key_mass_moves")}
+        "zero_first_value_change", "sink_heads_zero_ablation_change",
+        "sink_heads_mean_ablation_change", "hidden_first_key_mass_moves")}
     targeted = {f"{key}.trigger_heads_targeted"} if result["trigger_scan"]["heads"] else set()
     assert set(claims) == gu | story | described | targeted
-    for name in story:  # every empirical claim has its control, run by the same test
-        assert claims[name]["kind"] == "empirical" and claims[name]["control"] is not None
-        assert claims[name]["control"]["claim"]["rule"] == claims[name]["rule"] == "bootstrap"
+    for name in story:  # every empirical claim is a contrast with random units: no control
+        c = claims[name]
+        assert c["kind"] == "empirical" and c["rule"] == "bootstrap_contrast"
+        assert c["control"] is None and c["effect"]["groups"][1].startswith(("a random",
+                                                                               "random sets",
+                                                                               "the first"))
+        checks = {k["key"].split(".", 1)[1] for k in c["checks"]}
+        assert "probes_long_enough" in checks, name
+        assert (name.split(".", 1)[1].startswith("sink_heads")) == \
+            (f"{name.split('.', 1)[1]}.same_layers" in checks), name
     for name in gu | described:
         assert claims[name]["kind"] == "descriptive" and claims[name]["outcome"] == "described"
     primary = {c["key"] for c in claims.values() if c["primary"]}

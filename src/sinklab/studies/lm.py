@@ -20,7 +20,8 @@ records hold every (layer, head) value and every probe's rates; the claims compa
 Gu sink rate on random tokens with the range Gu et al. report for open LMs, with the probe as
 the unit. Then, on the first ``--intervene`` natural probes, the interventions of
 ``sinklab.lm.edits`` (kept in ``cache/{model}-interventions.json``) and the
-claims of the paper's story that they test::
+claims of the paper's story that they test, each a contrast of the sink's units with random
+ones (``sinklab.studies.lm_contrasts``)::
 
     sinklab lm --model smollm2 --model minilm --out results/lm
     sinklab lm --model HuggingFaceTB/SmolLM2-135M --probes my_texts.jsonl --out results/mine
@@ -98,7 +99,7 @@ class LMOptions:
                 f"(default: {INTERVENE_PROBES})", "flag": "--intervene", "metavar": "N"})
     ablate_heads: int = field(default=ABLATE_HEADS, metadata={
         "help": "the sink heads: the K heads with the most first-token mass; every head is "
-                f"ablated, and random sets of K other heads are their controls (default: "
+                f"ablated, and the claims compare them with random sets of K other heads (default: "
                 f"{ABLATE_HEADS})", "flag": "--ablate-heads",
         "metavar": "K"})
     cap_eps: float = field(default=CAP_EPS, metadata={
@@ -159,6 +160,9 @@ class LMOptions:
                               window=self.window, device=device)
 
 
+# each a contrast of the sink's units with random ones (``sinklab.studies.lm_contrasts``): the
+# first key's cap against a random key's, the sink heads' cap, zero ablation (the size of the
+# change) and output against random sets of as many other heads
 PRIMARY = ("cap_first_mass_raises_loss", "sink_heads_cap_raises_loss",
            "sink_heads_zero_ablation_harmless", "sink_heads_output_small")
 

@@ -4,15 +4,16 @@ and kept in the run's cache (``collect``), the claims they test (``claims``), th
 intervals worked out again (``complete``) and the figures (``FIGURES``).
 
 The heads' two units behind the interventions' numbers (``Units``, ``head_analysis``, ...) are
-``sinklab.lm.units``; this module turns them into claims and figures. It imports torch (through
-``sinklab.lm.survey``) and is loaded only when the study runs or renders::
+``sinklab.lm.units``; the interventions' claims, each a contrast of the sink's units with random
+ones, are ``sinklab.studies.lm_contrasts``; this module turns the rest into claims and
+figures. It imports torch (through ``sinklab.lm.survey``) and is loaded only when the study runs
+or renders::
 
     sinklab lm --model smollm2 --out results/lm
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,26 +21,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from sinklab import claims as cl
-from sinklab import stats
 from sinklab.claims import Claim
 from sinklab.definitions import GU_EPS, GUO_CUTOFF
 from sinklab.errors import ConfigError, Interrupted
 from sinklab.lm import settings, sources, survey
-from sinklab.lm.settings import HARMLESS, LOSS_TOKENS, needs_text
-from sinklab.lm.units import (
-    HOWS,
-    SEEDS_OF,
-    Units,
-    as_array,
-    described,
-    head_analysis,
-    moved_analysis,
-    probe_draws,
-    probe_summary,
-    with_bands,
-)
-from sinklab.stats import finite
+from sinklab.lm.units import HOWS, Units, described, head_analysis, probe_summary, with_bands
 from sinklab.studies.lm import MAX_TOKENS, LMOptions
+from sinklab.studies.lm_contrasts import intervention_claims
 from sinklab.studies.options import named
 from sinklab.studies.outputs import default_log
 from sinklab.studies.reference import GU
@@ -241,206 +229,6 @@ def interrupted_text(out: Path, kept: list[tuple[str, str, Any]]) -> str:
 
 
 # ------------------------------------------------------------------------------- claims
-
-PROBES = ("probe", "probes")
-HEADS = ("head", "heads")
-HOW_WORDS = {"zero": "zero-ablating", "mean": "mean-ablating",
-             "cap": "capping the first-token mass of"}
-OUTPUT_SMALL = 0.5  # "writes at most half as much as a random head"
-AT_OR = {"below": "at or below", "above": "at or above"}  # a p's tail (units.TAIL_OF) in words
-CLAIMED = {"below": "lower", "above": "higher"}  # what the claim says of the sink heads' mean
-
-
-def _unmeasured(key: str, sentence: str, why: str) -> Claim:
-    """An empirical claim with nothing to decide it: undetermined, saying what it needs."""
-    return Claim(key=key, sentence=sentence, data=why, test="bootstrap: nothing to resample",
-                 outcome=cl.UNDETERMINED, n=0, rule="bootstrap", reason=why)
-
-
-def _bootstrap(key: str, sentence: str, estimate: float, draws: np.ndarray, n: int,
-               unit: tuple[str, str], what: str, how: str, why: str, **band: float) -> Claim:
-    """``claims.bootstrap_claim``, or an undetermined claim saying ``why`` when there is
-    nothing measured to decide it."""
-    finite = np.asarray(draws, dtype=float)
-    finite = finite[np.isfinite(finite)]
-    if not math.isfinite(estimate) or finite.size < 2:
-        return _unmeasured(key, sentence, why)
-    return cl.bootstrap_claim(key, sentence, float(estimate), finite, n, unit=unit, what=what,
-                              how=how, **band)
-
-
-def _bands_text(edit: dict[str, Any]) -> str:
-    """'by position band: 0-3: x (n probes), ...' from an edit's band records."""
-    parts = []
-    for b in edit.get("bands", []):
-        vals = finite(b["per_probe"])
-        parts.append(f"{b['band']}: {np.mean(vals):.4g}" if vals else f"{b['band']}: none")
-    return "by query position: " + ", ".join(parts) if parts else ""
-
-
-def _global_claim(key: str, sentence: str, values: list, control_values: list, setting: str,
-                  what: str, why: str, seed: int, **band: float) -> Claim:
-    """A global edit's claim over probes, with its control: the same test on the same edit
-    made on another key of each row (``setting``)."""
-    est, draws, n = probe_draws(values, seed)
-    c_est, c_draws, c_n = probe_draws(control_values, seed + 1)
-    short = len(values) - n
-    if n and short:  # k of n: the probes too short for it are named
-        what += (f" ({short} of the {len(values)} too short to measure: "
-                 f"{why.removeprefix('not measured: ')})")
-    how = "probe bootstrap"
-    claim = _bootstrap(key, sentence, est, draws, n, PROBES, what, how, why, **band)
-    control = _bootstrap(f"{key}.control", sentence, c_est, c_draws, c_n, PROBES,
-                         what.split("; by query position")[0], how, why, **band)
-    return cl.with_control(claim, control, setting)
-
-
-def _head_claim(units: Units, key: str, sentence: str, name: str, what: str, why: str,
-                **band: float) -> Claim:
-    """A sink-set claim decided by the two-level bootstrap, with its control: the same test on
-    a random set of as many other heads (a fresh set in each draw)."""
-    seed = SEEDS_OF[name]
-    est, draws = units.sink_draws(name, seed)
-    c_est, c_draws = units.control_draws(name, seed + 100)
-    how = "two-level (heads, then probes) bootstrap"
-    claim = _bootstrap(key, sentence, est, draws, units.size, HEADS, what, how, why, **band)
-    setting = (f"random sets of {units.size} of the {len(units.pool)} other heads (a fresh set "
-               f"in each draw)")
-    control = _bootstrap(f"{key}.control", sentence, c_est, c_draws, units.size, HEADS, what,
-                         "random head set, then probe bootstrap", why, **band)
-    return cl.with_control(claim, control, setting)
-
-
-def intervention_claims(model: dict[str, Any]) -> list[Claim]:
-    """The story's claims for one causal model's interventions (``model["interventions"]``),
-    each with its control; the comparisons with random heads and where a hidden first key's
-    weight goes are descriptive; a claim whose measurement has no probe says what it needs."""
-    iv_rec = model["interventions"]
-    key, name = model["key"], model["model"]
-    prefix = iv_rec.get("prefix", [])
-    loss = needs_text(LOSS_TOKENS, prefix)
-    n = len(iv_rec["baseline"])
-    over = f"over {n} natural probes"
-    by_key = {g["key"]: g for g in iv_rec["global"]}
-    out = []
-    for edit, words, seed, band in (
-            ("hide_first_key", f"{name}: hiding the first token's key from every query raises "
-             f"the next-token loss by more than {HARMLESS:g} nats per token", 21,
-             {"low": HARMLESS}),
-            ("zero_first_value", f"{name}: zeroing the first token's value in every head changes "
-             f"the loss by less than {HARMLESS:g} nats per token (the paper's story: the sink's "
-             "value is near zero, so attending to it adds nothing)", 23,
-             {"low": -HARMLESS, "high": HARMLESS}),
-            ("cap_first_mass", f"{name}: capping every head's first-token mass at 1 - "
-             f"{iv_rec['cap_eps']:g} raises the loss by more than {HARMLESS:g} nats per token",
-             25, {"low": HARMLESS})):
-        g = by_key[edit]
-        name_of = "zero_first_value_harmless" if edit == "zero_first_value" else \
-            f"{edit}_raises_loss"
-        out.append(_global_claim(
-            f"{key}.{name_of}", words, g["per_probe"], g["control"]["per_probe"],
-            g["control"]["label"],
-            f"each probe's mean loss change (nats per token) {over}; {_bands_text(g)}", loss,
-            seed, **band))
-    streams = {s["k"]: s for s in iv_rec["streaming"]}
-    why = needs_text(iv_rec["streaming_needs"], prefix)
-    if streams:
-        none = as_array(streams[0]["per_probe"])
-        gain = (none - as_array(streams[1]["per_probe"])).tolist()
-        control = (none - as_array(streams["random"]["per_probe"])).tolist()
-    else:
-        gain = control = []
-    out.append(_global_claim(
-        f"{key}.streaming_first_token_helps",
-        f"{name}: with a window of {iv_rec['window']} recent tokens, also keeping the first "
-        f"token lowers the loss by more than {HARMLESS:g} nats per token (StreamingLLM's "
-        f"finding)", gain, control,
-        "a random token from before the window kept instead of the first",
-        f"each probe's loss with no token kept besides the window minus with the first kept, "
-        f"at positions >= {iv_rec['compared_from']} {over}", why, 27, low=HARMLESS))
-    units = Units(iv_rec)
-    k = units.size
-    heads = f"the {k} heads with the most first-token mass"
-    for how in ("zero", "mean"):
-        out.append(_head_claim(
-            units, f"{key}.sink_heads_{how}_ablation_harmless",
-            f"{name}: {HOW_WORDS[how]} one of {heads} changes the loss by less than "
-            f"{HARMLESS:g} nats per token (the paper's story: a sink head does nothing)", how,
-            f"each head's loss change when it alone is ablated, per probe {over}", loss,
-            low=-HARMLESS, high=HARMLESS))
-    out.append(_head_claim(
-        units, f"{key}.sink_heads_cap_raises_loss",
-        f"{name}: capping the first-token mass of one of {heads} at 1 - {iv_rec['cap_eps']:g} "
-        f"raises the loss by more than {HARMLESS:g} nats per token (the sink is needed)", "cap",
-        f"each head's loss change when its first-token mass alone is capped, per probe {over}",
-        loss, low=HARMLESS))
-    out.append(_head_claim(
-        units, f"{key}.sink_heads_value_drained",
-        f"{name}: in {heads} the first token's value vector is shorter than the other tokens' "
-        f"(Guo et al.'s value-state drain)", "value_ratio",
-        f"each head's first value norm over the mean norm of the other values, per probe {over}",
-        needs_text(2, prefix), high=1.0))
-    (ratio, draws), (c_ratio, c_draws) = units.output_ratio(SEEDS_OF["output_norm"] + 300)
-    sentence = (f"{name}: {heads} write outputs at most {OUTPUT_SMALL:g} times as large as "
-                f"the other heads (they do little)")
-    what = (f"the sink heads' mean output norm over the other {len(units.pool)} heads' {over} "
-            f"(output: the head's result after its block of the output projection)")
-    how = "two-level (sink heads and a fresh random set of others, then probes) bootstrap"
-    claim = _bootstrap(f"{key}.sink_heads_output_small", sentence, ratio, draws, k, HEADS,
-                       what, how, needs_text(1, prefix), high=OUTPUT_SMALL)
-    setting = f"a random set of {k} other heads in the sink heads' place"
-    control = _bootstrap(f"{key}.sink_heads_output_small.control", sentence, c_ratio, c_draws,
-                         k, HEADS, what, how, needs_text(1, prefix),
-                         high=OUTPUT_SMALL)
-    out.append(cl.with_control(claim, control, setting))
-    analysis = iv_rec.get("units") or head_analysis(iv_rec)
-    for how in HOWS:
-        a = analysis[how]
-        d = a["difference"]
-        q = d["quantiles"]
-        at = AT_OR[a["tail"]]  # the tail the sink heads' claim points to (units.TAIL_OF)
-        out.append(cl.descriptive(
-            f"{key}.sink_heads_{how}_vs_random_heads",
-            f"{name}: {HOW_WORDS[how]} one of {heads} against one of the other heads: the "
-            f"difference of the mean loss changes, and the share of {a['sets']['n']} random "
-            f"sets of {k} other heads whose mean change is {at} the sink heads' (one-sided: "
-            f"the sink heads' claim is that theirs is {CLAIMED[a['tail']]})",
-            f"sink heads {a['sink']['estimate']:.4g}, other heads {a['random']['estimate']:.4g} "
-            f"(nats per token, {over}); difference {d['estimate']:.4g} with two-level bootstrap "
-            f"bounds [{q['0.05']:.4g}, {q['0.95']:.4g}]; {a['p_value']:.3f} of the random "
-            f"sets have a mean change {at} the sink heads' (one-sided head-level permutation "
-            f"p-value, (1 + sets {at} it) / (1 + sets))", n=k, estimate=d["estimate"],
-            interval=(q["0.05"], q["0.95"]), p_value=a["p_value"]))
-    mv = iv_rec.get("where_moved") or moved_analysis(iv_rec)
-    if mv["sink_first"] is not None:
-        groups = ", ".join(f"{g}: {s:.3f} (proportional {e:.3f})" for g, s, e in
-                           zip(mv["groups"], mv["sink_share"], mv["sink_expected"]))
-        q = mv["sink_first"]["quantiles"]
-        out.append(cl.descriptive(
-            f"{key}.hidden_first_key_mass_moves",
-            f"{name}: where the first key's weight goes when it is hidden at every layer, in "
-            f"{heads}: the share each key position gains",
-            f"queries from position {mv['from']} on {over}; shares of the first key's weight "
-            f"gained by keys at positions {groups} (proportional: what each would gain if the "
-            f"weight were handed out in proportion to the weights the other keys had); "
-            f"position {mv['groups'][0]}: two-level bootstrap bounds [{q['0.05']:.3f}, "
-            f"{q['0.95']:.3f}]; every head, weighted by its first-token weight: "
-            + ", ".join(f"{g}: {s:.3f}" for g, s in zip(mv["groups"], mv["all_share"])),
-            n=k, estimate=mv["sink_share"][0], interval=(q["0.05"], q["0.95"])))
-    targeted = iv_rec["targeted"]
-    if targeted:
-        count = iv_rec.get("targeted_count")
-        if count is None:
-            count = described({**iv_rec, "units": analysis, "where_moved": mv})["targeted_count"]
-        out.append(cl.descriptive(
-            f"{key}.trigger_heads_targeted",
-            f"{name}: zero-ablating a head the trigger-head finder keeps raises the loss more at "
-            f"its trigger tokens than elsewhere, for {count} of the {len(targeted)} heads it "
-            f"keeps (a lower bound above 0)",
-            f"per head: the mean over probes of (loss change at the trigger tokens - elsewhere), "
-            f"with one-sided {stats.CONFIDENCE} bootstrap bounds over probes {over}; {count} of "
-            f"{len(targeted)} lower bounds lie above 0", n=len(targeted), estimate=float(count)))
-    return out
 
 
 def condition_key(result: dict[str, Any]) -> str:
