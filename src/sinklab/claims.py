@@ -598,27 +598,25 @@ def descriptive(key: str, sentence: str, data: str, n: int = 0, estimate: float 
 def as_descriptive(claim: Claim, sentence: str | None = None) -> Claim:
     """The same data and numbers with no verdict: for a claim with no possible control, a
     comparison with a single illustrative model, or one arm of a contrast said as a rate (its
-    one-sided ``bound`` and per-setting ``parts`` kept)."""
+    one-sided ``bound`` and per-setting ``parts`` kept, its p-value against an r0 dropped)."""
+    rate = claim.rule in ("rate_at_least", "rate_at_most")
     return replace(descriptive(claim.key, sentence or claim.sentence, claim.data, claim.n,
-                               claim.estimate, claim.interval, claim.p_value,
+                               claim.estimate, claim.interval, None if rate else claim.p_value,
                                test=f"none (descriptive); the numbers are those of: "
                                     f"{claim.test}"),
                    bound=claim.bound, parts=claim.parts, heterogeneity_p=claim.heterogeneity_p)
 
 
 def bound_words(k: int, n: int, above: bool = True, unit: tuple[str, str] = SEEDS) -> str:
-    """The one-sided bound the data give on a rate, in words for a sentence: 'at least 88% of
-    seeds (one-sided 95%)' from k of n doing X when ``above``, else 'at most 12% of seeds' on
-    the rate of X; rounded so that the words never claim more than the data give. 'no bound'
-    when n is 0."""
+    """The one-sided bound the data give on a rate of k of n, for a sentence: 'at least 88% of
+    seeds (one-sided 95%)' (when not ``above``, 'at most 12% of seeds'), rounded so that the
+    words never claim more than the data give."""
     check_count(k, n)
     if n == 0:
         return f"no bound (no {unit[1]})"
-    if above:
-        return (f"at least {math.floor(100 * one_sided_lower(k, n)):.0f}% of {unit[1]} "
-                f"(one-sided {CONFIDENCE})")
-    return (f"at most {math.ceil(100 * one_sided_upper(k, n)):.0f}% of {unit[1]} "
-            f"(one-sided {CONFIDENCE})")
+    percent = (math.floor(100 * one_sided_lower(k, n)) if above
+               else math.ceil(100 * one_sided_upper(k, n)))
+    return f"at {'least' if above else 'most'} {percent}% of {unit[1]} (one-sided {CONFIDENCE})"
 
 
 def with_control(claim: Claim, control: Claim, setting: str) -> Claim:

@@ -58,7 +58,9 @@ DECISION_RULES: dict[str, str] = {
         f"of the 2x2 table in the claim's direction gives the p-value for it, the other tail "
         f"the p-value against it; the effect printed is the difference of the rates with "
         f"Newcombe's hybrid score bounds (one-sided {CONFIDENCE} each; Newcombe 1998, method "
-        f"10), which say how large it is (the test decides). A contrast is its own comparison, "
+        f"10), which say how large it is (the test decides; the bounds are approximate: they "
+        f"cover {CONFIDENCE} on average over the rates, but as little as about 82% at 5 units "
+        f"a group near a rate of 0 or 1). A contrast is its own comparison, "
         f"so it names no control: it is counted when it is supported and no check beside it "
         f"(another reason the groups could differ) failed. Each group needs {MIN_N} units; "
         f"settings pooled are decided by the exact stratified test (Fisher's within each "
@@ -107,10 +109,18 @@ CORRECTION_RULE = (
 )
 
 CONTROL_RULE = (
-    "Every empirical claim names a control: the same test run on a setting that differs in the "
-    "one factor the claim is about, where it must come out the other way. A claim whose control "
-    "is contradicted is discriminating; one whose control is supported too is "
-    "non-discriminating and is not counted as support; one whose control is undetermined has an "
-    "undecided control and is not counted either. Controls are judged uncorrected, which makes "
-    "'non-discriminating' the easier finding."
+    "Every empirical claim that is not a contrast names a control: the same test run on a "
+    "setting that differs in the one factor the claim is about, where it must come out the "
+    "other way. A claim whose control is contradicted is discriminating; one whose control is "
+    "supported too is non-discriminating and is not counted as support; one whose control is "
+    "undetermined has an undecided control and is not counted either. Controls are judged "
+    "uncorrected, which makes 'non-discriminating' the easier finding."
+)
+
+CHECKS_RULE = (
+    "A contrast names no control (it is its own comparison); beside it run the checks of what "
+    "could make it come out for a reason other than its factor (the arms trained to different "
+    "errors, a threshold only one arm's scale can reach, untrained weights): a check is "
+    "verified or failed on the data, a description only informs, and a supported contrast is "
+    "counted when none of its checks failed."
 )

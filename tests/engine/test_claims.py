@@ -47,7 +47,7 @@ from sinklab.claims import (
     summary_counts,
     with_control,
 )
-from sinklab.contrasts import locations_contrast, rates_contrast
+from sinklab.contrasts import bootstrap_contrast, locations_contrast, rates_contrast
 from sinklab.stats import (
     ALPHA,
     MIN_N,
@@ -515,6 +515,9 @@ def _one_of_each() -> list[Claim]:
                        checks=[check("rc.check", "s", 0.0, 1.0, "x")]),
         locations_contrast("lc", "s", values + 2.0, values, "x", ("a", "b")),
         locations_contrast("lc0", "s", values[:2], values, "x", ("a", "b")),  # no bound at n = 2
+        rates_contrast("rp", "s", None, None, None, None, "x", ("a", "b"),
+                       parts=[("one", 5, 5, 0, 5), ("two", 4, 5, 1, 5)]),
+        bootstrap_contrast("bc", "s", 0.5, values - 1.0, 10, "x", ("a", "b")),
     ]
 
 

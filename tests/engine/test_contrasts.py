@@ -351,6 +351,7 @@ def test_a_rate_claims_sentence_carries_its_bound_and_an_arm_kept_as_a_descripti
         "one-sided 95%")
     arm = claims.as_descriptive(rate_at_least("a", "s", 30, 30, "x"))
     assert arm.bound == pytest.approx(0.05 ** (1 / 30)) and arm.rule == "descriptive"
+    assert arm.p_value is None  # its p against an r0 the description no longer states
     assert render._sentence(arm) == "s"  # a description's sentence carries its own words
     assert claims.bound_words(30, 30) == "at least 90% of seeds (one-sided 95%)"
     assert claims.bound_words(0, 30, above=False) == "at most 10% of seeds (one-sided 95%)"

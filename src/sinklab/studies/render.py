@@ -173,8 +173,8 @@ def _control_cell(c: Claim) -> str:
     if c.is_contrast:
         first, second = c.effect["groups"]
         words = [f"none needed: the claim compares {first} with {second}"]
-        words += [f"check beside it: {k.sentence}: **{k.result()}** ({k.data})"
-                  for k in c.check_claims()]
+        words += [f"{'described' if k.kind == claims_mod.DESCRIPTIVE else 'check'} beside it: "
+                  f"{k.sentence}: **{k.result()}** ({k.data})" for k in c.check_claims()]
         return "; ".join(words)
     control = c.control_claim()
     if control is None:
@@ -202,8 +202,8 @@ def claims_table(claims: list[Claim]) -> str:
         label = c.kind + (", primary" if c.primary else "")
         rows.append((f"{_sentence(c)} *({label})*", c.data, c.test, _control_cell(c),
                      _outcome_cell(c)))
-    return md.table(["claim", "data", "test", "control: the same test where it must fail",
-                     "outcome"], rows)
+    return md.table(["claim", "data", "test", "control (the same test where it must fail), or "
+                     "the checks beside a contrast", "outcome"], rows)
 
 
 def decision_rules(claims: list[Claim]) -> str:
@@ -211,8 +211,11 @@ def decision_rules(claims: list[Claim]) -> str:
     used = list(dict.fromkeys(c.rule for c in claims))
     lines = [f"- *{rule}*: {rules_in_words.DECISION_RULES[rule]}" for rule in used]
     if any(c.kind == claims_mod.EMPIRICAL for c in claims):
-        lines += [f"- *correction*: {rules_in_words.CORRECTION_RULE}",
-                  f"- *controls*: {rules_in_words.CONTROL_RULE}"]
+        lines.append(f"- *correction*: {rules_in_words.CORRECTION_RULE}")
+    if any(c.control is not None for c in claims):
+        lines.append(f"- *controls*: {rules_in_words.CONTROL_RULE}")
+    if any(c.is_contrast for c in claims):
+        lines.append(f"- *checks beside a contrast*: {rules_in_words.CHECKS_RULE}")
     return "\n".join(lines)
 
 
@@ -257,6 +260,14 @@ def verdicts(claims: list[Claim], redecided: bool = False) -> str:
         + (f"{counts[claims_mod.CHECK_FAILED]} supported but a check beside it failed, "
            if counts[claims_mod.CHECK_FAILED] else "")
         + f"{counts['contradicted']} contradicted, {counts['undetermined']} undetermined.")
+    beside = [k for c in claims if c.is_contrast for k in c.check_claims()]
+    if beside:
+        failed = [k.key for k in beside if k.outcome == claims_mod.FAILED]
+        lines.append(
+            f"Beside the contrasts run {len(beside)} checks and descriptions of what could "
+            f"make them come out for another reason ("
+            + (f"{len(failed)} failed: " + ", ".join(f"`{k}`" for k in failed)
+               if failed else "none failed") + ").")
     nondisc = [c for c in claims if c.standing == claims_mod.NON_DISCRIMINATING
                and c.outcome == claims_mod.SUPPORTED]
     if nondisc:
