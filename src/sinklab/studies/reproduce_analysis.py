@@ -301,16 +301,6 @@ def _scale_claims(records: dict[str, Any]) -> list[Claim]:
         "absolute BOS weight", data, n=len(flat))]
 
 
-def _sink_parts(records: dict[str, Any], rule: str) -> list[tuple[str, int, int]]:
-    """Per configuration: (configuration, seeds of ``rule`` that reached the stop rule and have
-    a sink head, seeds that reached the stop rule)."""
-    parts = []
-    for experiment in EXPERIMENTS:
-        reached = _group(records, experiment, rule, converged=True)
-        parts.append((experiment, sum(_any_sink(r) for r in reached), len(reached)))
-    return parts
-
-
 def _sink_claims(records: dict[str, Any]) -> list[Claim]:
     """The paper's prediction as one contrast pooled over the configurations (softmax models
     that reached the stop rule have a sink head at a higher rate than ReLU models), with the
