@@ -21,17 +21,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 
 import numpy as np
 
-from sinklab.claims import CHECK, DESCRIPTIVE, SEEDS, Claim, empirical
+from sinklab.claims import CHECK, DESCRIPTIVE, SEEDS, Claim, bootstrap_claim, empirical
 from sinklab.stats import (
     ALPHA,
     CONFIDENCE,
     MIN_N,
     as_values,
     check_count,
-    check_finite,
     fisher_one_sided,
     hodges_lehmann,
     mann_whitney_method,
@@ -201,24 +201,19 @@ def bootstrap_contrast(key: str, sentence: str, estimate: float, resampled: Iter
     The p-value for the claim is the share (with one added to both counts) of the draws at or
     on the wrong side of 0, the share at or on the right side the p-value against it; the
     effect is the difference with the distribution's one-sided 1 - ALPHA bounds."""
-    check_finite(estimate, "estimate")
+    # the same decision as a bootstrap claim that A minus B lies above 0 (below, when not
+    # ``greater``); what changes is the rule, the words and the effect
     draws = as_values(resampled)
-    if draws.size < 2:
-        raise ValueError(f"the bootstrap distribution must have at least 2 draws (got "
-                         f"{draws.size}).")
-    b = draws.size
-    wrong, right = (draws <= 0, draws >= 0) if greater else (draws >= 0, draws <= 0)
-    p_for = float((1 + np.sum(wrong)) / (b + 1))
-    p_against = float((1 + np.sum(right)) / (b + 1))
-    lo, hi = (float(x) for x in np.quantile(draws, [ALPHA, 1 - ALPHA]))
-    reason = "the bootstrap distribution has no spread" if np.ptp(draws) == 0 else None
+    claim = bootstrap_claim(key, sentence, estimate, draws, n,
+                            low=0.0 if greater else -math.inf,
+                            high=math.inf if greater else 0.0, unit=unit, how=how)
+    lo, hi = claim.interval
     a, g = groups
     data = (f"{what + '; ' if what else ''}{a} minus {g}: {estimate:.4g} over {n} {unit[1]}; "
-            f"one-sided {CONFIDENCE} bounds [{lo:.4g}, {hi:.4g}] from {b:,} {how} draws")
+            f"one-sided {CONFIDENCE} bounds [{lo:.4g}, {hi:.4g}] from "
+            f"{draws.size:,} {how} draws")
     test = (f"{how} test that the estimate of {a} is {'above' if greater else 'below'} that "
             f"of {g}")
-    return empirical(key, sentence, data, test, n, "bootstrap_contrast", p_for=p_for,
-                     p_against=p_against, reason=reason, estimate=float(estimate),
-                     interval=(lo, hi),
-                     effect=_effect(DIFFERENCE, float(estimate), (lo, hi), groups),
-                     checks=_checks(checks))
+    return replace(claim, data=data, test=test, rule="bootstrap_contrast",
+                   effect=_effect(DIFFERENCE, float(estimate), (lo, hi), groups),
+                   checks=_checks(checks))

@@ -339,6 +339,18 @@ def stratified_exact_p(strata: Sequence[tuple[int, int, int, int]], greater: boo
     return float(min(1.0, tail))
 
 
+def larger_over_smaller(a: float | None, b: float | None) -> float:
+    """How far apart two non-negative values are as a factor (two groups' median errors, say):
+    the larger over the smaller; 1 when both are 0, infinite when only one is or a value is
+    missing (None or NaN: an empty group), so that a check 'within a factor f' fails then."""
+    if a is None or b is None or math.isnan(a) or math.isnan(b):
+        return math.inf
+    low, high = sorted((float(a), float(b)))
+    if high == 0:
+        return 1.0
+    return high / low if low > 0 else math.inf
+
+
 def wilson(k: int, n: int, level: float = 1 - ALPHA, sided: int = 2) -> tuple[float, float]:
     """Wilson's score interval of a rate from k of n (two-sided at ``level``, or with
     ``sided=1`` a pair of one-sided bounds at ``level`` each): 0 is the lower bound when k = 0

@@ -356,3 +356,10 @@ def test_a_rate_claims_sentence_carries_its_bound_and_an_arm_kept_as_a_descripti
     assert claims.bound_words(30, 30) == "at least 90% of seeds (one-sided 95%)"
     assert claims.bound_words(0, 30, above=False) == "at most 10% of seeds (one-sided 95%)"
     assert claims.bound_words(0, 0) == "no bound (no seeds)"
+
+
+def test_larger_over_smaller_fails_a_within_factor_check_for_an_empty_group():
+    assert stats.larger_over_smaller(0.004, 0.002) == stats.larger_over_smaller(0.002, 0.004) == 2
+    assert stats.larger_over_smaller(0.0, 0.0) == 1.0
+    for pair in ((0.0, 0.003), (None, 0.003), (math.nan, 0.003), (0.003, None)):
+        assert stats.larger_over_smaller(*pair) == math.inf, pair

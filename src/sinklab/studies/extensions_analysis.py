@@ -11,7 +11,7 @@ the rules share, with the checks of other reasons beside it); ``FIGURES`` draws 
 
 from __future__ import annotations
 
-from math import inf, nan
+from math import nan
 from operator import itemgetter
 from pathlib import Path
 from typing import Any
@@ -298,8 +298,7 @@ def trained_checks(key: str, groups: tuple[str, str], a: list[dict[str, Any]],
     within ``ERROR_FACTOR`` of each other; each fails otherwise, or for an empty group."""
     (ka, na), (kb, nb) = (_count(rows, REACHED) for rows in (a, b))
     ma, mb = (float(np.median([r[field] for r in rows])) if rows else nan for rows in (a, b))
-    lo, hi = min(ma, mb), max(ma, mb)
-    ratio = nan if not (a and b) else 1.0 if hi == 0 else hi / lo if lo > 0 else inf
+    ratio = stats.larger_over_smaller(ma, mb)
     return [cl.check(f"{key}.reached", f"Both groups reached the stop rule at comparable "
                      f"shares ({groups[0]}: {ka} of {na}, {groups[1]}: {kb} of {nb}; within "
                      f"{SHARE_GAP:g})", abs(ka / na - kb / nb) if na and nb else nan,

@@ -109,14 +109,19 @@ def _bound_text(c: Claim) -> str:
     above = c.rule == "rate_at_least"
     if c.bound is None or c.bound == (0.0 if above else 1.0):  # no bound: nothing to say
         return ""
-    shown = math.floor if above else math.ceil
-    words = (f"rate {'at least' if above else 'at most'} {shown(1000 * c.bound) / 1000:.3f} "
+    words = (f"rate {'at least' if above else 'at most'} {_rounded(c.bound, above):.3f} "
              f"(one-sided {stats.CONFIDENCE})")
     if c.largest_r0 is not None:
         words += (f", supported for r0 {'below' if above else 'above'} "
-                  f"{shown(1000 * c.largest_r0) / 1000:.3f}"
+                  f"{_rounded(c.largest_r0, above):.3f}"
                   + (f" ({_correction_name(c)})" if c.correction else ""))
     return words
+
+
+def _rounded(bound: float, above: bool) -> float:
+    """A bound to three decimals, rounded down for 'at least' and up for 'at most', so that the
+    words never claim more than the data give."""
+    return (math.floor if above else math.ceil)(1000 * bound) / 1000
 
 
 def _effect_text(c: Claim) -> str:
@@ -189,9 +194,8 @@ def _sentence(c: Claim) -> str:
     above = c.rule == "rate_at_least"
     if c.rule not in ("rate_at_least", "rate_at_most") or c.bound is None:
         return c.sentence
-    shown = math.floor if above else math.ceil
     return (f"{c.sentence}; the data give a rate {'at least' if above else 'at most'} "
-            f"{shown(1000 * c.bound) / 1000:.3f}, one-sided {stats.CONFIDENCE}")
+            f"{_rounded(c.bound, above):.3f}, one-sided {stats.CONFIDENCE}")
 
 
 def claims_table(claims: list[Claim]) -> str:

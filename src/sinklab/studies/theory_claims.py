@@ -240,8 +240,7 @@ def frontier_claims(records: dict[str, Any]) -> list[Claim]:
     for e in experiments:
         a, b = (_low_points(records, e, rule) for rule in RULES)
         ma, mb = (statistics.median(v) if v else math.nan for v in (a, b))
-        ratios.append((e, ma, mb, max(ma, mb) / min(ma, mb) if a and b and min(ma, mb) > 0
-                       else math.inf))
+        ratios.append((e, ma, mb, stats.larger_over_smaller(ma, mb)))
     comparable = cl.check(
         "frontier.same_errors",
         f"Both rules' runs reached the same low errors: in each configuration the median "

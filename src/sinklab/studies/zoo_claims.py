@@ -192,9 +192,7 @@ def _side_checks(key: str, names: tuple[str, str], sides: tuple[list, list],
         f"{sb['n']}), so the seeds compared are not a selection of one side's",
         gap, REACH_GAP, "difference of the shares")
     la, lb = sa["linf"], sb["linf"]
-    low, high = (sorted((float(np.median(la)), float(np.median(lb)))) if la and lb
-                 else (0.0, math.inf))
-    ratio = high / low if low > 0 else (1.0 if high == 0 else math.inf)
+    ratio = stats.larger_over_smaller(*(float(np.median(v)) if v else None for v in (la, lb)))
     errors = cl.check(
         f"{key}.errors",
         f"The seeds of {a} and {b} that reached the stop rule with BOS visible err alike on the "
