@@ -30,6 +30,12 @@ from sinklab.runs import limits
 KIND = "pretrain"
 CORPORA = ("bbc", "pydoc")  # besides a path (sinklab.pretrain.data)
 POSITIONS = ("rotary", "learned")
+# The rate after warm-up (sinklab.pretrain.training.lr_at): a cosine over the whole budget, held
+# constant, or warm-up-stable-decay (held, then a linear decay over the last ``decay_share``)
+SCHEDULES = ("cosine", "constant", "wsd")
+# The training step's arithmetic: float32, or bfloat16 autocast over float32 weights (the
+# optimiser, the loss and every measurement stay float32)
+PRECISIONS = ("float32", "bfloat16")
 VOCAB_SIZE = 257  # bytes and BOS (sinklab.pretrain.data)
 MLP_RATIO = 4
 MAX_CONTEXT = 4096
@@ -160,21 +166,29 @@ class TrainSettings:
     seed: int = 0
     lr: float = 1e-3
     warmup: int = 50  # steps of linear warm-up
+    schedule: str = "cosine"  # after warm-up: cosine, constant or wsd (SCHEDULES)
+    decay_share: float = 0.2  # wsd: the last share of the steps, a linear decay
     weight_decay: float = 0.1
     batch_size: int = 16
     tokens: int = 1_000_000  # the budget: steps = tokens // (batch_size * context)
     log_every: int = 25  # steps between measurements
     device: str = "auto"
+    precision: str = "float32"  # or bfloat16 (PRECISIONS)
 
     def __post_init__(self) -> None:
         _int("train", self, "seed", 0, 2**31 - 1)
         _number("train", self, "lr", 0.0, 1.0, above=True)
         _int("train", self, "warmup", 0, 10**7)
+        _need(self.schedule in SCHEDULES, "train", self, "schedule",
+              f"choose one of {', '.join(SCHEDULES)}")
+        _number("train", self, "decay_share", 0.0, 1.0, above=True)
         _number("train", self, "weight_decay", 0.0, 100.0)
         _int("train", self, "batch_size", 1, 4096)
         _int("train", self, "tokens", 1, MAX_TOKENS)
         _int("train", self, "log_every", 1, 10**7)
         check_device(self.device, "train.device")
+        _need(self.precision in PRECISIONS, "train", self, "precision",
+              f"choose one of {', '.join(PRECISIONS)}")
 
 
 SECTIONS = {"data": DataSettings, "model": ModelSettings, "train": TrainSettings}

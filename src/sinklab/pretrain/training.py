@@ -5,8 +5,10 @@ fit in memory is refused before it starts (``check_memory``, from the estimate, 
 allocating).
 
 ``train(cfg, folder)`` trains with AdamW (betas 0.9 / 0.95, weight decay on the weight matrices
-and embeddings, none on biases, norms and a rule's own parameters), a linear warm-up and a
-cosine decay to a tenth of the rate, gradients clipped at norm 1. Every ``log_every`` steps (and
+and embeddings, none on biases, norms and a rule's own parameters), a linear warm-up and then
+the rate ``schedule`` (``lr_at``: a cosine decay to a tenth of the rate, constant, or
+warm-up-stable-decay), gradients clipped at norm 1, the forward pass in float32 or under
+bfloat16 autocast (``precision``). Every ``log_every`` steps (and
 at step 0 and the last) it measures the model on the fixed validation windows (``measure``)
 and appends one line to ``curve.jsonl``, then keeps a checkpoint (``checkpoint.pt``, written
 atomically). A run stopped at any moment resumes from its last checkpoint: the batches are drawn
@@ -60,7 +62,7 @@ CHECKPOINT = "checkpoint.pt"
 MODEL = "model.pt"
 SUMMARY = "summary.json"
 BETAS = (0.9, 0.95)
-MIN_LR_SHARE = 0.1  # the cosine decays to this share of the rate
+MIN_LR_SHARE = 0.1  # the cosine and wsd's decay end at this share of the rate
 CLIP = 1.0
 
 
@@ -136,14 +138,25 @@ def _first_ratio(norms: Tensor, axis: int) -> Tensor:
 
 
 def lr_at(cfg: PretrainConfig, step: int) -> float:
-    """The rate at ``step``: linear warm-up over ``warmup`` steps, then a cosine to
-    ``MIN_LR_SHARE`` of ``lr`` at the last step."""
-    if step < cfg.train.warmup:
-        return cfg.train.lr * (step + 1) / cfg.train.warmup
-    span = max(1, cfg.steps - cfg.train.warmup)
-    progress = min(1.0, (step - cfg.train.warmup) / span)
+    """The rate at ``step``: a linear warm-up over ``warmup`` steps, then by ``schedule``: a
+    cosine to ``MIN_LR_SHARE`` of ``lr`` at the last step; ``lr`` held to the end (a run read
+    at its checkpoints is then the run of every shorter budget); or ``lr`` held until the last
+    ``decay_share`` of the steps, then a linear decay to ``MIN_LR_SHARE`` of it at the last
+    step (warm-up-stable-decay)."""
+    t = cfg.train
+    if step < t.warmup:
+        return t.lr * (step + 1) / t.warmup
+    if t.schedule == "constant":
+        return t.lr
+    if t.schedule == "wsd":
+        decay = max(1, round(cfg.steps * t.decay_share))
+        start = max(t.warmup, cfg.steps - decay)
+        progress = min(1.0, max(0, step - start) / max(1, cfg.steps - start))
+        return t.lr * (1 - (1 - MIN_LR_SHARE) * progress)
+    span = max(1, cfg.steps - t.warmup)
+    progress = min(1.0, (step - t.warmup) / span)
     cosine = 0.5 * (1 + math.cos(math.pi * progress))
-    return cfg.train.lr * (MIN_LR_SHARE + (1 - MIN_LR_SHARE) * cosine)
+    return t.lr * (MIN_LR_SHARE + (1 - MIN_LR_SHARE) * cosine)
 
 
 def optimizer(model: LanguageModel, cfg: PretrainConfig) -> torch.optim.Optimizer:
@@ -153,6 +166,14 @@ def optimizer(model: LanguageModel, cfg: PretrainConfig) -> torch.optim.Optimize
     return torch.optim.AdamW([{"params": decay, "weight_decay": cfg.train.weight_decay},
                               {"params": plain, "weight_decay": 0.0}],
                              lr=cfg.train.lr, betas=BETAS)
+
+
+def autocast(cfg: PretrainConfig, device: torch.device) -> Any:
+    """The training forward pass's precision: bfloat16 autocast over float32 weights where
+    ``precision`` asks for it (the loss, the backward's accumulation into float32 gradients, the
+    optimiser and every measurement stay float32), else nothing."""
+    return torch.autocast(device.type, dtype=torch.bfloat16,
+                          enabled=cfg.train.precision == "bfloat16")
 
 
 def build(cfg: PretrainConfig, device: torch.device) -> LanguageModel:
@@ -204,8 +225,9 @@ def train(cfg: PretrainConfig, folder: Path, log: Callable[[str], None] = lambda
                                step, cfg.data.fixed_first).to(device)
         for group in opt.param_groups:
             group["lr"] = lr_at(cfg, step)
-        logits = model(ids).logits
-        loss = nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
+        with autocast(cfg, device):
+            logits = model(ids).logits
+        loss = nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(),
                                            ids[:, 1:].reshape(-1))
         if not torch.isfinite(loss):  # diverged: the run ends here, recorded as such
             diverged = step

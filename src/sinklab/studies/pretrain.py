@@ -98,6 +98,37 @@ VARIANTS: dict[str, dict[str, Any]] = {
 }
 VARIANT_WORDS = {"no_fixed_first": "no fixed first token", "weight_decay_5": "weight decay 5.0",
                  "window_64": "windows of 64 tokens"}
+# The pilot (declared before it ran; issue 48): softmax on screening seeds, never seeds of the
+# contrast or of a rate screen, under protocols the literature says move sinks. Each protocol
+# changes ``PILOT_BASE`` (over the preset); a constant rate read at its logged points gives the
+# budget at which a sink appears without training each budget apart. The criterion
+# (``sinklab.studies.pretrain_analysis.choose_protocol``): the cheapest protocol (its training
+# FLOPs up to that point) at which every pilot seed has a sink (rate >= 0.1, held to the end of
+# the pilot run), preferring one where every seed has a sink head beyond layer 0 (a head whose
+# sink rate is at least PILOT_HEAD_RATE, held likewise); the schedules' arms and float32 are
+# compared at their own budget with the base protocol read there.
+PILOT_SEEDS = (2000, 2001, 2002)
+PILOT_BASE: dict[str, Any] = dict(schedule="constant", lr=1e-2, weight_decay=0.1,
+                                  precision="bfloat16", tokens=8_000_000)
+PILOT: dict[str, dict[str, Any]] = {
+    "base": {},
+    "lr_3e-3": {"lr": 3e-3, "tokens": 6_000_000},
+    "wd_0.5": {"weight_decay": 0.5, "tokens": 6_000_000},
+    "context_512": {"context": 512, "batch_size": 8, "tokens": 6_000_000},
+    "cosine": {"schedule": "cosine", "tokens": 4_000_000},
+    "wsd": {"schedule": "wsd", "tokens": 4_000_000},
+    "6x192": {"d_model": 192, "n_layers": 6, "n_heads": 6, "lr": 5e-3, "tokens": 4_000_000},
+    "float32": {"precision": "float32", "tokens": 2_000_000},
+}
+PILOT_WORDS = {
+    "base": "constant rate 0.01, weight decay 0.1, bfloat16",
+    "lr_3e-3": "constant rate 0.003", "wd_0.5": "weight decay 0.5",
+    "context_512": "windows of 512 tokens (batch 8)",
+    "cosine": "cosine decay over 4M tokens", "wsd": "warm-up-stable-decay over 4M tokens",
+    "6x192": "6 layers of width 192, 6 heads, rate 0.005",
+    "float32": "float32 (the precision check)"}
+PILOT_HEAD_RATE = 0.5  # a head sinks when its sink rate over the windows reaches this
+PRECISION_TOLERANCE = 0.02  # nats per token: bfloat16's validation loss against float32's
 PRIMARY = ("sink.softmax_vs_free", "parity.free_vs_softmax", "eviction.softmax_vs_free")
 
 
@@ -291,6 +322,18 @@ def cells(opts: PretrainOptions, exe: Execution) -> list[Cell]:
 def run_cell(opts: PretrainOptions, exe: Execution, rule: str, lr: float, seed: int) -> Cell:
     return Cell(run_name("runs", rule, seed), base_config(opts, rule, lr, seed, exe.device),
                 group=("runs", rule, seed), label=rule)
+
+
+def pilot_cells(opts: PretrainOptions, exe: Execution) -> list[Cell]:
+    """The pilot's runs (``PILOT``), softmax on ``PILOT_SEEDS``, the base protocol first."""
+    out = []
+    for name, changes in PILOT.items():
+        settings = {**PILOT_BASE, **changes}
+        lr = settings.pop("lr")
+        out += [Cell(f"pilot/{name}_seed{s}",
+                     base_config(opts, "softmax", lr, s, exe.device, **settings),
+                     group=("pilot", name, s), label=f"pilot {name}") for s in PILOT_SEEDS]
+    return out
 
 
 def variant_cells(opts: PretrainOptions, exe: Execution, lr: float) -> list[Cell]:
