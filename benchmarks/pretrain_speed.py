@@ -32,7 +32,7 @@ from torch import Tensor, nn
 
 from sinklab.pretrain import data
 from sinklab.pretrain.network import LanguageModel, rotary_tables, rotate
-from sinklab.pretrain.runconfig import MLP_RATIO, PretrainConfig
+from sinklab.pretrain.runconfig import PretrainConfig, step_flops
 from sinklab.pretrain.training import BETAS, shape
 from sinklab.studies.pretrain import NEW_RULES, PRESETS, RULES
 
@@ -47,16 +47,6 @@ def matmul_peak(size: int = 2048, tries: int = 5) -> float:
         a @ b
         best = max(best, 2 * size**3 / (time.perf_counter() - start))
     return best
-
-
-def step_flops(cfg: PretrainConfig) -> float:
-    """Matrix-product FLOPs of one training step (forward and backward)."""
-    m, b = cfg.model, cfg.train.batch_size
-    t, d = m.context, m.d_model
-    per_layer = 2 * b * t * (4 * d * d + 2 * MLP_RATIO * d * d)  # projections and MLP
-    per_layer += 2 * 2 * b * t * t * d / 2  # scores and weighted sum, causal half
-    head = 2 * b * t * d * data.VOCAB_SIZE
-    return 3 * (m.n_layers * per_layer + head)
 
 
 class PlainLM(nn.Module):

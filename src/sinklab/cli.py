@@ -503,6 +503,36 @@ def _shown(module: str) -> str:
     return module if relative.startswith("..") else relative
 
 
+def _add_birth(sub: Any, common: argparse.ArgumentParser) -> None:
+    bp = sub.add_parser(
+        "birth", parents=[common], help="watch a softmax sink being born in a small language "
+                                        "model (about 10 minutes on two cores)",
+        description="Train one small byte-level language model (4 layers of width 128, softmax) "
+                    "on the BBC News text at a constant rate, print each measurement as it is "
+                    "logged (validation loss, Gu et al.'s sink rate, first-token mass, the heads "
+                    "that sink), and end with when the sink appeared and birth.png, its "
+                    "emergence curve. A stopped run resumes from its checkpoint when rerun.")
+    bp.add_argument("--out", type=given, default="runs/birth", metavar="DIR",
+                    help="the run folder (default: runs/birth); rerun to resume")
+    bp.add_argument("--tokens", type=int, default=6_000_000, metavar="N",
+                    help="training tokens (default: 6,000,000)")
+    bp.add_argument("--seed", type=int, default=0, metavar="S", help="seed (default: 0)")
+    bp.add_argument("--device", default="auto", metavar="DEVICE",
+                    help="auto, cpu or cuda (default: auto)")
+
+
+def cmd_birth(args: argparse.Namespace, argv: list[str]) -> int:
+    birth = heavy("pretrain.birth")
+    check_count("--tokens", args.tokens)
+    cfg = birth.config(args.tokens, args.seed, args.device)
+    started = Usage.now()
+    with folders.writing(Path(args.out), "run"):
+        result = birth.watch(Path(args.out), cfg, say=lambda text: print(text, flush=True))
+    print(result["verdict"])
+    print(f"wrote {result['figure']}; {took(started, {}, 'local')}")
+    return 0
+
+
 def cmd_rules(args: argparse.Namespace, argv: list[str]) -> int:
     rules = heavy("attention").RULES
 
@@ -577,6 +607,7 @@ COMMANDS = {  # in the order ``sinklab --help`` lists them, after the studies
     "worst": Command(_add_worst, cmd_worst),
     "render": Command(_add_render, cmd_render),
     "rules": Command(_add_rules, cmd_rules),
+    "birth": Command(_add_birth, cmd_birth),
 }
 
 

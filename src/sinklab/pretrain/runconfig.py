@@ -270,6 +270,24 @@ def parameter_estimate(model: ModelSettings) -> int:
     return VOCAB_SIZE * d + positions + model.n_layers * per_layer + 2 * d
 
 
+def step_flops(cfg: PretrainConfig) -> float:
+    """Matrix-product FLOPs of one training step, forward and backward (twice the forward):
+    per layer the four attention projections and the MLP, the scores and the weighted sum over
+    the causal half; the output head. What a run's arithmetic costs, whatever machine runs it
+    (the pilot's cost of a protocol, the benchmarks' share of the peak)."""
+    m, b = cfg.model, cfg.train.batch_size
+    t, d = m.context, m.d_model
+    per_layer = 2 * b * t * (4 * d * d + 2 * MLP_RATIO * d * d)  # projections and MLP
+    per_layer += 2 * 2 * b * t * t * d / 2  # scores and weighted sum, causal half
+    head = 2 * b * t * d * VOCAB_SIZE
+    return 3 * (m.n_layers * per_layer + head)
+
+
+def flops_per_token(cfg: PretrainConfig) -> float:
+    """``step_flops`` over the tokens of one step."""
+    return step_flops(cfg) / (cfg.train.batch_size * cfg.model.context)
+
+
 def run_bytes(cfg: PretrainConfig) -> int:
     """The memory one run needs, estimated from its sizes: the weights with their gradients and
     AdamW's two moments and a rule's gate (as large as the attention's weights at most), one

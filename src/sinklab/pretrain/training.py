@@ -183,9 +183,12 @@ def build(cfg: PretrainConfig, device: torch.device) -> LanguageModel:
 
 
 def train(cfg: PretrainConfig, folder: Path, log: Callable[[str], None] = lambda _: None,
-          split: data.Split | None = None) -> dict[str, Any]:
+          split: data.Split | None = None,
+          on_point: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Train ``cfg`` in ``folder`` (created if missing), resuming from its checkpoint; the
-    summary (also ``summary.json``). A folder with a summary is finished: it is read back."""
+    summary (also ``summary.json``). A folder with a summary is finished: it is read back.
+    ``on_point`` is handed each logged point as it is written (the points before a resumption
+    first), for a person watching."""
     folder = Path(folder)
     if folders.check_complete(folder):
         return read_json(folder / SUMMARY)
@@ -218,6 +221,8 @@ def train(cfg: PretrainConfig, folder: Path, log: Callable[[str], None] = lambda
     if step == 0 and not curve:
         curve.append(_point(model, windows, 0, cfg, 0.0, None))
         _write_curve(folder / CURVE, curve)
+    for point in curve if on_point else ():
+        on_point(point)
     train_loss = None
     diverged: int | None = None
     while step < cfg.steps:
@@ -242,6 +247,8 @@ def train(cfg: PretrainConfig, folder: Path, log: Callable[[str], None] = lambda
             seconds = time.perf_counter() - started
             curve.append(_point(model, windows, step, cfg, seconds, train_loss))
             _write_curve(folder / CURVE, curve)
+            if on_point:
+                on_point(curve[-1])
             _save(folder / CHECKPOINT, {"config": cfg.to_dict(), "model": model.state_dict(),
                                         "optimizer": opt.state_dict(), "step": step,
                                         "elapsed": seconds})
@@ -355,6 +362,11 @@ def _point(model: LanguageModel, windows: Tensor, step: int, cfg: PretrainConfig
     return {"step": step, "tokens": step * cfg.train.batch_size * cfg.model.context,
             "seconds": seconds,
             "train_loss": train_loss, **measure(model, windows)}
+
+
+def read_curve(folder: Path) -> list[dict[str, Any]]:
+    """A run's logged points (``curve.jsonl``), as far as they go."""
+    return _curve_until(Path(folder) / CURVE, 10**18)
 
 
 def _curve_until(path: Path, step: int) -> list[dict[str, Any]]:

@@ -127,6 +127,10 @@ PILOT_WORDS = {
     "cosine": "cosine decay over 4M tokens", "wsd": "warm-up-stable-decay over 4M tokens",
     "6x192": "6 layers of width 192, 6 heads, rate 0.005",
     "float32": "float32 (the precision check)"}
+# A model has a first-token sink when the share of (window, layer, head) whose first-key
+# importance exceeds Gu et al.'s eps is at least SINK_RATE: a tenth of its heads, where an
+# untrained model has none (its importance is about ln(T) / T).
+SINK_RATE = 0.1
 PILOT_HEAD_RATE = 0.5  # a head sinks when its sink rate over the windows reaches this
 PRECISION_TOLERANCE = 0.02  # nats per token: bfloat16's validation loss against float32's
 PRIMARY = ("sink.softmax_vs_free", "parity.free_vs_softmax", "eviction.softmax_vs_free")

@@ -37,6 +37,7 @@ from sinklab.studies.pretrain import (
     RULES,
     SCREEN_SEED,
     SCREEN_SHARE,
+    SINK_RATE,
     START,
     VARIANT_WORDS,
     VARIANTS,
@@ -53,10 +54,6 @@ from sinklab.studies.study import Cell, Context, FigureSpec
 # The paper's claim: the rules whose rows need not sum to anything (the registry's "free" row
 # kind: relu, sigmoid, softpick) train without a sink.
 NO_SINK_RULES = tuple(r for r in RULES if rule_info(r).row_kind == "free")
-# A model has a first-token sink when the share of (window, layer, head) whose first-key
-# importance exceeds Gu et al.'s eps is at least SINK_RATE: a tenth of its heads, where an
-# untrained model has none (its importance is about ln(T) / T).
-SINK_RATE = 0.1
 LOSS_MARGIN = 0.05  # nats per token: "trains as well as softmax" within this of its median
 # the interventions' numbers per run (sinklab.pretrain.training.intervention_summary)
 EFFECTS = ("eviction_cost", "hide_first_key", "hide_first_key_control", "zero_first_value",

@@ -1,0 +1,279 @@
+"""The pilot of ``sinklab pretrain``: the protocol at which softmax forms its sink, found first.
+
+A study of sinks needs a baseline that sinks: at a budget where softmax forms none, "rule X forms
+no sink" is true of softmax too and decides nothing. So before any contrast the study trains
+softmax on screening seeds (``PILOT_SEEDS``, never seeds of a contrast or of a rate screen)
+under each of the pilot's protocols (``PILOT``, declared with its criterion before it ran) and
+reads from them where the sink appears:
+
+- a protocol with a constant rate is read at its logged points: the run at any shorter budget
+  is the same run stopped there, so one run per seed gives every budget up to the pilot's;
+- a schedule that decays (cosine, warm-up-stable-decay) depends on its budget: it is read at
+  its end only, beside the base protocol read at the same point;
+- float32 is the check of bfloat16's arithmetic (same seeds, same settings otherwise): the
+  validation losses at the float32 runs' budget must agree within ``PRECISION_TOLERANCE``.
+
+Per seed, a sink appears at the first logged point from which the model's sink rate stays at
+least ``SINK_RATE`` to the end of the pilot run, and a sink beyond layer 0 at the first point
+from which some head of a later layer keeps a sink rate of at least ``PILOT_HEAD_RATE``; a
+protocol has one when every seed has. The choice (``choose``): among the protocols where every
+seed has a sink beyond layer 0, else among those where every seed has a sink, the one whose
+training up to that point costs the fewest FLOPs (``sinklab.pretrain.runconfig.step_flops``);
+the contrast trains ``BUDGET_MARGIN`` times as long (at most the pilot's budget), so that fresh
+seeds, which may sink later than the pilot's three, sink too. When no protocol has a sink, the
+study stops after the pilot and says so with its numbers.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+from sinklab.pretrain.runconfig import flops_per_token, from_dict
+from sinklab.pretrain.training import read_curve
+from sinklab.runs import folders
+from sinklab.runs.files import read_json
+from sinklab.studies.pretrain import (
+    PILOT,
+    PILOT_BASE,
+    PILOT_HEAD_RATE,
+    PILOT_SEEDS,
+    PILOT_WORDS,
+    PRECISION_TOLERANCE,
+    SINK_RATE,
+    PretrainOptions,
+    pilot_cells,
+)
+from sinklab.studies.study import Context, Execution
+
+BUDGET_MARGIN = 1.5  # the contrast's budget over the point the pilot chose
+CHECK = "float32"  # the precision check, never a candidate
+BASE = "base"
+
+
+def _mean(rows: list[list[float]]) -> float:
+    values = [v for row in rows for v in row]
+    return sum(values) / len(values)
+
+
+def sink_layers(point: dict[str, Any], head_rate: float = PILOT_HEAD_RATE) -> list[int]:
+    """The layers of a logged point with a sink head: a head whose sink rate over the
+    validation windows is at least ``head_rate``."""
+    return [layer for layer, rates in enumerate(point["sink_rate"]) if max(rates) >= head_rate]
+
+
+def held_from(curve: list[dict[str, Any]], holds: list[bool]) -> int | None:
+    """The tokens of the first point from which ``holds`` is true to the end, or None."""
+    for i in range(len(holds)):
+        if all(holds[i:]):
+            return curve[i]["tokens"]
+    return None
+
+
+def point_numbers(point: dict[str, Any]) -> dict[str, Any]:
+    """One logged point's model-level numbers."""
+    return {"tokens": point["tokens"], "val_loss": point["val_loss"],
+            "sink_rate": _mean(point["sink_rate"]), "first_mass": _mean(point["first_mass"]),
+            "sink_layers": sink_layers(point),
+            "resid_ratio_max": max(point["resid_ratio"])}
+
+
+def run_record(folder: Path, protocol: str, seed: int) -> dict[str, Any]:
+    """A finished pilot run: its curve (model-level numbers per point), when its sink and its
+    sink beyond layer 0 appeared (``held_from``), and what its protocol costs per token."""
+    summary = read_json(folder / "summary.json")
+    curve = [point_numbers(p) for p in read_curve(folder)]
+    cfg = from_dict(summary["config"])
+    return {"protocol": protocol, "seed": seed, "tokens": summary["tokens"],
+            "diverged": summary.get("status") == "diverged",
+            "flops_per_token": flops_per_token(cfg), "schedule": cfg.train.schedule,
+            "train_tokens": summary["data"]["train_tokens"],
+            "tokens_per_s": summary["tokens_per_s"], "wall_time_s": summary["wall_time_s"],
+            "sink_tokens": held_from(curve, [p["sink_rate"] >= SINK_RATE for p in curve]),
+            "deep_tokens": held_from(curve, [any(layer > 0 for layer in p["sink_layers"])
+                                             for p in curve]),
+            "curve": curve}
+
+
+def records(ctx: Context) -> list[dict[str, Any]]:
+    """The finished pilot runs, in ``PILOT``'s order."""
+    out = []
+    for cell in pilot_cells(ctx.opts, ctx.exe):
+        if folders.check_complete(ctx.out / cell.name):
+            out.append(run_record(ctx.out / cell.name, _protocol(cell.name),
+                                  cell.config.train.seed))
+    return out
+
+
+def _protocol(name: str) -> str:
+    return name.split("/", 1)[1].rsplit("_seed", 1)[0]
+
+
+def _at(curve: list[dict[str, Any]], tokens: int) -> dict[str, Any] | None:
+    """The logged point at ``tokens``, or None."""
+    return next((p for p in curve if p["tokens"] == tokens), None)
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def protocol_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per protocol of ``PILOT``: its seeds finished, budget, cost per token and epochs over
+    the text; the point at which every seed has a sink and one beyond layer 0 (a protocol read
+    at its points: the latest seed's; a decaying schedule: its budget, when every seed ends
+    with one), the FLOPs to get there; and its numbers at the end (median and range)."""
+    rows = []
+    for name in PILOT:
+        mine = [r for r in runs if r["protocol"] == name and not r["diverged"]]
+        finished = len(mine) == len(PILOT_SEEDS)
+        first = mine[0] if mine else None
+        budget = first["tokens"] if first else None
+        readable = bool(first) and first["schedule"] == "constant"
+
+        ends = [r["curve"][-1] for r in mine]
+        if not finished:
+            sink = deep = None
+        elif readable:  # the latest seed's point
+            sink, deep = (None if any(r[key] is None for r in mine) else
+                          max(r[key] for r in mine) for key in ("sink_tokens", "deep_tokens"))
+        else:  # read at the end only
+            sink = budget if all(e["sink_rate"] >= SINK_RATE for e in ends) else None
+            deep = budget if all(any(layer > 0 for layer in e["sink_layers"])
+                                 for e in ends) else None
+        fpt = first["flops_per_token"] if first else None
+        rows.append({
+            "protocol": name, "words": PILOT_WORDS[name], "seeds": len(mine),
+            "of": len(PILOT_SEEDS), "diverged": sum(r["protocol"] == name and r["diverged"]
+                                                    for r in runs),
+            "schedule": first["schedule"] if first else None, "read_at_points": readable,
+            "budget": budget, "flops_per_token": fpt,
+            "epochs": budget / first["train_tokens"] if first else None,
+            "sink_tokens": sink, "deep_tokens": deep,
+            "sink_flops": sink * fpt if sink is not None else None,
+            "deep_flops": deep * fpt if deep is not None else None,
+            "with_sink": sum(e["sink_rate"] >= SINK_RATE for e in ends),
+            "with_deep": sum(any(layer > 0 for layer in e["sink_layers"]) for e in ends),
+            "sink_rate": _spread([e["sink_rate"] for e in ends]),
+            "first_mass": _spread([e["first_mass"] for e in ends]),
+            "val_loss": _spread([e["val_loss"] for e in ends]),
+            "resid_ratio_max": _spread([e["resid_ratio_max"] for e in ends]),
+            "sink_layers": sorted({layer for e in ends for layer in e["sink_layers"]}),
+            "tokens_per_s": _median([r["tokens_per_s"] for r in mine])})
+    return rows
+
+
+def _spread(values: list[float]) -> dict[str, float | None]:
+    return {"median": _median(values), "low": min(values) if values else None,
+            "high": max(values) if values else None}
+
+
+def choose(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The protocol the contrast trains at (module docstring), with the point chosen, whether
+    its sink reaches beyond layer 0, and the contrast's budget; None when no protocol has a
+    sink in every seed."""
+    candidates = [r for r in rows if r["protocol"] != CHECK]
+    for deep, key in ((True, "deep"), (False, "sink")):
+        ready = [r for r in candidates if r[f"{key}_tokens"] is not None]
+        if not ready:
+            continue
+        best = min(ready, key=lambda r: (r[f"{key}_flops"], list(PILOT).index(r["protocol"])))
+        point = best[f"{key}_tokens"]
+        budget = min(best["budget"], _round_up(BUDGET_MARGIN * point)) \
+            if best["read_at_points"] else best["budget"]
+        return {"protocol": best["protocol"], "words": best["words"], "point": point,
+                "deep": deep, "budget": budget, "margin": BUDGET_MARGIN,
+                "flops": best[f"{key}_flops"]}
+    return None
+
+
+def _round_up(tokens: float) -> int:
+    """``tokens`` rounded up to a whole 100,000 (the budget a person reads)."""
+    return int(math.ceil(tokens / 100_000) * 100_000)
+
+
+def settings(choice: dict[str, Any]) -> dict[str, Any]:
+    """The run settings of the chosen protocol at the contrast's budget (over the preset)."""
+    return {**PILOT_BASE, **PILOT[choice["protocol"]], "tokens": choice["budget"]}
+
+
+def precision_check(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """bfloat16 against float32 (``CHECK``), seed by seed: each float32 run's validation loss
+    and sink rate at its end against the base protocol's at the same point (the same run in
+    all else: constant rate, same seed); passed when every seed's losses are within
+    ``PRECISION_TOLERANCE``. None until both have finished."""
+    pairs = []
+    for seed in PILOT_SEEDS:
+        check = next((r for r in runs if r["protocol"] == CHECK and r["seed"] == seed), None)
+        base = next((r for r in runs if r["protocol"] == BASE and r["seed"] == seed), None)
+        if check is None or base is None:
+            return None
+        end = check["curve"][-1]
+        there = _at(base["curve"], end["tokens"])
+        if there is None:
+            return None
+        pairs.append({"seed": seed, "tokens": end["tokens"], "float32": end["val_loss"],
+                      "bfloat16": there["val_loss"], "float32_sink": end["sink_rate"],
+                      "bfloat16_sink": there["sink_rate"],
+                      "float32_tokens_per_s": check["tokens_per_s"],
+                      "bfloat16_tokens_per_s": base["tokens_per_s"]})
+    largest = max(abs(p["bfloat16"] - p["float32"]) for p in pairs)
+    return {"pairs": pairs, "largest_gap": largest, "tolerance": PRECISION_TOLERANCE,
+            "passed": largest <= PRECISION_TOLERANCE}
+
+
+def schedules(runs: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each decaying schedule at its budget beside the base protocol read at the same point:
+    seeds with a sink, median sink rate and validation loss."""
+    out = []
+    base = [r for r in runs if r["protocol"] == BASE]
+    for row in rows:
+        if row["read_at_points"] or row["protocol"] == CHECK or not row["seeds"]:
+            continue
+        there = [p for p in (_at(r["curve"], row["budget"]) for r in base) if p is not None]
+        out.append({"protocol": row["protocol"], "words": row["words"], "tokens": row["budget"],
+                    "with_sink": row["with_sink"], "seeds": row["seeds"],
+                    "sink_rate": row["sink_rate"]["median"],
+                    "val_loss": row["val_loss"]["median"],
+                    "base_with_sink": sum(p["sink_rate"] >= SINK_RATE for p in there),
+                    "base_seeds": len(there),
+                    "base_sink_rate": _median([p["sink_rate"] for p in there]),
+                    "base_val_loss": _median([p["val_loss"] for p in there])})
+    return out
+
+
+def collect(ctx: Context) -> dict[str, Any]:
+    """The pilot's record: its runs, the table per protocol, the choice, the checks."""
+    runs = records(ctx)
+    rows = protocol_rows(runs)
+    return {"seeds": list(PILOT_SEEDS), "base": dict(PILOT_BASE), "protocols": PILOT,
+            "head_rate": PILOT_HEAD_RATE, "sink_rate": SINK_RATE, "margin": BUDGET_MARGIN,
+            "rows": rows, "choice": choose(rows), "precision": precision_check(runs),
+            "schedules": schedules(runs, rows), "runs": runs}
+
+
+def finished(ctx: Context) -> bool:
+    """Whether every pilot run has finished."""
+    return all(folders.check_complete(ctx.out / c.name) for c in pilot_cells(ctx.opts, ctx.exe))
+
+
+def peek(out: Path) -> dict[str, Any]:
+    """The pilot as far as it has gone in ``out`` (unfinished runs read from their curves so
+    far): for a person watching it, never for the report."""
+    opts = PretrainOptions(rules=("softmax",))
+    runs = []
+    for cell in pilot_cells(opts, Execution(device="cpu")):
+        folder = out / cell.name
+        if not (folder / "curve.jsonl").exists():
+            continue
+        curve = [point_numbers(p) for p in read_curve(folder)]
+        runs.append({"protocol": _protocol(cell.name), "seed": cell.config.train.seed,
+                     "tokens": curve[-1]["tokens"], "budget": cell.config.train.tokens,
+                     "sink_tokens": held_from(curve, [p["sink_rate"] >= SINK_RATE
+                                                      for p in curve]),
+                     "deep_tokens": held_from(curve, [any(layer > 0 for layer in p["sink_layers"])
+                                                      for p in curve]),
+                     "end": curve[-1]})
+    return {"runs": runs}
