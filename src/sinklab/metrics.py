@@ -248,6 +248,44 @@ def sink_heads(bos_nontrigger: Tensor, threshold: float = SINK_HEAD_THRESHOLD) -
     return (bos_nontrigger >= threshold).sum(dim=(-2, -1))
 
 
+# -------------------------------------------------- the field's measurements, as they make them
+
+GU_FIRST = 64  # Gu et al. measure a sink on the first 64 tokens of each sample
+GU_SAMPLES = 100  # ... of 100 samples
+EPS_GRID = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)  # the sensitivity to eps
+
+
+def first_importance(weights: Tensor, first: int = GU_FIRST, relative: bool = False,
+                     valid: Tensor | None = None) -> Tensor:
+    """Gu et al.'s importance of the first key measured as they measure it, on the first
+    ``first`` tokens of each sample: (..., B, H, L, L) -> (..., B, H). A causal model's first
+    ``first`` rows are the model run on those tokens alone, so the corner of a longer pass is
+    that measurement. ``relative`` divides each row by its sum first (their form for rules
+    whose rows need not sum to 1); ``valid`` as for ``key_importance``."""
+    corner = weights[..., :first, :first]
+    return key_importance(corner, relative, True,
+                          None if valid is None else valid[..., :first])[..., 0]
+
+
+def rates_over_eps(importance: Tensor, grid: tuple[float, ...] = EPS_GRID) -> list[float]:
+    """The share of ``importance``'s entries (each a sample, layer and head) above each eps of
+    ``grid``: the sink rate's sensitivity to its threshold."""
+    return [float((importance > eps).to(torch.float64).mean()) for eps in grid]
+
+
+def massive_activations(hidden: Tensor, top: int = 3) -> dict[str, Any]:
+    """Sun et al.'s massive activations in one layer's hidden states (B, T, d): the largest
+    magnitude over the median magnitude of every entry, on the first token and on the others,
+    and the ``top`` dimensions of the first token by their mean magnitude over the batch (with
+    that magnitude over the median), where a massive activation sits in a few fixed ones."""
+    size = hidden.abs().float()
+    median = size.median().clamp(min=1e-30)
+    first = size[:, 0]  # (B, d)
+    by_dim = first.mean(0)
+    values, dims = by_dim.topk(min(top, by_dim.numel()))
+    return {"first": float(first.max() / median),
+            "others": float(size[:, 1:].max() / median) if size.shape[1] > 1 else None,
+            "top_dims": dims.tolist(), "top_ratios": (values / median).tolist()}
 
 
 # --------------------------------------------------------------------------- the metric table

@@ -126,6 +126,51 @@ def measure(model: LanguageModel, windows: Tensor, batch_size: int = 16,
     return out
 
 
+def field_measure(model: LanguageModel, windows: Tensor, batch_size: int = 16) -> dict[str, Any]:
+    """The model measured the way the field measures (``sinklab.metrics``' field section), on
+    fixed windows (n, T): Gu et al.'s first-key importance on the first ``GU_FIRST`` tokens of
+    each window, raw and with each row divided by its sum, per layer, head and window, and the
+    sink rate over (window, layer, head) at each eps of ``EPS_GRID``; per layer, each head's
+    rate at eps = 0.3, Sun et al.'s massive activations in the hidden states leaving the layer,
+    the first token's residual norm over the median of the others' and each head's first value
+    norm over the others'."""
+    was = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    n_layers = model.shape.n_layers
+    keep = [f"blocks.{layer}.{part}" for layer in range(n_layers)
+            for part in ("attn.v", "resid_post")]
+    a0, a0_rel, hidden, values = [], [], [[] for _ in range(n_layers)], []
+    with torch.no_grad():
+        for start in range(0, windows.shape[0], batch_size):
+            ids = windows[start:start + batch_size].to(device)
+            hooks = Hooks(keep=keep)
+            weights = torch.stack(model(ids, hooks=hooks, return_weights=True).seen())
+            a0.append(metrics.first_importance(weights).cpu())  # (layers, B, H)
+            a0_rel.append(metrics.first_importance(weights, relative=True).cpu())
+            for layer in range(n_layers):
+                hidden[layer].append(hooks.cache[f"blocks.{layer}.resid_post"].float().cpu())
+            values.append(torch.stack([_first_ratio(
+                hooks.cache[f"blocks.{layer}.attn.v"].norm(dim=-1), axis=1)
+                for layer in range(n_layers)]).cpu() * ids.shape[0])  # (layers, H)
+    model.train(was)
+    raw, rel = torch.cat(a0, dim=1), torch.cat(a0_rel, dim=1)  # (layers, n, H)
+    layers = []
+    for layer in range(n_layers):
+        states = torch.cat(hidden[layer])  # (n, T, d)
+        norms = states.norm(dim=-1)
+        layers.append({
+            "head_rates": (raw[layer] > GU_EPS).double().mean(0).tolist(),
+            "massive": metrics.massive_activations(states),
+            "resid_ratio": float((norms[:, 0] / norms[:, 1:].median(dim=1).values).mean()),
+            "value_ratio": (sum(v[layer] for v in values) / windows.shape[0]).tolist()})
+    return {"first": metrics.GU_FIRST, "windows": int(windows.shape[0]),
+            "eps_grid": list(metrics.EPS_GRID), "rates": metrics.rates_over_eps(raw),
+            "rates_relative": metrics.rates_over_eps(rel),
+            "a0": raw.permute(0, 2, 1).tolist(), "a0_relative": rel.permute(0, 2, 1).tolist(),
+            "layers": layers}
+
+
 def _first_ratio(norms: Tensor, axis: int) -> Tensor:
     """norms (B, T, ...) -> the first position's norm over the median of the others', mean over
     the batch: (...)."""
