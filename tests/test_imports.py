@@ -210,7 +210,7 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "sinklab", "sinklab.errors", "sinklab.definitions", "sinklab.stats", "sinklab.formats",
         "sinklab.hooks", "sinklab.attention", "sinklab.config", "sinklab.task", "sinklab.runs",
         "sinklab.lm.settings", "sinklab.lm.sources", "sinklab.lm.head_sets",
-        "sinklab.pretrain.runconfig")),
+        "sinklab.pretrain.runconfig", "sinklab.pretrain.corpora")),
     ("engine: models, training, measurements, claims, real models, language models", (
         "sinklab.kernels", "sinklab.first_key", "sinklab.model", "sinklab.train",
         "sinklab.evaluate", "sinklab.metrics", "sinklab.measure", "sinklab.plugins",

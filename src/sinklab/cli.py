@@ -44,6 +44,7 @@ from sinklab import formats as md
 from sinklab.claims import Claim
 from sinklab.config import SECTIONS, check_count, config_from_cli
 from sinklab.errors import Interrupted, ResultsError, SinklabError
+from sinklab.pretrain import birth
 from sinklab.runs import folders, limits
 from sinklab.studies.options import build_options, option_fields
 from sinklab.studies.study import Execution
@@ -522,7 +523,6 @@ def _add_birth(sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 def cmd_birth(args: argparse.Namespace, argv: list[str]) -> int:
-    birth = heavy("pretrain.birth")
     check_count("--tokens", args.tokens)
     cfg = birth.config(args.tokens, args.seed, args.device)
     started = Usage.now()

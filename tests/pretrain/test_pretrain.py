@@ -367,12 +367,21 @@ def test_measure_reads_a_sink_where_one_is_built():
 
 @pytest.fixture
 def tiny_pretrain(monkeypatch):
-    """The study with a tiny model in place of the CPU preset and a short ladder."""
-    from sinklab.studies import pretrain, pretrain_analysis
+    """The study with a tiny model in place of the CPU preset, a short ladder and a pilot of two
+    protocols on two seeds, where any rate counts as a sink (so that the contrast follows)."""
+    from sinklab.studies import pretrain, pretrain_analysis, pretrain_pilot
 
     monkeypatch.setitem(pretrain.PRESETS, "cpu", dict(
         d_model=16, n_layers=1, n_heads=2, context=32, batch_size=4, tokens=4 * 32 * 8,
         log_every=4, eval_windows=4, warmup=2))
+    for module in (pretrain, pretrain_pilot):
+        monkeypatch.setattr(module, "PILOT_SEEDS", (2000, 2001))
+        monkeypatch.setattr(module, "PILOT_BASE", dict(
+            schedule="constant", lr=1e-2, weight_decay=0.1, precision="bfloat16",
+            tokens=4 * 32 * 12))
+        monkeypatch.setattr(module, "PILOT", {"base": {}, "float32": {
+            "precision": "float32", "tokens": 4 * 32 * 8}})
+    monkeypatch.setattr(pretrain_pilot, "SINK_RATE", -1.0)
     for module in (pretrain, pretrain_analysis):  # the first round, and the rounds after it
         monkeypatch.setattr(module, "START", (3e-3, 1e-2))
     monkeypatch.setattr(pretrain_analysis, "LADDER", (1e-3, 3e-3, 1e-2, 3e-2))

@@ -25,6 +25,8 @@ from typing import Any
 
 from sinklab.errors import ConfigError
 from sinklab.pretrain.runconfig import PretrainConfig
+from sinklab.runs import folders
+from sinklab.runs.files import read_json
 
 SINK_RATE = 0.1  # sinklab.studies.pretrain.SINK_RATE: a model sinks at this rate
 HEAD_RATE = 0.5  # sinklab.studies.pretrain.PILOT_HEAD_RATE: a head sinks at this rate
@@ -89,6 +91,7 @@ def verdict(curve: list[dict[str, Any]]) -> str:
 def draw(curve: list[dict[str, Any]], path: Path) -> Path:
     """The emergence curve: the sink rate, the first-token mass and each layer's largest head
     sink rate against training tokens, the validation loss beside them."""
+    # matplotlib loads only when a figure is drawn, not for the command's help
     from matplotlib.figure import Figure
 
     from sinklab.plots import save_figure
@@ -124,9 +127,8 @@ def watch(folder: Path, cfg: PretrainConfig, say: Callable[[str], None] = print
     """Train (or resume, or read back) the run in ``folder``, saying each point as it comes;
     the figure and the verdict at the end. The run's summary, with ``verdict`` and
     ``figure`` added."""
+    # torch loads only when a run is watched, not for the command's help
     from sinklab.pretrain import training
-    from sinklab.runs import folders
-    from sinklab.runs.files import read_json
 
     folder = Path(folder)
     if folders.check_complete(folder):

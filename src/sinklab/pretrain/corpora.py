@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sinklab.errors import ConfigError
+from sinklab.runs.files import write_json
 
 Cleaner = Callable[[dict[str, bytes]], dict[str, str]]  # a package's {path: bytes} -> {stem: text}
 Fetched = tuple[dict, dict[str, bytes]]  # what a package is (for the manifest), and its files
@@ -102,7 +103,7 @@ def dictd(name: str, width: int, clean_entry: Callable[[str], str]) -> Cleaner:
 SOURCE_TAG = re.compile(r"^\[(?:\s*\+?\s*(?:1913 Webster|Webster 1913 Suppl\.|WordNet[\w .]*?"
                         r"|Century Dict\.,? 1906|[A-Z]{2,3}\.?))+\s*\]$")
 MARKS = {"'": "\u0301", "`": "\u0300", '"': "\u0308", ":": "\u0308", "=": "\u0304",
-         "-": "\u0304", ".": "\u0307", "~": "\u0303", ",": "\u0327", "^": "\u0306"}
+         "-": "\u0304", ".": "\u0307", "~": "\u0303", ",": "\u0327", "^": "\u0302"}
 LETTERS = {"imac": "ī", "aum": "ä", "add": "ä", "asl": "ȧ", "udd": "ü", "eth": "ð", "th": "th",
            "thorn": "þ", "ng": "ŋ", "yogh": "ȝ", "root": "√", "deg": "°", "sect": "§",
            "alpha": "α", "beta": "β", "ae": "æ", "AE": "Æ", "oe": "œ", "OE": "Œ"}
@@ -111,9 +112,9 @@ NO_BRACES = str.maketrans("", "", "{}")
 
 def gcide_letters(text: str) -> str:
     """GCIDE's letter codes as Unicode: [=e] is e with a macron, [i^] i with a breve, [eth] ð."""
-    text = re.sub(r"\[([-='`\".~,:])([A-Za-z]{1,2})\]",
+    text = re.sub(r"\[([-='`\".~,:^])([A-Za-z]{1,2})\]",
                   lambda m: "".join(c + MARKS[m[1]] for c in m[2]), text)
-    text = re.sub(r"\[([A-Za-z]{1,2})\^\]", lambda m: "".join(c + MARKS["^"] for c in m[1]), text)
+    text = re.sub(r"\[([A-Za-z]{1,2})\^\]", lambda m: "".join(c + "\u0306" for c in m[1]), text)
     text = re.sub(r"\[([A-Za-z]+)\]", lambda m: LETTERS.get(m[1], m[0]), text)
     return unicodedata.normalize("NFC", text)
 
@@ -129,7 +130,7 @@ def clean_gcide_entry(entry: str) -> str:
 
 def clean_jargon_entry(entry: str) -> str:
     """One Jargon File entry: {cross references} unbraced, an empty pronunciation // dropped."""
-    return re.sub(r" //(?=\s|$)", "", unwrap(entry, body_indent=4)).translate(NO_BRACES)
+    return re.sub(r" //(?=[\s,]|$)", "", unwrap(entry, body_indent=4)).translate(NO_BRACES)
 
 
 def clean_fortunes(files: dict[str, bytes]) -> dict[str, str]:
@@ -156,11 +157,11 @@ def html_text(page: str) -> str:
 
 
 def clean_postgres(files: dict[str, bytes]) -> dict[str, str]:
-    """One document per page of the manual, less the release notes and the book's index."""
+    """One document per page of 20 words or more, less the release notes and the index."""
     pages = {path.rsplit("/", 1)[-1].removesuffix(".html"): data for path, data in files.items()}
     docs = {stem: html_text(data.decode("utf-8", errors="replace")) for stem, data in pages.items()
             if not stem.startswith(("release", "bookindex"))}
-    return {stem: text for stem, text in docs.items() if text}
+    return {stem: text for stem, text in docs.items() if len(text.split()) >= 20}
 
 
 def clean_kjv(files: dict[str, bytes]) -> dict[str, str]:
@@ -299,8 +300,6 @@ def fetch(folder: Path, log: Callable[[str], None] = print, sources: Iterable[So
           get: Callable[[Source, Path], Fetched] = download) -> dict:
     """Download, clean and write each source that ``folder`` lacks (module docstring); return the
     manifest. ``get`` downloads one source's package (a test gives its own)."""
-    from sinklab.runs.files import write_json
-
     folder = Path(folder)
     if folder.exists() and not (folder / MARKER).is_file() and (
             not folder.is_dir() or any(folder.iterdir())):
@@ -361,18 +360,17 @@ def read_manifest(folder: Path) -> dict:
     return manifest
 
 
-def documents_english(folder: Path | None = None) -> list:
-    """The fetched documents (``sinklab.pretrain.data.Document``, named ``<source>/<stem>.txt``),
-    by name; a ConfigError when the folder, its manifest or a source's text is gone or changed."""
-    from sinklab.pretrain.data import Document  # data imports this module
-
+def documents_english(folder: Path | None = None) -> list[tuple[str, str]]:
+    """The fetched documents as (name, text), each named ``<source>/<stem>.txt``, by name (what
+    ``sinklab.pretrain.data`` makes its documents of); a ConfigError when the folder, its
+    manifest or a source's text is gone or changed."""
     folder = english_folder() if folder is None else Path(folder)
     docs = []
     for name, entry in sorted(read_manifest(folder)["sources"].items()):
         if _text_bytes(folder / name) != entry["bytes"]:
             raise ConfigError(f"source {name!r} in {folder} does not hold the {entry['bytes']:,} "
                               "bytes its manifest lists: run `make corpus` again to refetch it.")
-        docs += [Document(f"{name}/{p.name}", p.read_text(encoding="utf-8"))
+        docs += [(f"{name}/{p.name}", p.read_text(encoding="utf-8"))
                  for p in sorted((folder / name).glob("*.txt"))]
     if not docs:
         raise ConfigError(f"{folder} holds no fetched source: run `make corpus` to fetch them.")

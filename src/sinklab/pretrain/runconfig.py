@@ -25,10 +25,11 @@ from typing import Any
 from sinklab import heavy
 from sinklab.config import check_device
 from sinklab.errors import ConfigError
+from sinklab.pretrain import corpora
 from sinklab.runs import limits
 
 KIND = "pretrain"
-CORPORA = ("bbc", "pydoc")  # besides a path (sinklab.pretrain.data)
+CORPORA = ("bbc", "pydoc", "english")  # besides a path (sinklab.pretrain.data)
 POSITIONS = ("rotary", "learned")
 # The rate after warm-up (sinklab.pretrain.training.lr_at): a cosine over the whole budget, held
 # constant, or warm-up-stable-decay (held, then a linear decay over the last ``decay_share``)
@@ -104,6 +105,9 @@ class DataSettings:
                         "folder of .txt files")
         if self.corpus == "bbc":
             bbc_folder()
+        elif self.corpus == "english":
+            bbc_folder()
+            corpora.read_manifest(corpora.english_folder())
         elif self.corpus not in CORPORA and not Path(self.corpus).exists():
             raise ConfigError(f"data.corpus={self.corpus!r} is neither one of sinklab's corpora "
                               f"({', '.join(CORPORA)}) nor an existing text file or folder.")

@@ -307,24 +307,29 @@ def run_name(stage: str, rule: str, seed: int | None = None, lr: float | None = 
     return f"{stage}/{'_'.join(parts)}"
 
 
-def screen_cell(opts: PretrainOptions, exe: Execution, rule: str, lr: float) -> Cell:
-    cfg = base_config(opts, rule, lr, SCREEN_SEED, exe.device)
-    short = max(cfg.train.batch_size * cfg.model.context,
-                int(cfg.train.tokens * SCREEN_SHARE))
+def screen_cell(opts: PretrainOptions, exe: Execution, rule: str, lr: float,
+                protocol: dict[str, Any] | None = None) -> Cell:
+    """A screened rate: at ``protocol`` (the pilot's choice) its whole budget, else a
+    ``SCREEN_SHARE`` of the preset's."""
+    cfg = base_config(opts, rule, lr, SCREEN_SEED, exe.device, **(protocol or {}))
+    short = cfg.train.tokens if protocol else max(cfg.train.batch_size * cfg.model.context,
+                                                  int(cfg.train.tokens * SCREEN_SHARE))
     return Cell(run_name("screen", rule, lr=lr), cfg.replace(tokens=short),
                 group=("screen", rule, lr), label=f"screen {rule} lr {lr:g}")
 
 
 def cells(opts: PretrainOptions, exe: Execution) -> list[Cell]:
-    """The first round: every rule's starting rates (quick: its runs at the one rate)."""
+    """The first round: the pilot (quick: every rule's runs at its one rate)."""
     if opts.quick:
         return [run_cell(opts, exe, rule, QUICK_LR, seed) for rule in opts.rules
                 for seed in range(opts.n_seeds(rule))]
-    return [screen_cell(opts, exe, rule, lr) for rule in opts.rules for lr in START]
+    return pilot_cells(opts, exe)
 
 
-def run_cell(opts: PretrainOptions, exe: Execution, rule: str, lr: float, seed: int) -> Cell:
-    return Cell(run_name("runs", rule, seed), base_config(opts, rule, lr, seed, exe.device),
+def run_cell(opts: PretrainOptions, exe: Execution, rule: str, lr: float, seed: int,
+             protocol: dict[str, Any] | None = None) -> Cell:
+    return Cell(run_name("runs", rule, seed),
+                base_config(opts, rule, lr, seed, exe.device, **(protocol or {})),
                 group=("runs", rule, seed), label=rule)
 
 
@@ -340,16 +345,19 @@ def pilot_cells(opts: PretrainOptions, exe: Execution) -> list[Cell]:
     return out
 
 
-def variant_cells(opts: PretrainOptions, exe: Execution, lr: float) -> list[Cell]:
+def variant_cells(opts: PretrainOptions, exe: Execution, lr: float,
+                  protocol: dict[str, Any] | None = None) -> list[Cell]:
     out = []
+    protocol = protocol or {}
     for variant, changes in VARIANTS.items():
         out += [Cell(f"variants/{variant}_seed{s}",
-                     base_config(opts, "softmax", lr, s, exe.device, **changes),
+                     base_config(opts, "softmax", lr, s, exe.device, **{**protocol, **changes}),
                      group=("variants", variant, s), label=f"softmax {VARIANT_WORDS[variant]}")
                 for s in range(opts.variant_seeds)]
-    tokens = sizes(opts)["tokens"] * BUDGET_FACTOR
+    tokens = protocol.get("tokens", sizes(opts)["tokens"]) * BUDGET_FACTOR
     out += [Cell(f"variants/budget_x{BUDGET_FACTOR}_seed{s}",
-                 base_config(opts, "softmax", lr, s, exe.device, tokens=tokens),
+                 base_config(opts, "softmax", lr, s, exe.device, **{**protocol,
+                                                                   "tokens": tokens}),
                  group=("budget", s), label=f"softmax at {BUDGET_FACTOR}x the tokens")
             for s in range(opts.budget_seeds)]
     return out
@@ -371,4 +379,4 @@ STUDY = Study(
     options=PretrainOptions, analysis="sinklab.studies.pretrain_analysis",
     template="pretrain.md.j2", cells=cells, tables=("rules",), bulk=(), report="PRETRAIN.md",
     docs_example="docs/language.md", default_out="results/pretrain", primary=PRIMARY,
-    more_folders=("runs", "variants"))
+    more_folders=("screen", "runs", "variants"))

@@ -29,10 +29,12 @@ from sinklab.definitions import GU_EPS
 from sinklab.lm.settings import HARMLESS
 from sinklab.pretrain.runconfig import ABLATE_HEADS, CAP_EPS, WINDOW
 from sinklab.runs import folders
+from sinklab.studies import pretrain_pilot as pilot
 from sinklab.studies.pretrain import (
     BUDGET_FACTOR,
     CONTROL_RULE,
     LADDER,
+    PILOT_WORDS,
     QUICK_LR,
     RULES,
     SCREEN_SEED,
@@ -69,14 +71,23 @@ def _finished(ctx: Context, name: str) -> dict[str, Any] | None:
     return ctx.summary(name) if folders.check_complete(ctx.out / name) else None
 
 
-def search(ctx: Context, rule: str) -> Search:
+def search(ctx: Context, rule: str, protocol: dict[str, Any] | None = None) -> Search:
     """Replay ``rule``'s rate search from its finished screening runs, each rate judged by its
     final validation loss (``sinklab.studies.search.replay``)."""
     def loss_at(lr: float) -> float | None:
-        summary = _finished(ctx, run_name("screen", rule, lr=lr))
+        cell = screen_cell(ctx.opts, ctx.exe, rule, lr, protocol)
+        summary = _finished(ctx, cell.name)
         return None if summary is None else _loss(summary)
 
     return replay(START, LADDER, loss_at, best_rate=_best)
+
+
+def chosen(ctx: Context) -> dict[str, Any] | None:
+    """The pilot's choice of protocol (``sinklab.studies.pretrain_pilot.choose``) once every
+    pilot run has finished, else None; always None with --quick, which has no pilot."""
+    if ctx.opts.quick or not pilot.finished(ctx):
+        return None
+    return pilot.choose(pilot.protocol_rows(pilot.records(ctx)))
 
 
 def _loss(summary: dict[str, Any]) -> float:
@@ -93,27 +104,30 @@ def _best(tried: dict[float, float]) -> float:
 
 
 def more_cells(ctx: Context) -> list[Cell]:
-    """The rounds after the first: the screened rates past the start, each rule's runs at its
-    rate found, then (once every run of the contrast is finished) Gu et al.'s factors and the
-    budget control on softmax at its rate."""
+    """The rounds after the pilot, at the protocol it chose (none when it chose none): each
+    rule's screened rates, its runs at its rate found, then (once every run of the contrast is
+    finished) Gu et al.'s factors and the budget control on softmax at its rate."""
     opts, exe = ctx.opts, ctx.exe
-    if opts.quick:
+    choice = chosen(ctx)
+    if choice is None:
         return []
+    protocol = pilot.settings(choice)
     out: list[Cell] = []
     rates: dict[str, float] = {}
     for rule in opts.rules:
-        found = search(ctx, rule)
-        out += [screen_cell(opts, exe, rule, lr) for lr in [*found.tried, *found.pending]
-                if lr not in START]
+        found = search(ctx, rule, protocol)
+        out += [screen_cell(opts, exe, rule, lr, protocol)
+                for lr in dict.fromkeys([*START, *found.tried, *found.pending])]
         if found.best is None:
             continue
         rates[rule] = found.best
-        out += [run_cell(opts, exe, rule, found.best, s) for s in range(opts.n_seeds(rule))]
+        out += [run_cell(opts, exe, rule, found.best, s, protocol)
+                for s in range(opts.n_seeds(rule))]
     contrast = [c for c in out if c.name.startswith("runs/")]
     done = len(rates) == len(opts.rules) and all(
         folders.check_complete(ctx.out / c.name) for c in contrast)
     if done and "softmax" in rates:
-        out += variant_cells(opts, exe, rates["softmax"])
+        out += variant_cells(opts, exe, rates["softmax"], protocol)
     return out
 
 
@@ -174,13 +188,19 @@ def run_record(ctx: Context, name: str, group: str, rule: str) -> dict[str, Any]
 
 
 def collect(ctx: Context) -> dict[str, Any]:
+    """The study's records: the pilot (its table, choice and checks), then the runs at the
+    protocol it chose, each rule's screen, Gu et al.'s factors; with --quick the runs alone.
+    When the pilot chose no protocol there are no runs, and the report says why."""
     opts = ctx.opts
+    choice = chosen(ctx)
+    protocol_settings = pilot.settings(choice) if choice else None
     runs, screens = [], []
-    for rule in opts.rules:
+    trained = opts.quick or choice is not None
+    for rule in opts.rules if trained else ():
         if opts.quick:
             lr, found = QUICK_LR, None
         else:
-            found = search(ctx, rule)
+            found = search(ctx, rule, protocol_settings)
             lr = found.best
             screens.append({"rule": rule, "lr": lr, "at_ladder_end": found.at_ladder_end,
                             "rates": [{"lr": r, "val_loss": v}
@@ -188,7 +208,7 @@ def collect(ctx: Context) -> dict[str, Any]:
         runs += [run_record(ctx, run_name("runs", rule, s), "contrast", rule)
                  for s in range(opts.n_seeds(rule))]
     variants = []
-    if not opts.quick and any((ctx.out / "variants").glob("*")):
+    if trained and not opts.quick and any((ctx.out / "variants").glob("*")):
         for variant in [*VARIANTS, f"budget_x{BUDGET_FACTOR}"]:
             seeds = opts.budget_seeds if variant.startswith("budget") else opts.variant_seeds
             for s in range(seeds):
@@ -196,18 +216,25 @@ def collect(ctx: Context) -> dict[str, Any]:
                 if folders.check_complete(ctx.out / name):
                     variants.append({**run_record(ctx, name, variant, "softmax"),
                                      "variant": variant})
-    first = runs[0]
-    protocol = {**sizes(opts), "quick_lr": QUICK_LR if opts.quick else None,
-                "tokens": first["tokens"], "parameters": first["parameters"],
-                "corpus": opts.corpus, "data": first["data"], "gu_eps": GU_EPS,
+    first = runs[0] if runs else None
+    settings = {**sizes(opts), **(protocol_settings or {})}
+    protocol = {**settings, "quick_lr": QUICK_LR if opts.quick else None,
+                "schedule": settings.get("schedule", "cosine"),
+                "precision": settings.get("precision", "float32"),
+                "tokens": first["tokens"] if first else settings["tokens"],
+                "parameters": first["parameters"] if first else None,
+                "corpus": opts.corpus, "data": first["data"] if first else None,
+                "gu_eps": GU_EPS,
                 "sink_rate": SINK_RATE, "loss_margin": LOSS_MARGIN, "ladder": list(LADDER),
-                "start": list(START), "screen_share": SCREEN_SHARE, "screen_seed": SCREEN_SEED,
+                "start": list(START), "screen_share": 1.0 if choice else SCREEN_SHARE,
+                "screen_seed": SCREEN_SEED,
                 "budget_factor": BUDGET_FACTOR, "variants": VARIANT_WORDS,
                 "harmless": HARMLESS, "cap_eps": CAP_EPS, "window": WINDOW,
-                "ablate_heads": len((first["effects"] or {}).get("sink_heads", [])) or ABLATE_HEADS,
-                "probe_windows": first["probe_windows"]}
+                "ablate_heads": len(((first or {}).get("effects") or {}).get("sink_heads", []))
+                or ABLATE_HEADS,
+                "probe_windows": first["probe_windows"] if first else None}
     return {"protocol": protocol, "runs": runs, "screen": screens, "variants": variants,
-            "rules": _rule_rows(runs)}
+            "rules": _rule_rows(runs), "pilot": None if opts.quick else pilot.collect(ctx)}
 
 
 def _rule_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -339,7 +366,9 @@ def claims(records: dict[str, Any], opts: PretrainOptions) -> list[Claim]:
     """The three primary contrasts, softmax against the rules without normalisation (their
     seeds pooled; a group with no runs leaves its contrast undetermined), each with the checks
     run beside it; Gu et al.'s factors against the contrast's softmax seeds; a description per
-    rule."""
+    rule. None when the pilot chose no protocol and nothing was trained after it."""
+    if not records["runs"]:
+        return []
     rules = [r["rule"] for r in records["rules"]]
     softmax = _values(records, "softmax", "sink_rate")
     no_sink = [r for r in NO_SINK_RULES if r in rules]
@@ -556,6 +585,32 @@ def _draw_variants(axes: Any, records: dict[str, Any], opts: PretrainOptions) ->
     _draw_groups(axes, groups, log_tokens=True)
 
 
-FIGURES = (FigureSpec("fig_pretrain_curves", _draw_curves, grid=(1, 3), size=(5.0, 4.0)),
+def _draw_pilot(axes: Any, records: dict[str, Any], opts: PretrainOptions) -> None:
+    """The pilot: per protocol, each seed's sink rate against training tokens (solid) and its
+    largest first-token residual ratio (dotted, right-hand scale)."""
+    runs = records["pilot"]["runs"]
+    names = [r["protocol"] for r in records["pilot"]["rows"] if r["seeds"]]
+    for ax in np.ravel(axes)[len(names):]:
+        ax.set_visible(False)
+    for ax, name in zip(np.ravel(axes), names):
+        for i, run in enumerate(r for r in runs if r["protocol"] == name):
+            xs = [p["tokens"] / 1e6 for p in run["curve"]]
+            ax.plot(xs, [p["sink_rate"] for p in run["curve"]], color=f"C{i}", lw=1.2,
+                    label=f"seed {run['seed']}")
+            ax.plot(xs, [p["first_mass"] for p in run["curve"]], color=f"C{i}", lw=0.8,
+                    ls=":")
+        ax.axhline(SINK_RATE, color="grey", ls="--", lw=0.8)
+        ax.set_title(PILOT_WORDS.get(name, name), fontsize=8)
+        ax.set_xlabel("training tokens (millions)")
+        ax.set_ylabel("sink rate (solid), first-token mass (dotted)", fontsize=7)
+        ax.set_ylim(0, max(0.3, ax.get_ylim()[1]))
+        ax.legend(fontsize=6)
+
+
+FIGURES = (FigureSpec("fig_pretrain_pilot", _draw_pilot, grid=(2, 4), size=(3.6, 3.0),
+                      when=lambda records, opts: bool((records.get("pilot") or {})
+                                                      .get("runs"))),
+           FigureSpec("fig_pretrain_curves", _draw_curves, grid=(1, 3), size=(5.0, 4.0),
+                      when=lambda records, opts: bool(records["runs"])),
            FigureSpec("fig_pretrain_variants", _draw_variants, grid=(1, 3), size=(5.0, 4.0),
                       when=lambda records, opts: bool(records["variants"])))

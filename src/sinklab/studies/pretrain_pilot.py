@@ -145,7 +145,7 @@ def protocol_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                                  for e in ends) else None
         fpt = first["flops_per_token"] if first else None
         rows.append({
-            "protocol": name, "words": PILOT_WORDS[name], "seeds": len(mine),
+            "protocol": name, "words": PILOT_WORDS.get(name, name), "seeds": len(mine),
             "of": len(PILOT_SEEDS), "diverged": sum(r["protocol"] == name and r["diverged"]
                                                     for r in runs),
             "schedule": first["schedule"] if first else None, "read_at_points": readable,
@@ -181,7 +181,7 @@ def choose(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
             continue
         best = min(ready, key=lambda r: (r[f"{key}_flops"], list(PILOT).index(r["protocol"])))
         point = best[f"{key}_tokens"]
-        budget = min(best["budget"], _round_up(BUDGET_MARGIN * point)) \
+        budget = min(best["budget"], max(_round_up(BUDGET_MARGIN * point), 100_000)) \
             if best["read_at_points"] else best["budget"]
         return {"protocol": best["protocol"], "words": best["words"], "point": point,
                 "deep": deep, "budget": budget, "margin": BUDGET_MARGIN,
@@ -195,8 +195,11 @@ def _round_up(tokens: float) -> int:
 
 
 def settings(choice: dict[str, Any]) -> dict[str, Any]:
-    """The run settings of the chosen protocol at the contrast's budget (over the preset)."""
-    return {**PILOT_BASE, **PILOT[choice["protocol"]], "tokens": choice["budget"]}
+    """The run settings of the chosen protocol at the contrast's budget (over the preset),
+    but its rate: each rule's is screened at this protocol."""
+    out = {**PILOT_BASE, **PILOT[choice["protocol"]], "tokens": choice["budget"]}
+    out.pop("lr")
+    return out
 
 
 def precision_check(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
