@@ -4,16 +4,22 @@ peak, side by side with the same model written in plain PyTorch operators.
     python benchmarks/pretrain_speed.py            # sinklab pretrain's CPU preset
     python benchmarks/pretrain_speed.py --steps 5  # fewer steps per measurement
 
-1. The peak: the float32 matmul rate of this machine with the threads torch uses (a square
-   product large enough to saturate it), the best of a few tries.
+1. The peaks: the float32 and bfloat16 matmul rates of this machine with the threads torch uses
+   (a square product large enough to saturate it), the best of a few tries.
 2. The step (forward, loss, backward, AdamW) of ``sinklab.pretrain.network.LanguageModel`` with
    softmax attention (on PyTorch's fused attention, as it trains) and with ReLU attention (its
-   weights materialised, as every rule but softmax), against ``PlainLM`` below: the same weights,
-   the same computation in ``nn.Linear``, ``F.scaled_dot_product_attention`` (fused) or a
-   materialised masked softmax, and ``nn.LayerNorm``, with no rule registry and no hooks. The
-   outputs are checked to agree first. Measured alternately in one run (these machines are
-   noisy), the median of each.
-3. Every rule of the study at the same size (the value-side rules run their heads' ``mix``).
+   weights materialised, as every rule but softmax), each in float32 and under bfloat16
+   autocast over float32 weights (``train.precision``), against ``PlainLM`` below in float32:
+   the same weights, the same computation in ``nn.Linear``, ``F.scaled_dot_product_attention``
+   (fused) or a materialised masked softmax, and ``nn.LayerNorm``, with no rule registry and no
+   hooks. The outputs are checked to agree first. Measured alternately in one run (these
+   machines are noisy), the median of each; each row's share is of its own precision's peak.
+3. Every rule of the study at the same size in bfloat16 (the value-side rules run their heads'
+   ``mix``), and its tokens/s against softmax's.
+
+Whether bfloat16 trains as well as float32 is not measured here but by the pretraining pilot's
+precision check (the same seeds and settings in both, validation losses compared at 2M tokens
+within a tolerance stated before it ran; docs/language.md).
 
 The model's FLOPs per step are counted from its matrix products (forward: the four attention
 projections, the MLP, the scores and the weighted sum over the causal half, the output head;
@@ -37,9 +43,9 @@ from sinklab.pretrain.training import BETAS, shape
 from sinklab.studies.pretrain import NEW_RULES, PRESETS, RULES
 
 
-def matmul_peak(size: int = 2048, tries: int = 5) -> float:
-    """FLOP/s of a float32 (size x size) @ (size x size) product, the best of ``tries``."""
-    a, b = torch.randn(size, size), torch.randn(size, size)
+def matmul_peak(size: int = 2048, tries: int = 5, dtype: torch.dtype = torch.float32) -> float:
+    """FLOP/s of a (size x size) @ (size x size) product in ``dtype``, the best of ``tries``."""
+    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
     a @ b  # warm up
     best = 0.0
     for _ in range(tries):
@@ -85,13 +91,16 @@ class PlainLM(nn.Module):
         return src.head(src.norm(h))
 
 
-def time_steps(forward, params, ids: Tensor, steps: int) -> list[float]:
+def time_steps(forward, params, ids: Tensor, steps: int, bf16: bool = False) -> list[float]:
+    """Seconds per training step (forward, loss, backward, AdamW), as ``sinklab pretrain``
+    takes it: with ``bf16`` the forward under bfloat16 autocast, the loss in float32."""
     opt = torch.optim.AdamW(params, lr=1e-4, betas=BETAS)
     times = []
     for _ in range(steps + 1):  # the first is a warm-up
         start = time.perf_counter()
-        logits = forward(ids)
-        loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            logits = forward(ids)
+        loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(),
                                ids[:, 1:].reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -110,10 +119,11 @@ def main() -> None:
     stream = data.split("pydoc", 0.1).train
     ids = data.train_batch(stream, cfg.train.batch_size, cfg.model.context, 0, 0, True)
     peak = matmul_peak()
+    peak_bf16 = matmul_peak(dtype=torch.bfloat16)
     flops = step_flops(cfg)
     tokens = cfg.train.batch_size * cfg.model.context
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; float32 matmul peak "
-          f"{peak / 1e9:.1f} GFLOP/s")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; matmul peak "
+          f"{peak / 1e9:.1f} GFLOP/s in float32, {peak_bf16 / 1e9:.1f} in bfloat16")
     print(f"model: {cfg.model.n_layers} layers x {cfg.model.n_heads} heads, d_model "
           f"{cfg.model.d_model}, context {cfg.model.context}, batch {cfg.train.batch_size}: "
           f"{flops / 1e9:.2f} GFLOP per step ({tokens:,} tokens)")
@@ -126,31 +136,41 @@ def main() -> None:
 
     explicit = PlainLM(model, explicit=True)
     relu = LanguageModel(shape(cfg.replace(attention="relu")))
-    ours, theirs, ours_relu, theirs_explicit = [], [], [], []
+    rows: dict[str, list[float]] = {}
+    timed = (("sinklab, softmax, bfloat16", lambda x: model(x).logits, model, True),
+             ("sinklab, softmax, float32", lambda x: model(x).logits, model, False),
+             ("plain PyTorch, SDPA, float32", plain, model, False),
+             ("sinklab, relu, bfloat16", lambda x: relu(x).logits, relu, True),
+             ("sinklab, relu, float32", lambda x: relu(x).logits, relu, False),
+             ("plain PyTorch, explicit, float32", explicit, model, False))
     for _ in range(3):  # alternately, so that drifts of the machine hit all of them
-        ours += time_steps(lambda x: model(x).logits, model.parameters(), ids, args.steps)
-        theirs += time_steps(plain, model.parameters(), ids, args.steps)
-        ours_relu += time_steps(lambda x: relu(x).logits, relu.parameters(), ids, args.steps)
-        theirs_explicit += time_steps(explicit, model.parameters(), ids, args.steps)
-    rows = (("sinklab, softmax (fused)", ours), ("plain PyTorch, SDPA", theirs),
-            ("sinklab, relu (explicit)", ours_relu),
-            ("plain PyTorch, explicit", theirs_explicit))
-    for name, times in rows:
+        for name, forward, owner, bf16 in timed:
+            rows.setdefault(name, []).extend(
+                time_steps(forward, owner.parameters(), ids, args.steps, bf16))
+    for name, times in rows.items():
         step = statistics.median(times)
-        print(f"{name:>24}: {step * 1e3:7.1f} ms/step, {tokens / step:9,.0f} tokens/s, "
-              f"{flops / step / peak:6.1%} of the matmul peak")
-    fused = statistics.median(ours) / statistics.median(theirs)
-    materialised = statistics.median(ours_relu) / statistics.median(theirs_explicit)
-    print(f"ratios of step times: sinklab softmax / plain SDPA {fused:.2f}; sinklab relu / "
-          f"plain explicit softmax {materialised:.2f}")
+        share = flops / step / (peak_bf16 if "bfloat16" in name else peak)
+        print(f"{name:>32}: {step * 1e3:7.1f} ms/step, {tokens / step:9,.0f} tokens/s, "
+              f"{share:6.1%} of its precision's matmul peak")
+    speed = {name: tokens / statistics.median(times) for name, times in rows.items()}
+    print(f"tokens/s ratios: sinklab softmax bfloat16 / plain SDPA float32 "
+          f"{speed['sinklab, softmax, bfloat16'] / speed['plain PyTorch, SDPA, float32']:.2f} "
+          "(goal: at least 1.3); sinklab softmax float32 / plain SDPA float32 "
+          f"{speed['sinklab, softmax, float32'] / speed['plain PyTorch, SDPA, float32']:.2f}; "
+          "sinklab relu float32 / plain explicit float32 "
+          f"{speed['sinklab, relu, float32'] / speed['plain PyTorch, explicit, float32']:.2f}")
 
-    print("every rule of the study, sinklab's model at the same size:")
-    for rule in (*RULES, *NEW_RULES, "uniform"):
+    print("every rule of the study, sinklab's model at the same size, in bfloat16 (as the "
+          "pilot's protocols train):")
+    base = None
+    for rule in ("softmax", *[r for r in (*RULES, *NEW_RULES) if r != "softmax"], "uniform"):
         lm = LanguageModel(shape(cfg.replace(attention=rule)))
         step = statistics.median(time_steps(lambda x, lm=lm: lm(x).logits, lm.parameters(),
-                                            ids, args.steps))
+                                            ids, args.steps, bf16=True))
+        base = base or step
         print(f"{rule:>24}: {step * 1e3:7.1f} ms/step, {tokens / step:9,.0f} tokens/s, "
-              f"{flops / step / peak:6.1%} of the matmul peak")
+              f"{base / step:5.2f}x softmax's, {flops / step / peak_bf16:6.1%} of the "
+              "bfloat16 matmul peak")
 
 
 if __name__ == "__main__":

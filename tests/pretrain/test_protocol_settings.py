@@ -77,3 +77,16 @@ def test_flops_count_the_step_once_per_token():
     assert flops_per_token(cfg) == pytest.approx(step_flops(cfg) / (4 * 32))
     wider = PretrainConfig.make(**{**TINY, "d_model": 32})
     assert 2 < flops_per_token(wider) / flops_per_token(cfg) < 4  # the matmuls grow as d^2
+
+
+def test_the_same_seed_gives_the_same_bfloat16_run(tmp_path):
+    """bfloat16 autocast keeps a run reproducible: the same settings and seed (and, as here, the
+    same thread count) give the same curve, point for point."""
+    cfg = PretrainConfig.make(**{**TINY, "tokens": 4 * 32 * 10}, precision="bfloat16",
+                              schedule="wsd")
+    train(cfg, tmp_path / "a")
+    train(cfg, tmp_path / "b")
+    drop = ("seconds",)
+    a, b = ([{k: v for k, v in p.items() if k not in drop} for p in read_curve(tmp_path / r)]
+            for r in ("a", "b"))
+    assert a == b and len(a) == 3
