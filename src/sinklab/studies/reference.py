@@ -8,6 +8,11 @@ a report may show that are neither computed from records nor settings of sinklab
   5 seeds where known).
 - ``REFERENCE_SEEDS``: outcomes of the authors' reference code run on several seeds.
 - ``GU``: Gu et al.'s sink rates in open language models.
+- ``FIELD``: the pretraining results of the field that ``sinklab pretrain`` sets its own beside:
+  Gu et al.'s factors (sink rate in percent, their ~60M-parameter LLaMA-style models) and
+  StreamingLLM's pretraining triple (perplexity of their 160M models with 0, 1 or 4 first
+  tokens kept before a window). Taken as issue 48 quotes them, not checked against the papers'
+  tables here: each row is marked secondary.
 """
 
 from __future__ import annotations
@@ -116,6 +121,43 @@ GU = RateRange(0.70, 0.91, "sink rate (eps = 0.3) of open LMs on random tokens a
                "Gu et al. (ICLR 2025), 'When attention sink emerges in language models'")
 
 
+@dataclass(frozen=True)
+class FieldResult:
+    """One result of the field: the settings compared and their numbers, in the same order."""
+
+    key: str
+    words: str
+    settings: tuple[str, ...]
+    values: tuple[float | None, ...]
+    unit: str
+    source: str
+    secondary: bool = True
+
+
+GU_SOURCE = "Gu et al. (ICLR 2025), as quoted in sinklab issue 48"
+XIAO_SOURCE = "Xiao et al. (ICLR 2024, StreamingLLM), as quoted in sinklab issue 48"
+FIELD: tuple[FieldResult, ...] = (
+    FieldResult("weight_decay", "weight decay", ("0", "0.1", "0.5", "5.0"),
+                (15.20, 18.18, 41.08, 0.01), "sink rate, %", GU_SOURCE),
+    FieldResult("learning_rate", "learning rate (higher, more sinks)", ("1e-4", "4e-4", "8e-4"),
+                (2.90, 18.18, 32.23), "sink rate, %", GU_SOURCE),
+    FieldResult("fixed_first", "a fixed first token", ("off", "on"), (18.0, 74.0),
+                "sink rate, %", GU_SOURCE),
+    FieldResult("window", "windows of 64 against 256 or more tokens", ("64", "256+"),
+                (None, None), "sink rate, % (they report that short windows prevent the sink)",
+                GU_SOURCE),
+    FieldResult("sigmoid", "sigmoid attention without normalisation", ("sigmoid",), (0.44,),
+                "sink rate, %", GU_SOURCE),
+    FieldResult("streaming_softmax", "softmax, perplexity with 0 / 1 / 4 first tokens kept",
+                ("0", "1", "4"), (27.87, 18.49, 18.05), "perplexity", XIAO_SOURCE),
+    FieldResult("streaming_softmax1", "softmax_1, perplexity with 0 / 1 / 4 first tokens kept",
+                ("0", "1", "4"), (29_214.0, 19.90, 18.01), "perplexity", XIAO_SOURCE),
+    FieldResult("streaming_sink_token", "a learnable sink token, perplexity with 0 / 1 / 4 first "
+                "tokens kept", ("0", "1", "4"), (1_235.0, 18.01, 18.02), "perplexity",
+                XIAO_SOURCE),
+)
+
+
 def constants() -> dict[str, Any]:
     """Named settings of sinklab that reports quote (thresholds, levels), read from the code that
     uses them, so that prose never types a number twice."""
@@ -144,4 +186,5 @@ def records() -> dict[str, Any]:
         },
         "reference_seeds": {key: asdict(o) for key, o in REFERENCE_SEEDS.items()},
         "gu": asdict(GU),
+        "field": [asdict(row) for row in FIELD],
     }))
