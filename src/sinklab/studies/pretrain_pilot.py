@@ -26,13 +26,17 @@ study stops after the pilot and says so with its numbers.
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from pathlib import Path
 from typing import Any
 
+from sinklab import metrics
+from sinklab.definitions import GU_EPS
+from sinklab.pretrain import data
 from sinklab.pretrain.runconfig import flops_per_token, from_dict
-from sinklab.pretrain.training import read_curve
+from sinklab.pretrain.training import MODEL, field_measure, load_model, read_curve
 from sinklab.runs import folders
 from sinklab.runs.files import read_json
 from sinklab.studies.pretrain import (
@@ -80,9 +84,55 @@ def point_numbers(point: dict[str, Any]) -> dict[str, Any]:
             "resid_ratio_max": max(point["resid_ratio"])}
 
 
-def run_record(folder: Path, protocol: str, seed: int) -> dict[str, Any]:
+@functools.lru_cache(maxsize=4)
+def _split(corpus: str, validation: float) -> Any:
+    return data.split(corpus, validation)
+
+
+def field_numbers(ctx: Context, name: str) -> dict[str, Any] | None:
+    """A finished run's model measured the way the field measures it
+    (``sinklab.pretrain.training.field_measure``, on ``GU_SAMPLES`` validation windows of its
+    context), kept in the study's cache: Gu et al.'s first-64-token sink rate at eps = 0.3 and
+    over ``EPS_GRID``, raw and relative; per layer the heads that sink there (a head's rate at
+    least ``PILOT_HEAD_RATE``), Sun et al.'s massive activations on the first token and
+    elsewhere, the first token's residual norm and the largest first-value norm over the
+    others'. None for a run without a model (it diverged)."""
+    folder = ctx.out / name
+    if not (folder / MODEL).exists():
+        return None
+    summary = ctx.summary(name)
+
+    def compute() -> dict[str, Any]:
+        cfg = from_dict(summary["config"])
+        split = _split(cfg.data.corpus, cfg.data.validation)
+        windows = data.validation_windows(split.validation, metrics.GU_SAMPLES,
+                                          cfg.model.context, cfg.data.fixed_first)
+        full = field_measure(load_model(folder), windows)
+        at = full["eps_grid"].index(GU_EPS)
+        return {"windows": full["windows"], "first": full["first"],
+                "eps_grid": full["eps_grid"], "rates": full["rates"],
+                "rates_relative": full["rates_relative"], "rate": full["rates"][at],
+                "rate_relative": full["rates_relative"][at],
+                "layers": [{"sink_heads": sum(r >= PILOT_HEAD_RATE for r in layer["head_rates"]),
+                            "head_rates": layer["head_rates"],
+                            "massive_first": layer["massive"]["first"],
+                            "massive_others": layer["massive"]["others"],
+                            "top_dims": layer["massive"]["top_dims"],
+                            "resid_ratio": layer["resid_ratio"],
+                            "value_ratio_max": max(layer["value_ratio"])}
+                           for layer in full["layers"]]}
+
+    (ctx.out / "cache").mkdir(exist_ok=True)
+    return ctx.cached(f"field-{name.replace('/', '-')}",
+                      {"run": name, "steps": summary["steps"], "windows": metrics.GU_SAMPLES,
+                       "first": metrics.GU_FIRST}, compute)
+
+
+def run_record(folder: Path, protocol: str, seed: int,
+               field: dict[str, Any] | None = None) -> dict[str, Any]:
     """A finished pilot run: its curve (model-level numbers per point), when its sink and its
-    sink beyond layer 0 appeared (``held_from``), and what its protocol costs per token."""
+    sink beyond layer 0 appeared (``held_from``), what its protocol costs per token, and the
+    field's measurements of its final model (``field_numbers``)."""
     summary = read_json(folder / "summary.json")
     curve = [point_numbers(p) for p in read_curve(folder)]
     cfg = from_dict(summary["config"])
@@ -94,7 +144,7 @@ def run_record(folder: Path, protocol: str, seed: int) -> dict[str, Any]:
             "sink_tokens": held_from(curve, [p["sink_rate"] >= SINK_RATE for p in curve]),
             "deep_tokens": held_from(curve, [any(layer > 0 for layer in p["sink_layers"])
                                              for p in curve]),
-            "curve": curve}
+            "curve": curve, "field": field}
 
 
 def records(ctx: Context) -> list[dict[str, Any]]:
@@ -103,7 +153,7 @@ def records(ctx: Context) -> list[dict[str, Any]]:
     for cell in pilot_cells(ctx.opts, ctx.exe):
         if folders.check_complete(ctx.out / cell.name):
             out.append(run_record(ctx.out / cell.name, _protocol(cell.name),
-                                  cell.config.train.seed))
+                                  cell.config.train.seed, field_numbers(ctx, cell.name)))
     return out
 
 
@@ -161,6 +211,7 @@ def protocol_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "val_loss": _spread([e["val_loss"] for e in ends]),
             "resid_ratio_max": _spread([e["resid_ratio_max"] for e in ends]),
             "sink_layers": sorted({layer for e in ends for layer in e["sink_layers"]}),
+            "gu_rate": _spread([r["field"]["rate"] for r in mine if r.get("field")]),
             "tokens_per_s": _median([r["tokens_per_s"] for r in mine])})
     return rows
 
