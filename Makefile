@@ -96,7 +96,7 @@ docs: $(STAMP)
 		--docs docs/extensions.md
 	$(BIN)/sinklab lm --model smollm2 --model minilm --out results/docs-lm \
 		--docs docs/real-models.md
-	$(BIN)/sinklab pretrain $(DOCS_CONFIG) --out results/docs-pretrain --docs docs/language.md
+	$(BIN)/sinklab pretrain $(DOCS_CONFIG) --device cpu --out results/docs-pretrain --docs docs/language.md
 
 # Write the reports in docs/ again from the records committed beside them, after a change of a
 # template or of the code that decides the claims: nothing is trained or measured (seconds).
