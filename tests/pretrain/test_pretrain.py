@@ -401,7 +401,8 @@ def test_pretrain_quick_trains_measures_decides_and_resumes(tmp_path, capsys):
     assert [r["rule"] for r in records["rules"]] == ["softmax", "relu"]
     assert len(records["runs"]) == 4 and all(len(r["curve"]) == 4 for r in records["runs"])
     assert {c["key"] for c in result["claims"] if c["primary"]} == {
-        "sink.softmax_vs_free", "parity.free_vs_softmax", "eviction.softmax_vs_free"}
+        "sink.softmax_vs_free", "parity.free_vs_softmax", "eviction.softmax_vs_free",
+        "sink.deep_softmax"}
     effects = records["runs"][0]["effects"]
     assert effects["eviction_cost"] == pytest.approx(effects["streaming_0"]
                                                      - effects["streaming_1"])
@@ -653,7 +654,8 @@ def test_a_diverged_seed_is_counted_apart_and_in_no_median():
             "first_mass": 0.1, "value_ratio": 1.0, "resid_ratio_max": 1.0}
         return {"rule": rule, "seed": seed, "lr": 1e-3, "tokens": 100, "tokens_per_s": 1.0,
                 "diverged": diverged, "emergence_tokens": None, "effects": None,
-                "curve": [], **final}
+                "curve": [], "heads_final": {"sink_rate": [[rate or 0.0, 0.0], [0.0, 0.0]]},
+                **final}
 
     runs = [run("softmax", s, 2.0 + s / 100, 0.5) for s in range(6)]
     runs += [run("relu", s, 2.0, 0.0) for s in range(5)] + [run("relu", 5, None, None, True)]
@@ -679,6 +681,7 @@ def _records(softmax_sink, free_sink, softmax_loss=1.75, free_loss=1.76, uniform
                 "diverged": False, "emergence_tokens": None, "curve": [], "val_loss": loss,
                 "sink_rate": rate, "sink_rate_relative": rate, "first_mass": 0.1,
                 "value_ratio": 1.0, "resid_ratio_max": 1.0,
+                "heads_final": {"sink_rate": [[0.0, 0.0], [rate, 0.0]]},  # layer 1's head
                 "effects": {"eviction_cost": eviction, "streaming_1": 0.01}}
 
     runs = [run("softmax", s, softmax_loss + s / 1000, softmax_sink + s / 1000,
@@ -700,14 +703,18 @@ def test_the_rule_contrasts_are_counted_only_when_the_sink_they_need_exists():
 
     for softmax_sink, counted in ((0.5, True), (0.05, False)):
         decided = {c.key: c for c in pretrain.STUDY.decide(_records(softmax_sink, 0.0), None)}
+        # the contrasts have no mirror control; the one rate claim has the free rules as its
+        deep = decided.pop("sink.deep_softmax")
         assert all(c.control is None for c in decided.values())
+        assert deep.primary and deep.outcome == (cl.SUPPORTED if counted else cl.CONTRADICTED)
+        assert deep.control["claim"]["outcome"] == cl.CONTRADICTED  # 0 of 15 free seeds
         sink = decided["sink.softmax_vs_free"]
         assert sink.primary and sink.outcome == cl.SUPPORTED and sink.counted is counted
         checks = {c.key: c.outcome for c in sink.check_claims()}
         assert checks["sink.softmax_vs_free.softmax_sinks"] == (
             cl.VERIFIED if counted else cl.FAILED)
         assert checks["sink.softmax_vs_free.comparable_loss"] == cl.VERIFIED
-    assert set(pretrain.PRIMARY) <= set(decided)
+    assert set(pretrain.PRIMARY) <= {*decided, "sink.deep_softmax"}
 
 
 def test_parity_is_a_non_inferiority_contrast_that_uniform_attention_must_fail():

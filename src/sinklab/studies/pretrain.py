@@ -4,10 +4,14 @@ Each rule trains the same causal LM (``sinklab.pretrain.network``) on the same t
 token budget, at its own learning rate, in rounds that ``sinklab pretrain`` reads off the
 finished runs (``Study.more_cells``), so an interrupted study resumes where it stopped:
 
-1. **Screening** (``screen/{rule}_lr{lr}/``, seed ``SCREEN_SEED``, a ``SCREEN_SHARE`` of the
-   budget): every rate of ``START``; the best rate has the lowest final validation loss. While
-   it is the smallest or largest screened, the next rate of ``LADDER`` beyond it is screened
-   too, until it is not or the ladder ends (the report says so).
+0. **The pilot** (``pilot/{protocol}_seed{s}/``, ``PILOT`` on ``PILOT_SEEDS``): softmax under
+   each protocol, from which ``sinklab.studies.pretrain_pilot.choose`` picks the one the rounds
+   below train at (its settings and budget over the preset's); none chosen, none trained.
+1. **Screening** (``screen/{rule}_lr{lr}/``, seed ``SCREEN_SEED``, the chosen protocol's whole
+   budget; without a pilot, a ``SCREEN_SHARE`` of the preset's): every rate of ``START``; the
+   best rate has the lowest final validation loss. While it is the smallest or largest
+   screened, the next rate of ``LADDER`` beyond it is screened too, until it is not or the
+   ladder ends (the report says so).
 2. **The rule contrast** (``runs/{rule}_seed{s}/``): every rule at its rate found, seeds 0 to
    n - 1 (``seeds``; softmax ``softmax_seeds``, the rules proposed since the paper
    ``new_seeds``, ``uniform``, checked beside the loss contrast, ``control_seeds``).
@@ -27,10 +31,11 @@ rules without normalisation (relu, sigmoid, softpick, pooled), each decided by o
 test with the checks beside it that could make it come out for another reason: softmax models
 end with a higher first-token sink rate; the others train to within ``LOSS_MARGIN`` of
 softmax's validation loss (beside it: uniform attention, which cannot attend by content, must
-not); evicting the first token costs softmax models more. The sink and eviction contrasts need
-softmax to form a sink at all in this protocol, checked beside them. Gu et al.'s factors are
-secondary contrasts with the contrast's softmax seeds; the budget control and the emergence of
-the sink are described.
+not); evicting the first token costs softmax models more; and a rate claim, that softmax models
+form a sink head beyond layer 0 (its control: the same count on the pooled rules). The sink and
+eviction contrasts need softmax to form a sink at all in this protocol, checked beside them.
+Gu et al.'s factors are secondary contrasts with the contrast's softmax seeds; the budget
+control and the emergence of the sink are described.
 
 ``--quick`` is a smoke test of the machinery, not a study of sinks (a first-token sink takes
 millions of tokens to form): the ``QUICK`` model and budget, ``QUICK_RULES``, ``QUICK_SEEDS``
@@ -133,7 +138,8 @@ PILOT_WORDS = {
 SINK_RATE = 0.1
 PILOT_HEAD_RATE = 0.5  # a head sinks when its sink rate over the windows reaches this
 PRECISION_TOLERANCE = 0.02  # nats per token: bfloat16's validation loss against float32's
-PRIMARY = ("sink.softmax_vs_free", "parity.free_vs_softmax", "eviction.softmax_vs_free")
+PRIMARY = ("sink.softmax_vs_free", "parity.free_vs_softmax", "eviction.softmax_vs_free",
+           "sink.deep_softmax")
 
 
 def _default_rules() -> tuple[str, ...]:

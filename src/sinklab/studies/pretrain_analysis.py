@@ -34,6 +34,7 @@ from sinklab.studies.pretrain import (
     BUDGET_FACTOR,
     CONTROL_RULE,
     LADDER,
+    PILOT_HEAD_RATE,
     PILOT_WORDS,
     QUICK_LR,
     RULES,
@@ -184,7 +185,8 @@ def run_record(ctx: Context, name: str, group: str, rule: str) -> dict[str, Any]
             "heads_final": {k: summary["final"][k] for k in
                             ("first_mass", "sink_rate", "sink_rate_relative", "value_ratio")},
             "data": summary["data"], "effects": summary.get("interventions"),
-            "probe_windows": summary["config"]["data"]["probe_windows"]}
+            "probe_windows": summary["config"]["data"]["probe_windows"],
+            "field": None if diverged or ctx.opts.quick else pilot.field_numbers(ctx, name)}
 
 
 def collect(ctx: Context) -> dict[str, Any]:
@@ -443,6 +445,20 @@ def claims(records: dict[str, Any], opts: PretrainOptions) -> list[Claim]:
                            HARMLESS, what=EVICTION_WHAT),
         f"Softmax models' own eviction cost, against the {HARMLESS:g} nats per token below "
         "which a change counts as harmless (the median's one-sided bounds in the data)"))
+    def deep_heads(rules: list[str]) -> list[bool]:
+        return [any(layer > 0 for layer in pilot.sink_layers(r["heads_final"]))
+                for rule in rules for r in rows_of(records, rule) if not r["diverged"]]
+
+    what = (f"end with a sink head in a layer after the first (a head whose share of windows "
+            f"with first-key importance above eps = {GU_EPS:g} is at least {PILOT_HEAD_RATE:g})")
+    deep, free_deep = deep_heads(["softmax"]), deep_heads(no_sink)
+    out.append(cl.with_control(
+        cl.rate_at_least("sink.deep_softmax", "Softmax models form a sink head beyond layer 0, "
+                         "where the sinks of real language models sit", sum(deep), len(deep),
+                         f"of the contrast's softmax seeds {what}"),
+        cl.rate_at_least("sink.deep_softmax.control", "", sum(free_deep), len(free_deep),
+                         f"of the seeds of {words} {what}"),
+        f"the seeds of {words}, whose rows need not sum to 1"))
     out += factor_claims(records, softmax, losses)
     for rule in rules:
         values = _values(records, rule, "sink_rate")
