@@ -443,21 +443,25 @@ def test_pretrain_screens_rates_then_the_contrast_then_the_factors(tmp_path, cap
     assert {(r["rule"], r["lr"]) for r in records["runs"]} == set(lrs.items())
     assert sorted(r["seed"] for r in records["runs"] if r["rule"] == "softmax") == [0, 1]
     variants = {v["variant"]: v for v in records["variants"]}
-    assert set(variants) == {*tiny_pretrain.VARIANTS, "budget_x10"}
-    assert variants["budget_x10"]["tokens"] == 10 * records["runs"][0]["tokens"]
-    assert all(v["lr"] == lrs["softmax"] for v in variants.values())
+    assert set(variants) == {*tiny_pretrain.VARIANTS, "budget_x2"}
+    assert variants["budget_x2"]["tokens"] == 2 * records["runs"][0]["tokens"]
+    assert variants["lr_third"]["lr"] == pytest.approx(lrs["softmax"] / 3)
+    assert all(v["lr"] == lrs["softmax"] for k, v in variants.items() if k != "lr_third")
     window = json.loads((out / "variants" / "window_64_seed0" / "config.json").read_text())
     assert window["model"]["context"] == 64
     text = (out / "PRETRAIN.md").read_text()
     assert "## Gu et al.'s factors" in text and "fig_pretrain_variants.png" in text
     assert (out / "figures" / "fig_pretrain_variants.png").is_file()
     claims = {c["key"]: c for c in json.loads((out / "records.json").read_text())["claims"]}
-    for key in ("factor.weight_decay_5.vs_softmax", "factor.window_64.vs_softmax",
-                "factor.no_fixed_first.vs_softmax"):
+    for key in (f"factor.{v}.vs_softmax" for v in tiny_pretrain.VARIANTS):
         assert claims[key]["kind"] == "empirical" and claims[key]["control"] is None
         assert claims[key]["effect"]["groups"][1] == "the contrast's softmax"
         assert f"{key}.softmax_sinks" in {c["key"] for c in claims[key]["checks"]}
         assert not claims[key]["primary"]
+    # Gu et al.'s direction: weight decay 0.5 raises the rate, the others lower it
+    sentence = {k: c["sentence"] for k, c in claims.items()}
+    assert "higher first-token sink" in sentence["factor.weight_decay_0.5.vs_softmax"]
+    assert "lower first-token sink" in sentence["factor.lr_third.vs_softmax"]
     assert claims["budget.softmax"]["kind"] == "descriptive" and claims["budget.softmax"]["n"] == 1
     assert "emerged in" in claims["budget.softmax"]["data"]
     code, _, err = run_cli(capsys, *args)

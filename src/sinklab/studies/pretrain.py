@@ -73,7 +73,7 @@ LADDER = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2)
 START = (3e-4, 1e-3, 3e-3)
 SCREEN_SEED = 1000  # not a seed of the contrast
 SCREEN_SHARE = 0.25  # of the budget, for each screened rate
-BUDGET_FACTOR = 10
+BUDGET_FACTOR = 2  # the budget control: softmax at twice the contrast's tokens
 BUDGET_SEEDS = 3
 # The model and budget on this machine, and a larger one for a GPU (``--preset gpu``).
 PRESETS: dict[str, dict[str, Any]] = {
@@ -93,21 +93,30 @@ SEED_DEFAULTS: dict[str, tuple[int, int | None]] = {
     "seeds": (5, QUICK_SEEDS), "softmax_seeds": (10, QUICK_SEEDS),
     "new_seeds": (3, QUICK_SEEDS), "control_seeds": (5, QUICK_SEEDS),
     "variant_seeds": (5, None), "budget_seeds": (BUDGET_SEEDS, None)}
-# Gu et al.'s factors, each a change of softmax's settings at its rate found
-# (Gu et al., 2025: fixing a token at position 0 raised their sink rate from 18% to 74%, weight
-# decay 5.0 removed the sink, windows of 64-128 tokens prevented it)
+# Gu et al.'s factors, each a change of softmax's settings at its protocol and rate found
+# (``lr_factor`` scales that rate), with the direction their sink rates say it moves softmax's
+# against the contrast's (sinklab.studies.reference.FIELD: fixing a token at position 0 raised
+# their rate from 18% to 74%; weight decay 0 / 0.1 / 0.5 / 5.0 gave 15.20 / 18.18 / 41.08 /
+# 0.01%; rates 1e-4 / 4e-4 / 8e-4 gave 2.90 / 18.18 / 32.23%; windows of 64-128 prevented it)
 VARIANTS: dict[str, dict[str, Any]] = {
     "no_fixed_first": {"fixed_first": False},
+    "weight_decay_0": {"weight_decay": 0.0},
+    "weight_decay_0.5": {"weight_decay": 0.5},
     "weight_decay_5": {"weight_decay": 5.0},
+    "lr_third": {"lr_factor": 1 / 3},
     "window_64": {"context": 64},
 }
-VARIANT_WORDS = {"no_fixed_first": "no fixed first token", "weight_decay_5": "weight decay 5.0",
-                 "window_64": "windows of 64 tokens"}
+VARIANT_WORDS = {"no_fixed_first": "no fixed first token", "weight_decay_0": "weight decay 0",
+                 "weight_decay_0.5": "weight decay 0.5", "weight_decay_5": "weight decay 5.0",
+                 "lr_third": "a third of the rate", "window_64": "windows of 64 tokens"}
+VARIANT_DIRECTION = {"no_fixed_first": "lower", "weight_decay_0": "lower",
+                     "weight_decay_0.5": "higher", "weight_decay_5": "lower",
+                     "lr_third": "lower", "window_64": "lower"}
 # The pilot (declared before it ran; issue 48): softmax on screening seeds, never seeds of the
 # contrast or of a rate screen, under protocols the literature says move sinks. Each protocol
 # changes ``PILOT_BASE`` (over the preset); a constant rate read at its logged points gives the
 # budget at which a sink appears without training each budget apart. The criterion
-# (``sinklab.studies.pretrain_analysis.choose_protocol``): the cheapest protocol (its training
+# (``sinklab.studies.pretrain_pilot.choose``): the cheapest protocol (its training
 # FLOPs up to that point) at which every pilot seed has a sink (rate >= 0.1, held to the end of
 # the pilot run), preferring one where every seed has a sink head beyond layer 0 (a head whose
 # sink rate is at least PILOT_HEAD_RATE, held likewise); the schedules' arms and float32 are
@@ -356,8 +365,10 @@ def variant_cells(opts: PretrainOptions, exe: Execution, lr: float,
     out = []
     protocol = protocol or {}
     for variant, changes in VARIANTS.items():
+        changes = dict(changes)
+        rate = lr * changes.pop("lr_factor", 1.0)
         out += [Cell(f"variants/{variant}_seed{s}",
-                     base_config(opts, "softmax", lr, s, exe.device, **{**protocol, **changes}),
+                     base_config(opts, "softmax", rate, s, exe.device, **{**protocol, **changes}),
                      group=("variants", variant, s), label=f"softmax {VARIANT_WORDS[variant]}")
                 for s in range(opts.variant_seeds)]
     tokens = protocol.get("tokens", sizes(opts)["tokens"]) * BUDGET_FACTOR
