@@ -29,6 +29,7 @@ from sinklab.definitions import GU_EPS
 from sinklab.lm.settings import HARMLESS
 from sinklab.pretrain.runconfig import ABLATE_HEADS, CAP_EPS, WINDOW
 from sinklab.runs import folders
+from sinklab.studies import pretrain_field as field_table
 from sinklab.studies import pretrain_pilot as pilot
 from sinklab.studies.pretrain import (
     BUDGET_FACTOR,
@@ -236,8 +237,10 @@ def collect(ctx: Context) -> dict[str, Any]:
                 "ablate_heads": len(((first or {}).get("effects") or {}).get("sink_heads", []))
                 or ABLATE_HEADS,
                 "probe_windows": first["probe_windows"] if first else None}
-    return {"protocol": protocol, "runs": runs, "screen": screens, "variants": variants,
-            "rules": _rule_rows(runs), "pilot": None if opts.quick else pilot.collect(ctx)}
+    out = {"protocol": protocol, "runs": runs, "screen": screens, "variants": variants,
+           "rules": _rule_rows(runs), "pilot": None if opts.quick else pilot.collect(ctx)}
+    out["field"] = None if opts.quick or not runs else field_table.rows(out)
+    return out
 
 
 def _rule_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
