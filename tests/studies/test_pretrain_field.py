@@ -63,3 +63,19 @@ def test_settings_not_run_decide_nothing():
     diverged["runs"] = [dict(r, diverged=True) if r["rule"] == "sigmoid" else r
                         for r in diverged["runs"]]
     assert by_key(pf.rows(diverged))["sigmoid"]["agrees"] is None
+
+
+def test_layer_rows_are_medians_per_rule_and_layer():
+    def layers(heads: int, massive: float) -> list[dict]:
+        return [{"sink_heads": heads, "massive_first": massive, "massive_others": None,
+                 "resid_ratio": 2.0, "value_ratio_max": 1.0}, {
+                 "sink_heads": 0, "massive_first": 1.0, "massive_others": 3.0,
+                 "resid_ratio": 1.0, "value_ratio_max": 0.5}]
+
+    runs = [{"rule": "softmax", "diverged": False, "field": {"layers": layers(h, m)}}
+            for h, m in ((1, 10.0), (2, 30.0), (3, 20.0))]
+    runs += [{"rule": "relu", "diverged": True, "field": None}]
+    rows = pf.layer_rows({"runs": runs})
+    assert [(r["rule"], r["layer"]) for r in rows] == [("softmax", 0), ("softmax", 1)]
+    assert rows[0]["sink_heads"] == 2 and rows[0]["massive_first"] == 20.0
+    assert rows[0]["massive_others"] is None and rows[1]["massive_others"] == 3.0

@@ -240,6 +240,7 @@ def collect(ctx: Context) -> dict[str, Any]:
     out = {"protocol": protocol, "runs": runs, "screen": screens, "variants": variants,
            "rules": _rule_rows(runs), "pilot": None if opts.quick else pilot.collect(ctx)}
     out["field"] = None if opts.quick or not runs else field_table.rows(out)
+    out["layers"] = field_table.layer_rows(out)
     return out
 
 

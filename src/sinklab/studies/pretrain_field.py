@@ -121,3 +121,23 @@ def rows(records: dict[str, Any]) -> list[dict[str, Any]]:
                                        _streaming_sides(result)),
                             [f"{rule}, {k} first token(s) kept" for k in KEPT]))
     return out
+
+
+LAYER_KEYS = ("sink_heads", "massive_first", "massive_others", "resid_ratio", "value_ratio_max")
+
+
+def layer_rows(records: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per rule and layer, the medians over its seeds of the field's per-layer numbers
+    (``sinklab.studies.pretrain_pilot.field_numbers``): the heads that sink (Gu et al.'s rate
+    on the first 64 tokens at least 0.5), Sun et al.'s largest activation over the median on
+    the first token and on the others, the first token's residual norm over the others' and the
+    largest first-value norm over the others'. Runs without these numbers are left out."""
+    out = []
+    for rule in dict.fromkeys(r["rule"] for r in records["runs"]):
+        measured = [r["field"]["layers"] for r in records["runs"] if r["rule"] == rule
+                    and not r["diverged"] and r.get("field")]
+        for layer in range(len(measured[0]) if measured else 0):
+            out.append({"rule": rule, "layer": layer, "seeds": len(measured),
+                        **{key: _median([m[layer][key] for m in measured
+                                         if m[layer][key] is not None]) for key in LAYER_KEYS}})
+    return out
