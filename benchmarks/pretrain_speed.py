@@ -160,6 +160,15 @@ def main() -> None:
           "sinklab relu float32 / plain explicit float32 "
           f"{speed['sinklab, relu, float32'] / speed['plain PyTorch, explicit, float32']:.2f}")
 
+    gpu = PretrainConfig.make(**{**PRESETS["gpu"], "corpus": "pydoc", "device": "cpu"})
+    run_flops = step_flops(gpu) * gpu.steps
+    softmax_rate = flops / statistics.median(rows["sinklab, softmax, bfloat16"])
+    print(f"the gpu preset ({gpu.model.n_layers} layers x {gpu.model.n_heads} heads, d_model "
+          f"{gpu.model.d_model}, context {gpu.model.context}, {gpu.train.tokens:,} tokens a run): "
+          f"{run_flops / 1e15:.1f} PFLOP a run; at this machine's sinklab softmax bfloat16 rate "
+          f"({softmax_rate / 1e9:.1f} GFLOP/s) {run_flops / softmax_rate / 86400:.1f} days a run, "
+          "on a GPU the same FLOPs at its own rate")
+
     print("every rule of the study, sinklab's model at the same size, in bfloat16 (as the "
           "pilot's protocols train):")
     base = None

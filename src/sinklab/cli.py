@@ -515,9 +515,11 @@ def _add_birth(sub: Any, common: argparse.ArgumentParser) -> None:
                     "emergence curve. A stopped run resumes from its checkpoint when rerun.")
     bp.add_argument("--out", type=given, default="runs/birth", metavar="DIR",
                     help="the run folder (default: runs/birth); rerun to resume")
-    bp.add_argument("--tokens", type=int, default=6_000_000, metavar="N",
-                    help="training tokens (default: 6,000,000)")
-    bp.add_argument("--seed", type=int, default=0, metavar="S", help="seed (default: 0)")
+    bp.add_argument("--tokens", type=int, default=birth.TOKENS, metavar="N",
+                    help=f"training tokens (default: {birth.TOKENS:,})")
+    bp.add_argument("--seed", type=int, default=birth.SEED, metavar="S",
+                    help=f"seed (default: {birth.SEED}, a pilot seed whose sink forms within the "
+                         "default budget; other seeds may sink later or not at all)")
     bp.add_argument("--device", default="auto", metavar="DEVICE",
                     help="auto, cpu or cuda (default: auto)")
 

@@ -119,3 +119,4 @@ def test_birth_watches_the_pilots_base_protocol():
     for key, value in birth.BIRTH.items():
         assert expected.get(key, value) == value, key
     assert (birth.SINK_RATE, birth.HEAD_RATE) == (SINK_RATE, PILOT_HEAD_RATE)
+    assert birth.TOKENS == PILOT_BASE["tokens"] and birth.SEED in PILOT_SEEDS

@@ -8,7 +8,9 @@ BBC News text, with every measurement printed as it is logged: the validation lo
 rate (the share of heads and windows whose first-key importance exceeds Gu et al.'s 0.3), the
 first-token mass, and the heads that sink (a head's sink rate over the windows at least
 ``HEAD_RATE``). At the end: when the sink appeared (the first point from which the sink rate
-stays at least ``SINK_RATE``), in which layers, and ``birth.png``, the emergence curve.
+stays at least ``SINK_RATE``), in which layers, and ``birth.png``, the emergence curve. The
+default seed is one of the pilot's whose sink formed within the budget; other seeds may form it
+later or not at all, which the pilot's table in docs/language.md counts.
 
 A stopped run resumes where it stopped (rerun the same command); a finished one is read back
 and drawn again.
@@ -34,11 +36,12 @@ BIRTH: dict[str, Any] = dict(
     corpus="bbc", attention="softmax", d_model=128, n_layers=4, n_heads=4, context=256,
     batch_size=16, warmup=50, log_every=25, eval_windows=32, probe_windows=0,
     schedule="constant", lr=1e-2, weight_decay=0.1, precision="bfloat16")
-TOKENS = 6_000_000  # the default budget: past where the pilot's base seeds sink
+TOKENS = 8_000_000  # the pilot's base budget
+SEED = 2001  # a pilot seed whose sink formed within that budget (docs/language.md, the pilot)
 FIGURE = "birth.png"
 
 
-def config(tokens: int = TOKENS, seed: int = 0, device: str = "auto") -> PretrainConfig:
+def config(tokens: int = TOKENS, seed: int = SEED, device: str = "auto") -> PretrainConfig:
     """The run's settings (``BIRTH``) at ``tokens`` and ``seed``."""
     return PretrainConfig.make(**BIRTH, tokens=tokens, seed=seed, device=device)
 

@@ -28,7 +28,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -77,6 +77,27 @@ def shape(cfg: PretrainConfig) -> LMShape:
 # ----------------------------------------------------------------------------- measuring
 
 
+def _passes(model: LanguageModel, windows: Tensor, batch_size: int,
+            edits: Hooks | None = None) -> Iterator[tuple[Tensor, Any, Hooks]]:
+    """Each batch of fixed windows (n, T) through the model in evaluation mode without
+    gradients, with every layer's values and the hidden states leaving it kept (and ``edits``
+    applied to every pass): (ids, the forward pass with its weights, the hooks holding them).
+    The model's training mode comes back afterwards."""
+    was = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    keep = [f"blocks.{layer}.{part}" for layer in range(model.shape.n_layers)
+            for part in ("attn.v", "resid_post")]
+    try:
+        with torch.no_grad():
+            for start in range(0, windows.shape[0], batch_size):
+                ids = windows[start:start + batch_size].to(device)
+                hooks = Hooks(keep=keep) if edits is None else edits.merged(Hooks(keep=keep))
+                yield ids, model(ids, hooks=hooks, return_weights=True), hooks
+    finally:
+        model.train(was)
+
+
 def measure(model: LanguageModel, windows: Tensor, batch_size: int = 16,
             edits: Hooks | None = None) -> dict[str, Any]:
     """The model on fixed windows (n, T): the mean next-token loss (nats per token) and, per
@@ -86,44 +107,34 @@ def measure(model: LanguageModel, windows: Tensor, batch_size: int = 16,
     norm over the median of the others', and per layer the first token's residual-stream norm
     over the median of the others' (massive activations, leaving the layer). ``edits``: hooks
     applied to every pass (the model measured under an intervention)."""
-    was = model.training
-    model.eval()
-    device = next(model.parameters()).device
     n_layers = model.shape.n_layers
-    keep = [f"blocks.{layer}.{part}" for layer in range(n_layers)
-            for part in ("attn.v", "resid_post")]
     sums: dict[str, Tensor] = {}
     loss_sum, loss_count, seen = 0.0, 0, 0
-    with torch.no_grad():
-        for start in range(0, windows.shape[0], batch_size):
-            ids = windows[start:start + batch_size].to(device)
-            hooks = Hooks(keep=keep) if edits is None else edits.merged(Hooks(keep=keep))
-            out = model(ids, hooks=hooks, return_weights=True)
-            losses = nn.functional.cross_entropy(
-                out.logits[:, :-1].reshape(-1, out.logits.shape[-1]).float(),
-                ids[:, 1:].reshape(-1), reduction="sum")
-            loss_sum += float(losses)
-            loss_count += ids[:, 1:].numel()
-            weights = torch.stack(out.seen())  # (layers, B, H, T, T)
-            n = ids.shape[0]
-            values = {
-                "first_mass": metrics.first_token_mass(weights),
-                "sink_rate": metrics.sink_rate(weights, GU_EPS),
-                "sink_rate_relative": metrics.sink_rate(weights, GU_EPS, relative=True),
-                "value_ratio": torch.stack([_first_ratio(
-                    hooks.cache[f"blocks.{layer}.attn.v"].norm(dim=-1), axis=1)
-                    for layer in range(n_layers)]),  # (layers, H)
-                "resid_ratio": torch.stack([_first_ratio(
-                    hooks.cache[f"blocks.{layer}.resid_post"].norm(dim=-1)[..., None], axis=1)
-                    for layer in range(n_layers)])[..., 0],  # (layers,)
-            }
-            for key, value in values.items():
-                sums[key] = sums.get(key, 0) + value.double().cpu() * n
-            seen += n
-    model.train(was)
-    out = {key: (value / seen).tolist() for key, value in sums.items()}
-    out["val_loss"] = loss_sum / loss_count
-    return out
+    for ids, out, hooks in _passes(model, windows, batch_size, edits):
+        losses = nn.functional.cross_entropy(
+            out.logits[:, :-1].reshape(-1, out.logits.shape[-1]).float(),
+            ids[:, 1:].reshape(-1), reduction="sum")
+        loss_sum += float(losses)
+        loss_count += ids[:, 1:].numel()
+        weights = torch.stack(out.seen())  # (layers, B, H, T, T)
+        n = ids.shape[0]
+        values = {
+            "first_mass": metrics.first_token_mass(weights),
+            "sink_rate": metrics.sink_rate(weights, GU_EPS),
+            "sink_rate_relative": metrics.sink_rate(weights, GU_EPS, relative=True),
+            "value_ratio": torch.stack([_first_ratio(
+                hooks.cache[f"blocks.{layer}.attn.v"].norm(dim=-1), axis=1)
+                for layer in range(n_layers)]),  # (layers, H)
+            "resid_ratio": torch.stack([_first_ratio(
+                hooks.cache[f"blocks.{layer}.resid_post"].norm(dim=-1)[..., None], axis=1)
+                for layer in range(n_layers)])[..., 0],  # (layers,)
+        }
+        for key, value in values.items():
+            sums[key] = sums.get(key, 0) + value.double().cpu() * n
+        seen += n
+    result = {key: (value / seen).tolist() for key, value in sums.items()}
+    result["val_loss"] = loss_sum / loss_count
+    return result
 
 
 def field_measure(model: LanguageModel, windows: Tensor, batch_size: int = 16) -> dict[str, Any]:
@@ -134,26 +145,17 @@ def field_measure(model: LanguageModel, windows: Tensor, batch_size: int = 16) -
     rate at eps = 0.3, Sun et al.'s massive activations in the hidden states leaving the layer,
     the first token's residual norm over the median of the others' and each head's first value
     norm over the others'."""
-    was = model.training
-    model.eval()
-    device = next(model.parameters()).device
     n_layers = model.shape.n_layers
-    keep = [f"blocks.{layer}.{part}" for layer in range(n_layers)
-            for part in ("attn.v", "resid_post")]
     a0, a0_rel, hidden, values = [], [], [[] for _ in range(n_layers)], []
-    with torch.no_grad():
-        for start in range(0, windows.shape[0], batch_size):
-            ids = windows[start:start + batch_size].to(device)
-            hooks = Hooks(keep=keep)
-            weights = torch.stack(model(ids, hooks=hooks, return_weights=True).seen())
-            a0.append(metrics.first_importance(weights).cpu())  # (layers, B, H)
-            a0_rel.append(metrics.first_importance(weights, relative=True).cpu())
-            for layer in range(n_layers):
-                hidden[layer].append(hooks.cache[f"blocks.{layer}.resid_post"].float().cpu())
-            values.append(torch.stack([_first_ratio(
-                hooks.cache[f"blocks.{layer}.attn.v"].norm(dim=-1), axis=1)
-                for layer in range(n_layers)]).cpu() * ids.shape[0])  # (layers, H)
-    model.train(was)
+    for ids, out, hooks in _passes(model, windows, batch_size):
+        weights = torch.stack(out.seen())
+        a0.append(metrics.first_importance(weights).cpu())  # (layers, B, H)
+        a0_rel.append(metrics.first_importance(weights, relative=True).cpu())
+        for layer in range(n_layers):
+            hidden[layer].append(hooks.cache[f"blocks.{layer}.resid_post"].float().cpu())
+        values.append(torch.stack([_first_ratio(
+            hooks.cache[f"blocks.{layer}.attn.v"].norm(dim=-1), axis=1)
+            for layer in range(n_layers)]).cpu() * ids.shape[0])  # (layers, H)
     raw, rel = torch.cat(a0, dim=1), torch.cat(a0_rel, dim=1)  # (layers, n, H)
     layers = []
     for layer in range(n_layers):
