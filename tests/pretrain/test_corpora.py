@@ -244,3 +244,24 @@ def test_the_command_line_fetches_and_reports_or_refuses(monkeypatch, tmp_path, 
     (tmp_path / "d" / "x").write_text("x")
     assert corpora.main(["fetch", "--folder", str(tmp_path / "d")]) == 2
     assert "error:" in capsys.readouterr().err
+
+
+def test_the_english_corpus_joins_the_fetched_sources_and_the_bbc_articles(monkeypatch,
+                                                                           tmp_path):
+    from sinklab.errors import ConfigError
+    from sinklab.pretrain import data
+    from sinklab.pretrain.runconfig import PretrainConfig
+
+    monkeypatch.setenv("SINKLAB_CORPORA", str(tmp_path / "none"))
+    with pytest.raises(ConfigError, match="make corpus"):  # refused before anything runs
+        PretrainConfig.make(corpus="english")
+    sources, get = _fake_sources([])
+    corpora.fetch(tmp_path / "corpora" / "english", log=lambda line: None, sources=sources,
+                  get=get)
+    monkeypatch.setenv("SINKLAB_CORPORA", str(tmp_path / "corpora"))
+    assert PretrainConfig.make(corpus="english").data.corpus == "english"
+    docs = data.documents("english")
+    names = [d.name for d in docs]
+    assert names == sorted(names) and "alpha/alpha-1.txt" in names
+    bbc = {d.name for d in data.documents("bbc")}
+    assert bbc <= set(names) and len(names) == len(bbc) + 4
