@@ -136,9 +136,16 @@ def main() -> None:
 
     explicit = PlainLM(model, explicit=True)
     relu = LanguageModel(shape(cfg.replace(attention="relu")))
+    weights_path = LanguageModel(shape(cfg))  # softmax through its weights, not fused
+    for block in weights_path.layers:
+        block.attn.fused = False
     rows: dict[str, list[float]] = {}
     timed = (("sinklab, softmax, bfloat16", lambda x: model(x).logits, model, True),
+             ("sinklab, softmax, bfloat16, weights", lambda x: weights_path(x).logits,
+              weights_path, True),
              ("sinklab, softmax, float32", lambda x: model(x).logits, model, False),
+             ("sinklab, softmax, float32, weights", lambda x: weights_path(x).logits,
+              weights_path, False),
              ("plain PyTorch, SDPA, float32", plain, model, False),
              ("sinklab, relu, bfloat16", lambda x: relu(x).logits, relu, True),
              ("sinklab, relu, float32", lambda x: relu(x).logits, relu, False),
@@ -150,7 +157,7 @@ def main() -> None:
     for name, times in rows.items():
         step = statistics.median(times)
         share = flops / step / (peak_bf16 if "bfloat16" in name else peak)
-        print(f"{name:>32}: {step * 1e3:7.1f} ms/step, {tokens / step:9,.0f} tokens/s, "
+        print(f"{name:>36}: {step * 1e3:7.1f} ms/step, {tokens / step:9,.0f} tokens/s, "
               f"{share:6.1%} of its precision's matmul peak")
     speed = {name: tokens / statistics.median(times) for name, times in rows.items()}
     print(f"tokens/s ratios: sinklab softmax bfloat16 / plain SDPA float32 "

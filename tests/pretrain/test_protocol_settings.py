@@ -90,3 +90,38 @@ def test_the_same_seed_gives_the_same_bfloat16_run(tmp_path):
     a, b = ([{k: v for k, v in p.items() if k not in drop} for p in read_curve(tmp_path / r)]
             for r in ("a", "b"))
     assert a == b and len(a) == 3
+
+
+@pytest.mark.parametrize("rule, args", [("softmax1", {}), ("sink_logit", {"init": 0.7}),
+                                        ("kv_bias", {})])
+def test_softmax_with_one_more_key_runs_fused_and_equals_its_weights(rule, args):
+    """softmax_1, the sink logit and kv_bias train on PyTorch's fused attention over their
+    extra key put first: the same logits and the same gradients as the weights' path."""
+    from sinklab.pretrain import data
+    from sinklab.pretrain.network import LanguageModel, LMShape
+
+    shape = LMShape(vocab_size=data.VOCAB_SIZE, d_model=16, n_layers=2, n_heads=2, context=24,
+                    attention=rule, attention_args=args)
+    model = LanguageModel(shape)
+    model.reset_parameters(torch.Generator().manual_seed(3))
+    with torch.no_grad():  # learned keys and logits away from their start, so that they count
+        for name, p in model.named_parameters():
+            if ".rule." in name:
+                p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(4)))
+    ids = torch.randint(0, 256, (3, 24), generator=torch.Generator().manual_seed(5))
+    assert model.layers[0].attn.sink_key
+    outputs, grads = [], []
+    for weights in (False, True):  # the fused path, then the weights' path
+        model.zero_grad()
+        logits = model(ids, return_weights=weights).logits
+        logits.square().mean().backward()
+        outputs.append(logits.detach())
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    fused = outputs[0]
+    assert torch.allclose(fused, outputs[1], atol=1e-5)
+    for name, grad in grads[0].items():
+        assert torch.allclose(grad, grads[1][name], atol=1e-5), name
+    # under bfloat16 autocast the fused path runs too, to bfloat16's precision
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low = model(ids).logits
+    assert (low.float() - fused).abs().max() < 0.1

@@ -43,10 +43,12 @@ import torch
 from torch import Tensor, nn
 
 from sinklab.attention import ParamRule, build_rule, causal_mask, mix_values, seen_patterns
+from sinklab.attention.rules import KVBias, SinkLogit
 from sinklab.hooks import Hooks
 from sinklab.pretrain.runconfig import MLP_RATIO, POSITIONS
 
 ROPE_BASE = 10_000.0
+SINK_KEY_RULES = ("softmax1", "sink_logit", "kv_bias")  # softmax with one more key
 
 
 @dataclass(frozen=True)
@@ -142,6 +144,9 @@ class LMAttention(nn.Module):
         # plain softmax, computed by PyTorch's fused causal attention where nothing reads its
         # weights (a training step): the same function, without the (B, H, T, T) tensors
         self.fused = shape.attention == "softmax" and not shape.attention_args
+        # softmax with one more key (softmax_1, a sink logit, a learned key and value) is the
+        # same fused attention over that key put first (``fused_sink``)
+        self.sink_key = shape.attention in SINK_KEY_RULES
         self.value_side = bool(getattr(self.rule, "value_side", False))
         self.names = {part: f"blocks.{layer}.{part}" for part in
                       ("attn.scores", "attn.pattern", "attn.v", "attn.result")}
@@ -167,6 +172,33 @@ class LMAttention(nn.Module):
             out = self.rule(rows, row_mask, x[None])
         return out.view(batch, seq, heads, keys).transpose(1, 2)
 
+    def fused_sink(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """A rule of ``SINK_KEY_RULES`` on PyTorch's fused causal attention: softmax over the
+        keys and one more key, whose score is a logit per head (softmax_1: 0; the sink logit:
+        b_h) or q . k_h (kv_bias's learned key) and whose value is 0 or v_h. That key is put
+        first, before a query row of zeros whose output is dropped, so that the causal mask of
+        T + 1 positions lets query i see it and keys 0..i; a logit per head rides on one more
+        dimension, 1 on every query and the logit on the first key. q, k, v (B, H, T, d_head)
+        -> the mixed values (B, H, T, d_head), the same as the weights' path computes."""
+        batch, heads, seq, dh = q.shape
+        zeros = q.new_zeros(batch, heads, 1, dh)
+        key = value = zeros
+        logit = None
+        if isinstance(self.rule, SinkLogit):
+            logit = self.rule.logit[0].to(q.dtype)  # (H,)
+        elif isinstance(self.rule, KVBias):
+            key = self.rule.key[0].to(q.dtype)[None, :, None].expand(batch, heads, 1, dh)
+            value = self.rule.value[0].to(v.dtype)[None, :, None].expand(batch, heads, 1, dh)
+        qs, ks, vs = (torch.cat(parts, dim=2) for parts in
+                      ((zeros, q), (key, k), (value.to(v.dtype), v)))
+        if logit is not None:
+            qs = torch.cat([qs, qs.new_ones(batch, heads, seq + 1, 1)], dim=-1)
+            extra = torch.cat([logit[None, :, None, None].expand(batch, heads, 1, 1),
+                               ks.new_zeros(batch, heads, seq, 1)], dim=2)
+            ks = torch.cat([ks, extra], dim=-1)
+        mixed = nn.functional.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=1.0)
+        return mixed[:, :, 1:]
+
     def forward(self, x: Tensor, cos: Tensor | None, sin: Tensor | None, mask: Tensor,
                 hooks: Hooks | None, keep_pattern: bool = True
                 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
@@ -185,9 +217,10 @@ class LMAttention(nn.Module):
         if cos is not None:
             q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         hooked = hooks is not None and any(map(hooks.wants, self.names.values()))
-        if self.fused and not keep_pattern and not hooked and mask.dim() == 2:
-            mixed = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                                               scale=1.0)
+        if (self.fused or self.sink_key) and not keep_pattern and not hooked \
+                and mask.dim() == 2:
+            mixed = self.fused_sink(q, k, v) if self.sink_key else \
+                nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0)
             return self.w_o(mixed.transpose(1, 2).reshape(batch, seq, d)), None, None
 
         def hook(part: str, value: Tensor) -> Tensor:
