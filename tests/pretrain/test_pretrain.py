@@ -421,6 +421,33 @@ def test_pretrain_quick_trains_measures_decides_and_resumes(tmp_path, capsys):
 
 
 @pytest.mark.slow
+def test_a_pilot_that_finds_no_sink_trains_its_second_stage_then_stops(tmp_path, capsys,
+                                                                        tiny_pretrain,
+                                                                        monkeypatch):
+    """No protocol of the first stage gives every seed a sink: the second stage trains, and
+    when it finds none either the study trains nothing more and its report says so."""
+    from helpers import run_cli
+    from sinklab.studies import pretrain_pilot
+
+    protocols = {"base": {}, "later": {"tokens": 4 * 32 * 8, "lr": 3e-3}}
+    for module in (tiny_pretrain, pretrain_pilot):
+        monkeypatch.setattr(module, "PILOT", protocols)
+        monkeypatch.setattr(module, "PILOT_STAGE", {"base": 1, "later": 2})
+    monkeypatch.setattr(pretrain_pilot, "SINK_RATE", 2.0)  # no model reaches it
+    out = tmp_path / "pt"
+    code, _, err = run_cli(capsys, "pretrain", "--rules", "softmax,relu", "--corpus", "pydoc",
+                           "--workers", "1", "--out", str(out))
+    assert code == 0, err
+    assert "pilot later seed 2001" in err  # the second stage trained, as a later round
+    records = json.loads((out / "records.json").read_text())["records"]
+    assert records["runs"] == [] and records["pilot"]["choice"] is None
+    assert records["pilot"]["stages"] == [1, 2]
+    assert [r["protocol"] for r in records["pilot"]["rows"]] == ["base", "later"]
+    assert not (out / "screen").exists() and not (out / "runs").exists()
+    text = (out / "PRETRAIN.md").read_text()
+    assert "No protocol formed a sink in every pilot seed" in text and "## Verdicts" not in text
+
+
 def test_pretrain_screens_rates_then_the_contrast_then_the_factors(tmp_path, capsys,
                                                                    tiny_pretrain):
     from helpers import run_cli

@@ -133,14 +133,29 @@ PILOT: dict[str, dict[str, Any]] = {
     "wsd": {"schedule": "wsd", "tokens": 4_000_000},
     "6x192": {"d_model": 192, "n_layers": 6, "n_heads": 6, "lr": 5e-3, "tokens": 4_000_000},
     "float32": {"precision": "float32", "tokens": 2_000_000},
+    # the second stage, trained only when the first chose no protocol (declared after the
+    # first stage's base, context_512, 6x192 and one lr_3e-3 seed had finished, before the
+    # rest): longer budgets on text that does not repeat (--corpus english, 41.6M training
+    # tokens, so 12M tokens are 0.3 epochs), the two protocols that sank in 2 of 3 seeds, more
+    # and narrower heads, and a higher rate (Gu et al.: more sinks)
+    "en_base_12M": {"corpus": "english", "tokens": 12_000_000},
+    "en_context_512_12M": {"corpus": "english", "context": 512, "batch_size": 8,
+                           "tokens": 12_000_000},
+    "en_heads_8_12M": {"corpus": "english", "n_heads": 8, "tokens": 12_000_000},
+    "en_lr_2e-2_12M": {"corpus": "english", "lr": 2e-2, "tokens": 12_000_000},
 }
+PILOT_STAGE = {name: 2 if name.startswith("en_") else 1 for name in PILOT}
 PILOT_WORDS = {
     "base": "constant rate 0.01, weight decay 0.1, bfloat16",
     "lr_3e-3": "constant rate 0.003", "wd_0.5": "weight decay 0.5",
     "context_512": "windows of 512 tokens (batch 8)",
     "cosine": "cosine decay over 4M tokens", "wsd": "warm-up-stable-decay over 4M tokens",
     "6x192": "6 layers of width 192, 6 heads, rate 0.005",
-    "float32": "float32 (the precision check)"}
+    "float32": "float32 (the precision check)",
+    "en_base_12M": "the base, 12M tokens of the English corpus",
+    "en_context_512_12M": "windows of 512, 12M tokens of the English corpus",
+    "en_heads_8_12M": "8 heads of width 16, 12M tokens of the English corpus",
+    "en_lr_2e-2_12M": "constant rate 0.02, 12M tokens of the English corpus"}
 # A model has a first-token sink when the share of (window, layer, head) whose first-key
 # importance exceeds Gu et al.'s eps is at least SINK_RATE: a tenth of its heads, where an
 # untrained model has none (its importance is about ln(T) / T).
@@ -348,10 +363,14 @@ def run_cell(opts: PretrainOptions, exe: Execution, rule: str, lr: float, seed: 
                 group=("runs", rule, seed), label=rule)
 
 
-def pilot_cells(opts: PretrainOptions, exe: Execution) -> list[Cell]:
-    """The pilot's runs (``PILOT``), softmax on ``PILOT_SEEDS``, the base protocol first."""
+def pilot_cells(opts: PretrainOptions, exe: Execution, stages: tuple[int, ...] = (1,)
+                ) -> list[Cell]:
+    """The pilot's runs of ``stages`` (``PILOT``, ``PILOT_STAGE``), softmax on
+    ``PILOT_SEEDS``, in declaration order."""
     out = []
     for name, changes in PILOT.items():
+        if PILOT_STAGE[name] not in stages:
+            continue
         settings = {**PILOT_BASE, **changes}
         lr = settings.pop("lr")
         out += [Cell(f"pilot/{name}_seed{s}",

@@ -47,6 +47,7 @@ from sinklab.studies.pretrain import (
     VARIANT_WORDS,
     VARIANTS,
     PretrainOptions,
+    pilot_cells,
     run_cell,
     run_name,
     screen_cell,
@@ -111,6 +112,10 @@ def more_cells(ctx: Context) -> list[Cell]:
     rule's screened rates, its runs at its rate found, then (once every run of the contrast is
     finished) Gu et al.'s factors and the budget control on softmax at its rate."""
     opts, exe = ctx.opts, ctx.exe
+    if opts.quick:
+        return []
+    if not pilot.finished(ctx):  # the pilot's second stage, when its first chose nothing
+        return pilot_cells(opts, exe, pilot.stages_due(ctx))
     choice = chosen(ctx)
     if choice is None:
         return []

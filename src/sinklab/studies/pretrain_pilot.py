@@ -20,8 +20,10 @@ protocol has one when every seed has. The choice (``choose``): among the protoco
 seed has a sink beyond layer 0, else among those where every seed has a sink, the one whose
 training up to that point costs the fewest FLOPs (``sinklab.pretrain.runconfig.step_flops``);
 the contrast trains ``BUDGET_MARGIN`` times as long (at most the pilot's budget), so that fresh
-seeds, which may sink later than the pilot's three, sink too. When no protocol has a sink, the
-study stops after the pilot and says so with its numbers.
+seeds, which may sink later than the pilot's three, sink too. The pilot has two stages
+(``PILOT_STAGE``): the second trains only when the first chose no protocol, and the choice is
+then made over both. When no protocol has a sink, the study stops after the pilot and says so
+with its numbers.
 """
 
 from __future__ import annotations
@@ -38,19 +40,19 @@ from sinklab.pretrain import data
 from sinklab.pretrain.runconfig import flops_per_token, from_dict
 from sinklab.pretrain.training import MODEL, field_measure, load_model, read_curve
 from sinklab.runs import folders
-from sinklab.runs.files import read_json
+from sinklab.runs.files import read_json, write_json
 from sinklab.studies.pretrain import (
     PILOT,
     PILOT_BASE,
     PILOT_HEAD_RATE,
     PILOT_SEEDS,
+    PILOT_STAGE,
     PILOT_WORDS,
     PRECISION_TOLERANCE,
     SINK_RATE,
-    PretrainOptions,
     pilot_cells,
 )
-from sinklab.studies.study import Context, Execution
+from sinklab.studies.study import Context, read_kept
 
 BUDGET_MARGIN = 1.5  # the contrast's budget over the point the pilot chose
 CHECK = "float32"  # the precision check, never a candidate
@@ -122,10 +124,16 @@ def field_numbers(ctx: Context, name: str) -> dict[str, Any] | None:
                             "value_ratio_max": max(layer["value_ratio"])}
                            for layer in full["layers"]]}
 
-    (ctx.out / "cache").mkdir(exist_ok=True)
-    return ctx.cached(f"field-{name.replace('/', '-')}",
-                      {"run": name, "steps": summary["steps"], "windows": metrics.GU_SAMPLES,
-                       "first": metrics.GU_FIRST}, compute)
+    # kept quietly beside the study's other kept results: read at every round, not news
+    path = ctx.out / "cache" / f"field-{name.replace('/', '-')}.json"
+    settings = {"run": name, "steps": summary["steps"], "windows": metrics.GU_SAMPLES,
+                "first": metrics.GU_FIRST}
+    kept = read_kept(path, settings, "result")
+    if kept is None:
+        path.parent.mkdir(exist_ok=True)
+        write_json(path, {"settings": settings, "result": compute()})
+        kept = read_json(path)["result"]
+    return kept
 
 
 def run_record(folder: Path, protocol: str, seed: int,
@@ -147,10 +155,11 @@ def run_record(folder: Path, protocol: str, seed: int,
             "curve": curve, "field": field}
 
 
-def records(ctx: Context) -> list[dict[str, Any]]:
-    """The finished pilot runs, in ``PILOT``'s order."""
+def records(ctx: Context, stages: tuple[int, ...] | None = None) -> list[dict[str, Any]]:
+    """The finished pilot runs of ``stages`` (default: those due, ``stages_due``), in
+    ``PILOT``'s order."""
     out = []
-    for cell in pilot_cells(ctx.opts, ctx.exe):
+    for cell in pilot_cells(ctx.opts, ctx.exe, stages or stages_due(ctx)):
         if folders.check_complete(ctx.out / cell.name):
             out.append(run_record(ctx.out / cell.name, _protocol(cell.name),
                                   cell.config.train.seed, field_numbers(ctx, cell.name)))
@@ -176,7 +185,10 @@ def protocol_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     at its points: the latest seed's; a decaying schedule: its budget, when every seed ends
     with one), the FLOPs to get there; and its numbers at the end (median and range)."""
     rows = []
+    ran = {r["protocol"] for r in runs}
     for name in PILOT:
+        if PILOT_STAGE[name] > 1 and name not in ran:
+            continue  # a later stage that did not run (or has not yet)
         mine = [r for r in runs if r["protocol"] == name and not r["diverged"]]
         finished = len(mine) == len(PILOT_SEEDS)
         first = mine[0] if mine else None
@@ -195,7 +207,8 @@ def protocol_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                                  for e in ends) else None
         fpt = first["flops_per_token"] if first else None
         rows.append({
-            "protocol": name, "words": PILOT_WORDS.get(name, name), "seeds": len(mine),
+            "protocol": name, "stage": PILOT_STAGE[name],
+            "words": PILOT_WORDS.get(name, name), "seeds": len(mine),
             "of": len(PILOT_SEEDS), "diverged": sum(r["protocol"] == name and r["diverged"]
                                                     for r in runs),
             "schedule": first["schedule"] if first else None, "read_at_points": readable,
@@ -303,31 +316,25 @@ def collect(ctx: Context) -> dict[str, Any]:
     runs = records(ctx)
     rows = protocol_rows(runs)
     return {"seeds": list(PILOT_SEEDS), "base": dict(PILOT_BASE), "protocols": PILOT,
+            "stages": list(stages_due(ctx)),
             "head_rate": PILOT_HEAD_RATE, "sink_rate": SINK_RATE, "margin": BUDGET_MARGIN,
             "rows": rows, "choice": choose(rows), "precision": precision_check(runs),
             "schedules": schedules(runs, rows), "runs": runs}
 
 
+def _done(ctx: Context, stages: tuple[int, ...]) -> bool:
+    return all(folders.check_complete(ctx.out / c.name)
+               for c in pilot_cells(ctx.opts, ctx.exe, stages))
+
+
+def stages_due(ctx: Context) -> tuple[int, ...]:
+    """The pilot's stages to train: the first, and the second once the first has finished
+    without choosing a protocol."""
+    if not _done(ctx, (1,)) or choose(protocol_rows(records(ctx, (1,)))) is not None:
+        return (1,)
+    return (1, 2)
+
+
 def finished(ctx: Context) -> bool:
-    """Whether every pilot run has finished."""
-    return all(folders.check_complete(ctx.out / c.name) for c in pilot_cells(ctx.opts, ctx.exe))
-
-
-def peek(out: Path) -> dict[str, Any]:
-    """The pilot as far as it has gone in ``out`` (unfinished runs read from their curves so
-    far): for a person watching it, never for the report."""
-    opts = PretrainOptions(rules=("softmax",))
-    runs = []
-    for cell in pilot_cells(opts, Execution(device="cpu")):
-        folder = out / cell.name
-        if not (folder / "curve.jsonl").exists():
-            continue
-        curve = [point_numbers(p) for p in read_curve(folder)]
-        runs.append({"protocol": _protocol(cell.name), "seed": cell.config.train.seed,
-                     "tokens": curve[-1]["tokens"], "budget": cell.config.train.tokens,
-                     "sink_tokens": held_from(curve, [p["sink_rate"] >= SINK_RATE
-                                                      for p in curve]),
-                     "deep_tokens": held_from(curve, [any(layer > 0 for layer in p["sink_layers"])
-                                                      for p in curve]),
-                     "end": curve[-1]})
-    return {"runs": runs}
+    """Whether every pilot run of the stages due has finished."""
+    return _done(ctx, stages_due(ctx))

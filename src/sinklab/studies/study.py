@@ -294,8 +294,11 @@ class Study:
 
     def decide(self, records: Any, opts: Any) -> list[Claim]:
         """The report's claims decided together (``claims.finalize``): the primary claims
-        corrected by Holm, the other empirical claims by Benjamini-Hochberg."""
-        return claims_mod.finalize(self.claims(records, opts), self.primary)
+        corrected by Holm, the other empirical claims by Benjamini-Hochberg. A study that
+        decided nothing (``sinklab pretrain`` whose pilot found no protocol to train at) has no
+        primary claim to name."""
+        decided = self.claims(records, opts)
+        return claims_mod.finalize(decided, self.primary if decided else ())
 
     def marker(self) -> dict[str, Any]:
         """What the folder's marker says about the study (read by ``sinklab report``)."""
