@@ -459,7 +459,11 @@ def test_pretrain_screens_rates_then_the_contrast_then_the_factors(tmp_path, cap
     code, _, err = run_cli(capsys, *args)
     assert code == 0, err
     records = json.loads((out / "records.json").read_text())["records"]
-    for sc in records["screen"]:
+    first = records["screen"][0]  # softmax keeps the rate it sank at in the pilot
+    assert first["rule"] == "softmax" and first.get("from_pilot") and not first["rates"]
+    assert first["lr"] == tiny_pretrain.PILOT_BASE["lr"]
+    assert not list((out / "screen").glob("softmax_*"))
+    for sc in records["screen"][1:]:
         tried = [r["lr"] for r in sc["rates"]]
         assert set(tiny_pretrain.START) <= set(tried)
         best = min(sc["rates"], key=lambda r: (r["val_loss"], r["lr"]))

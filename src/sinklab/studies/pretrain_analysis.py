@@ -109,8 +109,9 @@ def _best(tried: dict[float, float]) -> float:
 
 def more_cells(ctx: Context) -> list[Cell]:
     """The rounds after the pilot, at the protocol it chose (none when it chose none): each
-    rule's screened rates, its runs at its rate found, then (once every run of the contrast is
-    finished) Gu et al.'s factors and the budget control on softmax at its rate."""
+    rule's screened rates (softmax keeps the protocol's, ``pretrain_pilot.softmax_rate``), its
+    runs at its rate, then (once every run of the contrast is finished) Gu et al.'s factors and
+    the budget control on softmax at its rate."""
     opts, exe = ctx.opts, ctx.exe
     if opts.quick:
         return []
@@ -123,13 +124,16 @@ def more_cells(ctx: Context) -> list[Cell]:
     out: list[Cell] = []
     rates: dict[str, float] = {}
     for rule in opts.rules:
-        found = search(ctx, rule, protocol)
-        out += [screen_cell(opts, exe, rule, lr, protocol)
-                for lr in dict.fromkeys([*START, *found.tried, *found.pending])]
-        if found.best is None:
-            continue
-        rates[rule] = found.best
-        out += [run_cell(opts, exe, rule, found.best, s, protocol)
+        if rule == "softmax":  # at the pilot's rate, with which it sank
+            rates[rule] = pilot.softmax_rate(choice)
+        else:
+            found = search(ctx, rule, protocol)
+            out += [screen_cell(opts, exe, rule, lr, protocol)
+                    for lr in dict.fromkeys([*START, *found.tried, *found.pending])]
+            if found.best is None:
+                continue
+            rates[rule] = found.best
+        out += [run_cell(opts, exe, rule, rates[rule], s, protocol)
                 for s in range(opts.n_seeds(rule))]
     contrast = [c for c in out if c.name.startswith("runs/")]
     done = len(rates) == len(opts.rules) and all(
@@ -208,6 +212,10 @@ def collect(ctx: Context) -> dict[str, Any]:
     for rule in opts.rules if trained else ():
         if opts.quick:
             lr, found = QUICK_LR, None
+        elif rule == "softmax" and choice is not None:  # the pilot's rate, not screened
+            lr = pilot.softmax_rate(choice)
+            screens.append({"rule": rule, "lr": lr, "at_ladder_end": False, "rates": [],
+                            "from_pilot": True})
         else:
             found = search(ctx, rule, protocol_settings)
             lr = found.best

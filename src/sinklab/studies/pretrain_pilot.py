@@ -260,10 +260,17 @@ def _round_up(tokens: float) -> int:
 
 def settings(choice: dict[str, Any]) -> dict[str, Any]:
     """The run settings of the chosen protocol at the contrast's budget (over the preset),
-    but its rate: each rule's is screened at this protocol."""
+    but its rate (``softmax_rate``: softmax's; every other rule's is screened at this
+    protocol)."""
     out = {**PILOT_BASE, **PILOT[choice["protocol"]], "tokens": choice["budget"]}
     out.pop("lr")
     return out
+
+
+def softmax_rate(choice: dict[str, Any]) -> float:
+    """Softmax's rate in the rounds after the pilot: the chosen protocol's own, since the sink
+    the pilot found is a sink at that rate (a rate three times lower formed none in the pilot)."""
+    return float({**PILOT_BASE, **PILOT[choice["protocol"]]}["lr"])
 
 
 def precision_check(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
