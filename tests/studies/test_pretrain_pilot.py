@@ -94,6 +94,11 @@ def test_precision_pairs_seeds_at_the_float32_budget():
     assert out["largest_gap"] == pytest.approx(0.01) and out["passed"]
     check[2] = run("float32", 2002, [0, 0.1], loss=2.05)
     assert not pp.precision_check(base + check)["passed"]
+    # a float32 run whose end is no base point is compared at the last point both logged
+    ragged = run("float32", 2000, [0, 0.1, 0.2], loss=2.0)
+    ragged["curve"][-1]["tokens"] = 2 * STEP - 7
+    pairs = pp.precision_check(base + [ragged, *check[1:]])["pairs"]
+    assert pairs[0]["tokens"] == STEP
     assert pp.precision_check(base) is None
 
 
@@ -121,3 +126,15 @@ def test_birth_watches_the_pilots_base_protocol():
         assert expected.get(key, value) == value, key
     assert (birth.SINK_RATE, birth.HEAD_RATE) == (SINK_RATE, PILOT_HEAD_RATE)
     assert birth.TOKENS == PILOT_BASE["tokens"] and birth.SEED in PILOT_SEEDS
+
+
+def test_a_failed_precision_check_sends_the_rounds_after_the_pilot_to_float32():
+    sink = [0, 0.2, 0.2, 0.2]
+    base = [run("base", s, sink, loss=2.0) for s in PILOT_SEEDS]
+    close = [run("float32", s, [0, 0.0], loss=2.01) for s in PILOT_SEEDS]
+    far = [run("float32", s, [0, 0.0], loss=1.9) for s in PILOT_SEEDS]
+    kept = pp.decided(base + close)
+    assert kept["protocol"] == "base" and "precision" not in kept
+    assert pp.settings(kept)["precision"] == "bfloat16" and "lr" not in pp.settings(kept)
+    moved = pp.decided(base + far)
+    assert moved["precision"] == "float32" and pp.settings(moved)["precision"] == "float32"

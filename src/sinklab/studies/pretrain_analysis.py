@@ -91,7 +91,7 @@ def chosen(ctx: Context) -> dict[str, Any] | None:
     pilot run has finished, else None; always None with --quick, which has no pilot."""
     if ctx.opts.quick or not pilot.finished(ctx):
         return None
-    return pilot.choose(pilot.protocol_rows(pilot.records(ctx)))
+    return pilot.decided(pilot.records(ctx))
 
 
 def _loss(summary: dict[str, Any]) -> float:

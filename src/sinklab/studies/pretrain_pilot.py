@@ -260,10 +260,12 @@ def _round_up(tokens: float) -> int:
 
 def settings(choice: dict[str, Any]) -> dict[str, Any]:
     """The run settings of the chosen protocol at the contrast's budget (over the preset),
-    but its rate (``softmax_rate``: softmax's; every other rule's is screened at this
-    protocol)."""
+    in float32 when the precision check failed (``choice["precision"]``), but its rate
+    (``softmax_rate``: softmax's; every other rule's is screened at this protocol)."""
     out = {**PILOT_BASE, **PILOT[choice["protocol"]], "tokens": choice["budget"]}
     out.pop("lr")
+    if choice.get("precision"):
+        out["precision"] = choice["precision"]
     return out
 
 
@@ -275,7 +277,7 @@ def softmax_rate(choice: dict[str, Any]) -> float:
 
 def precision_check(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
     """bfloat16 against float32 (``CHECK``), seed by seed: each float32 run's validation loss
-    and sink rate at its end against the base protocol's at the same point (the same run in
+    and sink rate at the last point both logged against the base protocol's there (the same run in
     all else: constant rate, same seed); passed when every seed's losses are within
     ``PRECISION_TOLERANCE``. None until both have finished."""
     pairs = []
@@ -284,10 +286,11 @@ def precision_check(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
         base = next((r for r in runs if r["protocol"] == BASE and r["seed"] == seed), None)
         if check is None or base is None:
             return None
-        end = check["curve"][-1]
-        there = _at(base["curve"], end["tokens"])
-        if there is None:
+        # the last point both logged (the float32 run's own end need not be a base point)
+        shared = {p["tokens"] for p in base["curve"]} & {p["tokens"] for p in check["curve"]}
+        if not shared:
             return None
+        end, there = _at(check["curve"], max(shared)), _at(base["curve"], max(shared))
         pairs.append({"seed": seed, "tokens": end["tokens"], "float32": end["val_loss"],
                       "bfloat16": there["val_loss"], "float32_sink": end["sink_rate"],
                       "bfloat16_sink": there["sink_rate"],
@@ -306,7 +309,8 @@ def schedules(runs: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[di
     for row in rows:
         if row["read_at_points"] or row["protocol"] == CHECK or not row["seeds"]:
             continue
-        there = [p for p in (_at(r["curve"], row["budget"]) for r in base) if p is not None]
+        there = [max((p for p in r["curve"] if p["tokens"] <= row["budget"]),
+                     key=lambda p: p["tokens"]) for r in base]  # its last point by then
         out.append({"protocol": row["protocol"], "words": row["words"], "tokens": row["budget"],
                     "with_sink": row["with_sink"], "seeds": row["seeds"],
                     "sink_rate": row["sink_rate"]["median"],
@@ -318,6 +322,16 @@ def schedules(runs: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[di
     return out
 
 
+def decided(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The choice (``choose``) with the precision the rounds after the pilot train in: float32
+    when the precision check failed, as declared before the pilot ran."""
+    choice = choose(protocol_rows(runs))
+    check = precision_check(runs)
+    if choice is not None and check is not None and not check["passed"]:
+        choice = {**choice, "precision": "float32"}
+    return choice
+
+
 def collect(ctx: Context) -> dict[str, Any]:
     """The pilot's record: its runs, the table per protocol, the choice, the checks."""
     runs = records(ctx)
@@ -325,7 +339,7 @@ def collect(ctx: Context) -> dict[str, Any]:
     return {"seeds": list(PILOT_SEEDS), "base": dict(PILOT_BASE), "protocols": PILOT,
             "stages": list(stages_due(ctx)),
             "head_rate": PILOT_HEAD_RATE, "sink_rate": SINK_RATE, "margin": BUDGET_MARGIN,
-            "rows": rows, "choice": choose(rows), "precision": precision_check(runs),
+            "rows": rows, "choice": decided(runs), "precision": precision_check(runs),
             "schedules": schedules(runs, rows), "runs": runs}
 
 
