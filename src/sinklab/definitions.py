@@ -5,6 +5,11 @@ declarations and help texts can name them; ``sinklab.metrics`` computes with the
 SINK_HEAD_THRESHOLD = 0.9  # a head "sinks" when its non-trigger BOS mass is at least this
 GU_EPS = 0.3  # Gu et al. (ICLR 2025) sink-rate threshold
 GUO_CUTOFF = 0.89  # Guo et al. (2024): a head is dormant when its last query puts this on BOS
+# A language model has a first-token sink when the share of (window, layer, head) above GU_EPS
+# is at least this: a tenth of its heads, where an untrained model has none (its importance is
+# about ln(T) / T); one head "sinks" when its share over the windows is at least HEAD_SINK_RATE
+MODEL_SINK_RATE = 0.1
+HEAD_SINK_RATE = 0.5
 OFF_ROW = 0.2  # a non-trigger row is "off" when its sum is below this fraction of the trigger row's
 BOS_SHARE = 0.5  # ... and "on BOS" when at least this share of its weight is on BOS
 

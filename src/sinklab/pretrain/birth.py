@@ -25,13 +25,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from sinklab.definitions import HEAD_SINK_RATE, MODEL_SINK_RATE
 from sinklab.errors import ConfigError
+from sinklab.pretrain.curves import held_from, mean_of, sink_heads, sink_layers
 from sinklab.pretrain.runconfig import PretrainConfig
 from sinklab.runs import folders
 from sinklab.runs.files import read_json
 
-SINK_RATE = 0.1  # sinklab.studies.pretrain.SINK_RATE: a model sinks at this rate
-HEAD_RATE = 0.5  # sinklab.studies.pretrain.PILOT_HEAD_RATE: a head sinks at this rate
+SINK_RATE = MODEL_SINK_RATE  # a model sinks at this rate, as in the pretraining study
+HEAD_RATE = HEAD_SINK_RATE  # a head sinks at this rate
 BIRTH: dict[str, Any] = dict(
     corpus="bbc", attention="softmax", d_model=128, n_layers=4, n_heads=4, context=256,
     batch_size=16, warmup=50, log_every=25, eval_windows=32, probe_windows=0,
@@ -46,31 +48,20 @@ def config(tokens: int = TOKENS, seed: int = SEED, device: str = "auto") -> Pret
     return PretrainConfig.make(**BIRTH, tokens=tokens, seed=seed, device=device)
 
 
-def _mean(rows: list[list[float]]) -> float:
-    values = [v for row in rows for v in row]
-    return sum(values) / len(values)
-
-
-def sink_heads(point: dict[str, Any], head_rate: float = HEAD_RATE) -> list[tuple[int, int]]:
-    """The (layer, head) pairs of a logged point whose sink rate reaches ``head_rate``."""
-    return [(layer, head) for layer, rates in enumerate(point["sink_rate"])
-            for head, rate in enumerate(rates) if rate >= head_rate]
-
-
 def line(point: dict[str, Any]) -> str:
     """One logged point as a line of the watch."""
     heads = sink_heads(point)
     named = ", ".join(f"L{layer}H{head} {point['first_mass'][layer][head]:.2f}"
                       for layer, head in heads) or "none"
+    rate, mass = mean_of(point["sink_rate"]), mean_of(point["first_mass"])
     return (f"{point['tokens']:>11,} tokens  loss {point['val_loss']:.3f}  sink rate "
-            f"{_mean(point['sink_rate']):.3f}  first-token mass {_mean(point['first_mass']):.3f}"
-            f"  sink heads (their first-token mass): {named}")
+            f"{rate:.3f}  first-token mass {mass:.3f}  sink heads (their first-token mass): "
+            f"{named}")
 
 
 def born(curve: list[dict[str, Any]]) -> int | None:
     """The tokens of the first point from which the sink rate stays at least ``SINK_RATE``."""
-    above = [_mean(p["sink_rate"]) >= SINK_RATE for p in curve]
-    return next((curve[i]["tokens"] for i in range(len(above)) if all(above[i:])), None)
+    return held_from(curve, [mean_of(p["sink_rate"]) >= SINK_RATE for p in curve])
 
 
 def verdict(curve: list[dict[str, Any]]) -> str:
@@ -78,15 +69,14 @@ def verdict(curve: list[dict[str, Any]]) -> str:
     when = born(curve)
     end = curve[-1]
     if when is None:
-        best = max(curve, key=lambda p: _mean(p["sink_rate"]))
+        best = max(curve, key=lambda p: mean_of(p["sink_rate"]))
         return (f"no sink held to the end within {end['tokens']:,} tokens: the highest sink rate "
-                f"was {_mean(best['sink_rate']):.3f} at {best['tokens']:,} tokens (a sink needs "
+                f"was {mean_of(best['sink_rate']):.3f} at {best['tokens']:,} tokens (a sink needs "
                 f"{SINK_RATE:g}); train longer with --tokens.")
-    layers = sorted({layer for layer, _ in sink_heads(end)})
-    where = ", ".join(str(layer) for layer in layers) or "no single head"
+    where = ", ".join(str(layer) for layer in sink_layers(end)) or "no single head"
     return (f"softmax formed a first-token sink at {when:,} tokens (its sink rate at least "
             f"{SINK_RATE:g} from there to the end); at {end['tokens']:,} tokens its sink heads "
-            f"are in layer(s) {where}, the sink rate is {_mean(end['sink_rate']):.3f}, the "
+            f"are in layer(s) {where}, the sink rate is {mean_of(end['sink_rate']):.3f}, the "
             f"first token's residual norm is {max(end['resid_ratio']):.1f}x the others' "
             "(largest layer).")
 
@@ -102,9 +92,9 @@ def draw(curve: list[dict[str, Any]], path: Path) -> Path:
     tokens = [p["tokens"] / 1e6 for p in curve]
     fig = Figure(figsize=(10, 3.6))
     left, right = fig.subplots(1, 2)
-    left.plot(tokens, [_mean(p["sink_rate"]) for p in curve], color="C3", lw=2,
+    left.plot(tokens, [mean_of(p["sink_rate"]) for p in curve], color="C3", lw=2,
               label="sink rate (heads x windows)")
-    left.plot(tokens, [_mean(p["first_mass"]) for p in curve], color="C0", lw=2,
+    left.plot(tokens, [mean_of(p["first_mass"]) for p in curve], color="C0", lw=2,
               label="first-token mass")
     for layer in range(len(curve[0]["sink_rate"])):
         left.plot(tokens, [max(p["sink_rate"][layer]) for p in curve], lw=0.8, ls=":",

@@ -188,7 +188,7 @@ class LMAttention(nn.Module):
             logit = self.rule.logit[0].to(q.dtype)  # (H,)
         elif isinstance(self.rule, KVBias):
             key = self.rule.key[0].to(q.dtype)[None, :, None].expand(batch, heads, 1, dh)
-            value = self.rule.value[0].to(v.dtype)[None, :, None].expand(batch, heads, 1, dh)
+            value = self.rule.value[0][None, :, None].expand(batch, heads, 1, dh)
         qs, ks, vs = (torch.cat(parts, dim=2) for parts in
                       ((zeros, q), (key, k), (value.to(v.dtype), v)))
         if logit is not None:

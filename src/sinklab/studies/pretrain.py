@@ -58,6 +58,7 @@ from typing import Any
 
 from sinklab import heavy
 from sinklab.config import check_count
+from sinklab.definitions import HEAD_SINK_RATE, MODEL_SINK_RATE
 from sinklab.errors import ConfigError
 from sinklab.pretrain.runconfig import PretrainConfig
 from sinklab.studies.options import named
@@ -156,11 +157,9 @@ PILOT_WORDS = {
     "en_context_512_12M": "windows of 512, 12M tokens of the English corpus",
     "en_heads_8_12M": "8 heads of width 16, 12M tokens of the English corpus",
     "en_lr_2e-2_12M": "constant rate 0.02, 12M tokens of the English corpus"}
-# A model has a first-token sink when the share of (window, layer, head) whose first-key
-# importance exceeds Gu et al.'s eps is at least SINK_RATE: a tenth of its heads, where an
-# untrained model has none (its importance is about ln(T) / T).
-SINK_RATE = 0.1
-PILOT_HEAD_RATE = 0.5  # a head sinks when its sink rate over the windows reaches this
+# A model has a first-token sink at SINK_RATE, a head at PILOT_HEAD_RATE (sinklab.definitions)
+SINK_RATE = MODEL_SINK_RATE
+PILOT_HEAD_RATE = HEAD_SINK_RATE
 PRECISION_TOLERANCE = 0.02  # nats per token: bfloat16's validation loss against float32's
 PRIMARY = ("sink.softmax_vs_free", "parity.free_vs_softmax", "eviction.softmax_vs_free",
            "sink.deep_softmax")

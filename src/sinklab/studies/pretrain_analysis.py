@@ -13,7 +13,6 @@ declaration (options, the runs of each round, ``STUDY``) is ``sinklab.studies.pr
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
@@ -27,7 +26,9 @@ from sinklab.claims import Claim
 from sinklab.contrasts import locations_contrast
 from sinklab.definitions import GU_EPS
 from sinklab.lm.settings import HARMLESS
+from sinklab.pretrain.curves import held_from, point_summary, sink_layers
 from sinklab.pretrain.runconfig import ABLATE_HEADS, CAP_EPS, WINDOW
+from sinklab.pretrain.training import read_curve
 from sinklab.runs import folders
 from sinklab.studies import pretrain_field as field_table
 from sinklab.studies import pretrain_pilot as pilot
@@ -146,33 +147,10 @@ def more_cells(ctx: Context) -> list[Cell]:
 # ------------------------------------------------------------------------------ records
 
 
-def _curve(ctx: Context, name: str) -> list[dict[str, Any]]:
-    text = (ctx.out / name / "curve.jsonl").read_text()
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
-
-
-def _mean(values: Any) -> float:
-    return float(np.mean(np.asarray(values, dtype=float)))
-
-
-def point_summary(point: dict[str, Any]) -> dict[str, Any]:
-    """One logged point's model-level numbers: means over layers and heads."""
-    return {"step": point["step"], "tokens": point["tokens"], "val_loss": point["val_loss"],
-            "sink_rate": _mean(point["sink_rate"]),
-            "sink_rate_relative": _mean(point["sink_rate_relative"]),
-            "first_mass": _mean(point["first_mass"]),
-            "value_ratio": _mean(point["value_ratio"]),
-            "resid_ratio_max": float(np.max(point["resid_ratio"]))}
-
-
 def emergence(curve: list[dict[str, Any]]) -> int | None:
     """The first logged token count at which the sink rate reaches ``SINK_RATE`` and stays
     there to the end, or None."""
-    above = [p["sink_rate"] >= SINK_RATE for p in curve]
-    for i in range(len(above)):
-        if all(above[i:]):
-            return curve[i]["tokens"]
-    return None
+    return held_from(curve, [p["sink_rate"] >= SINK_RATE for p in curve])
 
 
 FINAL_KEYS = ("val_loss", "sink_rate", "sink_rate_relative", "first_mass", "value_ratio",
@@ -184,7 +162,7 @@ def run_record(ctx: Context, name: str, group: str, rule: str) -> dict[str, Any]
     curve up to its last measurement and no final numbers (None), so that it is counted apart
     and not in any median."""
     summary = ctx.summary(name)
-    curve = [point_summary(p) for p in _curve(ctx, name)]
+    curve = [point_summary(p) for p in read_curve(ctx.out / name)]
     diverged = summary.get("status") == "diverged"
     final = {k: None if diverged else curve[-1][k] for k in FINAL_KEYS}
     return {"name": name, "group": group, "rule": rule, "seed": summary["seed"],
@@ -464,7 +442,7 @@ def claims(records: dict[str, Any], opts: PretrainOptions) -> list[Claim]:
         f"Softmax models' own eviction cost, against the {HARMLESS:g} nats per token below "
         "which a change counts as harmless (the median's one-sided bounds in the data)"))
     def deep_heads(rules: list[str]) -> list[bool]:
-        return [any(layer > 0 for layer in pilot.sink_layers(r["heads_final"]))
+        return [any(layer > 0 for layer in sink_layers(r["heads_final"]))
                 for rule in rules for r in rows_of(records, rule) if not r["diverged"]]
 
     what = (f"end with a sink head in a layer after the first (a head whose share of windows "
@@ -514,6 +492,14 @@ def emergence_text(times: list[int | None]) -> str:
     return text
 
 
+# The factors whose loss cannot be held to softmax's: it differs by construction
+# (why, where the factor's losses and the contrast's were measured)
+UNCOMPARED_LOSS = {
+    "window_64": ("a window of 64 tokens predicts from less context", " on 64-token windows",
+                  " on its own windows"),
+    "lr_third": ("a third of the rate trains less far in the same budget", "", "")}
+
+
 def factor_claims(records: dict[str, Any], softmax: list[float],
                   losses: list[float]) -> list[Claim]:
     """Gu et al.'s factors, each a contrast of softmax with the factor against the contrast's
@@ -539,15 +525,15 @@ def factor_claims(records: dict[str, Any], softmax: list[float],
         checks = [softmax_sinks(key, softmax),
                   _finished_check(key, [*runs[variant], *contrast],
                                   f"softmax with {words} and the contrast's softmax")]
-        if variant == "window_64":  # a loss on shorter windows is higher by construction
+        if variant in UNCOMPARED_LOSS:  # described beside the contrast, not checked
+            why, there, here = UNCOMPARED_LOSS[variant]
             checks.append(cl.descriptive(
-                f"{key}.losses", "The validation losses, which do not compare: a window of 64 "
-                "tokens predicts from less context",
+                f"{key}.losses", f"The validation losses, which do not compare: {why}",
                 f"with {words}: median {_median(variant_losses):.4g} over "
-                f"{len(variant_losses)} seeds on 64-token windows; the contrast's softmax: "
-                f"median {_median(losses):.4g} over {len(losses)} seeds on its own windows",
+                f"{len(variant_losses)} seeds{there}; the contrast's softmax: "
+                f"median {_median(losses):.4g} over {len(losses)} seeds{here}",
                 n=len(variant_losses) + len(losses)))
-        elif variant != "lr_third":  # a lower rate may train less far: described, not checked
+        else:
             checks.append(_loss_check(key, losses, [(words, variant_losses)]))
         out.append(locations_contrast(
             key, f"With {words}, softmax models end training with a "

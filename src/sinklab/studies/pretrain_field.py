@@ -15,9 +15,9 @@ no first token against one is compared (four against one differ by 2% or less in
 
 from __future__ import annotations
 
-import statistics
 from typing import Any
 
+from sinklab.stats import finite_median
 from sinklab.studies.pretrain import VARIANT_WORDS
 from sinklab.studies.reference import FIELD, FieldResult
 
@@ -35,13 +35,9 @@ STREAMING = {"streaming_softmax": "softmax", "streaming_softmax1": "softmax1",
 KEPT = (0, 1, 4)  # first tokens kept beside the window
 
 
-def _median(values: list[float]) -> float | None:
-    return statistics.median(values) if values else None
-
-
 def _gu_percent(runs: list[dict[str, Any]]) -> float | None:
     """The median over runs of Gu et al.'s rate as they measure it, in percent."""
-    return _median([100 * r["field"]["rate"] for r in runs
+    return finite_median([100 * r["field"]["rate"] for r in runs
                     if not r["diverged"] and r.get("field")])
 
 
@@ -112,7 +108,7 @@ def rows(records: dict[str, Any]) -> list[dict[str, Any]]:
             rule = STREAMING[result.key]
             runs = [r for r in records["runs"] if r["rule"] == rule and not r["diverged"]
                     and r.get("effects")]
-            ours = [_median([r["effects"][f"streaming_{k}"] for r in runs
+            ours = [finite_median([r["effects"][f"streaming_{k}"] for r in runs
                              if r["effects"].get(f"streaming_{k}") is not None])
                     for k in KEPT]
             out.append(_row(result, ours, "next-token loss change against the whole window, "
@@ -138,6 +134,6 @@ def layer_rows(records: dict[str, Any]) -> list[dict[str, Any]]:
                     and not r["diverged"] and r.get("field")]
         for layer in range(len(measured[0]) if measured else 0):
             out.append({"rule": rule, "layer": layer, "seeds": len(measured),
-                        **{key: _median([m[layer][key] for m in measured
+                        **{key: finite_median([m[layer][key] for m in measured
                                          if m[layer][key] is not None]) for key in LAYER_KEYS}})
     return out

@@ -30,17 +30,18 @@ from __future__ import annotations
 
 import functools
 import math
-import statistics
 from pathlib import Path
 from typing import Any
 
 from sinklab import metrics
 from sinklab.definitions import GU_EPS
 from sinklab.pretrain import data
+from sinklab.pretrain.curves import held_from, point_summary
 from sinklab.pretrain.runconfig import flops_per_token, from_dict
 from sinklab.pretrain.training import MODEL, field_measure, load_model, read_curve
 from sinklab.runs import folders
 from sinklab.runs.files import read_json, write_json
+from sinklab.stats import finite_median
 from sinklab.studies.pretrain import (
     PILOT,
     PILOT_BASE,
@@ -57,33 +58,6 @@ from sinklab.studies.study import Context, read_kept
 BUDGET_MARGIN = 1.5  # the contrast's budget over the point the pilot chose
 CHECK = "float32"  # the precision check, never a candidate
 BASE = "base"
-
-
-def _mean(rows: list[list[float]]) -> float:
-    values = [v for row in rows for v in row]
-    return sum(values) / len(values)
-
-
-def sink_layers(point: dict[str, Any], head_rate: float = PILOT_HEAD_RATE) -> list[int]:
-    """The layers of a logged point with a sink head: a head whose sink rate over the
-    validation windows is at least ``head_rate``."""
-    return [layer for layer, rates in enumerate(point["sink_rate"]) if max(rates) >= head_rate]
-
-
-def held_from(curve: list[dict[str, Any]], holds: list[bool]) -> int | None:
-    """The tokens of the first point from which ``holds`` is true to the end, or None."""
-    for i in range(len(holds)):
-        if all(holds[i:]):
-            return curve[i]["tokens"]
-    return None
-
-
-def point_numbers(point: dict[str, Any]) -> dict[str, Any]:
-    """One logged point's model-level numbers."""
-    return {"tokens": point["tokens"], "val_loss": point["val_loss"],
-            "sink_rate": _mean(point["sink_rate"]), "first_mass": _mean(point["first_mass"]),
-            "sink_layers": sink_layers(point),
-            "resid_ratio_max": max(point["resid_ratio"])}
 
 
 @functools.lru_cache(maxsize=4)
@@ -142,7 +116,7 @@ def run_record(folder: Path, protocol: str, seed: int,
     sink beyond layer 0 appeared (``held_from``), what its protocol costs per token, and the
     field's measurements of its final model (``field_numbers``)."""
     summary = read_json(folder / "summary.json")
-    curve = [point_numbers(p) for p in read_curve(folder)]
+    curve = [point_summary(p) for p in read_curve(folder)]
     cfg = from_dict(summary["config"])
     return {"protocol": protocol, "seed": seed, "tokens": summary["tokens"],
             "diverged": summary.get("status") == "diverged",
@@ -155,14 +129,17 @@ def run_record(folder: Path, protocol: str, seed: int,
             "curve": curve, "field": field}
 
 
-def records(ctx: Context, stages: tuple[int, ...] | None = None) -> list[dict[str, Any]]:
+def records(ctx: Context, stages: tuple[int, ...] | None = None,
+            field: bool = False) -> list[dict[str, Any]]:
     """The finished pilot runs of ``stages`` (default: those due, ``stages_due``), in
-    ``PILOT``'s order."""
+    ``PILOT``'s order; with ``field``, each with the field's measurements of its model
+    (``field_numbers``: the report's, which the choice of protocol does not read)."""
     out = []
     for cell in pilot_cells(ctx.opts, ctx.exe, stages or stages_due(ctx)):
         if folders.check_complete(ctx.out / cell.name):
             out.append(run_record(ctx.out / cell.name, _protocol(cell.name),
-                                  cell.config.train.seed, field_numbers(ctx, cell.name)))
+                                  cell.config.train.seed,
+                                  field_numbers(ctx, cell.name) if field else None))
     return out
 
 
@@ -173,10 +150,6 @@ def _protocol(name: str) -> str:
 def _at(curve: list[dict[str, Any]], tokens: int) -> dict[str, Any] | None:
     """The logged point at ``tokens``, or None."""
     return next((p for p in curve if p["tokens"] == tokens), None)
-
-
-def _median(values: list[float]) -> float | None:
-    return statistics.median(values) if values else None
 
 
 def protocol_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -225,12 +198,12 @@ def protocol_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "resid_ratio_max": _spread([e["resid_ratio_max"] for e in ends]),
             "sink_layers": sorted({layer for e in ends for layer in e["sink_layers"]}),
             "gu_rate": _spread([r["field"]["rate"] for r in mine if r.get("field")]),
-            "tokens_per_s": _median([r["tokens_per_s"] for r in mine])})
+            "tokens_per_s": finite_median([r["tokens_per_s"] for r in mine])})
     return rows
 
 
 def _spread(values: list[float]) -> dict[str, float | None]:
-    return {"median": _median(values), "low": min(values) if values else None,
+    return {"median": finite_median(values), "low": min(values) if values else None,
             "high": max(values) if values else None}
 
 
@@ -317,8 +290,8 @@ def schedules(runs: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[di
                     "val_loss": row["val_loss"]["median"],
                     "base_with_sink": sum(p["sink_rate"] >= SINK_RATE for p in there),
                     "base_seeds": len(there),
-                    "base_sink_rate": _median([p["sink_rate"] for p in there]),
-                    "base_val_loss": _median([p["val_loss"] for p in there])})
+                    "base_sink_rate": finite_median([p["sink_rate"] for p in there]),
+                    "base_val_loss": finite_median([p["val_loss"] for p in there])})
     return out
 
 
@@ -334,7 +307,7 @@ def decided(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 def collect(ctx: Context) -> dict[str, Any]:
     """The pilot's record: its runs, the table per protocol, the choice, the checks."""
-    runs = records(ctx)
+    runs = records(ctx, field=True)
     rows = protocol_rows(runs)
     return {"seeds": list(PILOT_SEEDS), "base": dict(PILOT_BASE), "protocols": PILOT,
             "stages": list(stages_due(ctx)),
