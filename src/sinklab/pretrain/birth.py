@@ -97,16 +97,16 @@ def draw(curve: list[dict[str, Any]], path: Path) -> Path:
     left.plot(tokens, [mean_of(p["first_mass"]) for p in curve], color="C0", lw=2,
               label="first-token mass")
     for layer in range(len(curve[0]["sink_rate"])):
-        left.plot(tokens, [max(p["sink_rate"][layer]) for p in curve], lw=0.8, ls=":",
-                  label=f"layer {layer}: its most sinking head")
+        left.plot(tokens, [max(p["sink_rate"][layer]) for p in curve], lw=1, ls=":",
+                  color=f"C{4 + layer % 6}", label=f"layer {layer}: its most sinking head")
     left.axhline(SINK_RATE, color="grey", lw=0.8, ls="--")
     when = born(curve)
     if when is not None:
         left.axvline(when / 1e6, color="C3", lw=0.8)
     left.set_xlabel("training tokens (millions)")
-    left.set_ylim(0, 1)
+    left.set_ylim(0, 1.05)  # a head sinking in every window sits at 1, above the frame's top
     left.set_title("the sink being born")
-    left.legend(fontsize=7, loc="upper left")
+    left.legend(fontsize=7, loc="center right")
     right.plot(tokens, [p["val_loss"] for p in curve], color="k")
     right.set_xlabel("training tokens (millions)")
     right.set_ylabel("validation loss (nats per byte)")
